@@ -19,7 +19,7 @@ Example::
     >>> from lightning_gossip import topology
     >>> ring = topology.build("ring", 8)
     >>> ring.peers(0, step=0).send_to
-    (7, 1)
+    (1, 7)
     >>> round(ring.spectral_gap(), 4)
     0.1953
     >>> topology.build("random_ring", 8, seed=1).mixing_matrix(step=5).sum(axis=0)

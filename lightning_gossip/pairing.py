@@ -1,0 +1,91 @@
+"""Who averages with whom in asynchronous gossip (AD-PSGD).
+
+Pure Python/NumPy, shared by :class:`~lightning_gossip.ADPSGDStrategy` and the simulator.
+
+AD-PSGD averages pairs of replicas atomically. To rule out deadlock (two ranks each waiting for
+the other to answer) the ranks are split into *active* ranks, which start exchanges, and
+*passive* ranks, which only answer them. In ring order, position ``k`` is active when ``k`` is
+even, except the last position when ``n`` is odd (which is passive, so that no two actives are
+adjacent); every active then has passive ring neighbours and the graph stays connected.
+
+Example::
+
+    >>> p = Pairing("ring", 5)
+    >>> p.actives, p.passives
+    ((0, 2), (1, 3, 4))
+    >>> p.candidates(0)
+    (4, 1)
+    >>> [p.partner(0, k) for k in range(4)]
+    [4, 1, 4, 1]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["PAIRINGS", "Pairing", "is_active"]
+
+PAIRINGS = ("ring", "random")
+
+
+def is_active(rank: int, world_size: int) -> bool:
+    """Whether ``rank`` starts exchanges (even position, except the last one when ``n`` is odd)."""
+    if world_size < 2:
+        return False
+    if world_size % 2 == 1 and rank == world_size - 1:
+        return False
+    return rank % 2 == 0
+
+
+class Pairing:
+    """The bipartite active/passive split and each active rank's choice of partner.
+
+    Args:
+        name: ``"ring"``: an active rank alternates between its two ring neighbours.
+            ``"random"``: an active rank picks a passive rank uniformly at random for every
+            exchange (the paper's randomized peer choice), from ``(seed, rank, k)``.
+        world_size: number of ranks, >= 2.
+        seed: seeds the random choice; all ranks pass the same.
+    """
+
+    def __init__(self, name: str, world_size: int, seed: int = 0) -> None:
+        if name not in PAIRINGS:
+            raise ValueError(
+                f"unknown AD-PSGD topology {name!r}; valid choices: {', '.join(PAIRINGS)}"
+            )
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+            raise ValueError(f"AD-PSGD needs a world size >= 2, got {world_size!r}")
+        self.name = name
+        self.world_size = world_size
+        self.seed = int(seed)
+        self.actives = tuple(r for r in range(world_size) if is_active(r, world_size))
+        self.passives = tuple(r for r in range(world_size) if not is_active(r, world_size))
+
+    def is_active(self, rank: int) -> bool:
+        return is_active(rank, self.world_size)
+
+    def candidates(self, rank: int) -> tuple[int, ...]:
+        """The passive ranks an active ``rank`` may contact (empty for a passive rank)."""
+        if not self.is_active(rank):
+            return ()
+        if self.name == "random":
+            return self.passives
+        n = self.world_size
+        left, right = (rank - 1) % n, (rank + 1) % n
+        return (left,) if left == right else (left, right)
+
+    def contacted_by(self, rank: int) -> tuple[int, ...]:
+        """The active ranks that may contact a passive ``rank`` (empty for an active rank)."""
+        if self.is_active(rank):
+            return ()
+        return tuple(a for a in self.actives if rank in self.candidates(a))
+
+    def partner(self, rank: int, k: int) -> int:
+        """The passive rank active ``rank`` exchanges with in its ``k``-th exchange."""
+        cands = self.candidates(rank)
+        if not cands:
+            raise ValueError(f"rank {rank} is passive; only active ranks choose partners")
+        if self.name == "ring" or len(cands) == 1:
+            return cands[k % len(cands)]
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, rank, k]))
+        return cands[int(rng.integers(len(cands)))]
