@@ -1,0 +1,43 @@
+"""Collectives over whole replicas: the exact average and the consensus distance.
+
+These run on a process group's main thread (the default group unless one is given) and are the
+only all-reduces gossip training uses: for evaluation, checkpoints, the final average and the
+occasional consensus-distance measurement, never per step.
+
+Example (inside an initialised process group)::
+
+    flat = FlatState(model).pack()
+    avg = all_average(flat)                 # the same vector on every rank
+    d = consensus_distance(flat)            # mean_i ||x_i - avg||^2 / ||avg||^2
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["all_average", "consensus_distance", "relative_distance"]
+
+
+def all_average(flat: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """The element-wise mean of ``flat`` over the ranks of ``group`` (a new tensor)."""
+    out = flat.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    out.div_(dist.get_world_size(group))
+    return out
+
+
+def relative_distance(x: Tensor, mean: Tensor) -> Tensor:
+    """``||x - mean||^2 / ||mean||^2`` as a 0-d fp64 tensor (0 when ``mean`` is zero)."""
+    num = (x.double() - mean.double()).square().sum()
+    den = mean.double().square().sum()
+    return torch.where(den > 0, num / den.clamp_min(1e-300), num)
+
+
+def consensus_distance(flat: Tensor, group: dist.ProcessGroup | None = None) -> float:
+    """Mean over ranks of ``||x_i - mean||^2 / ||mean||^2``: 0 when all replicas agree."""
+    mean = all_average(flat, group)
+    local = relative_distance(flat, mean).to(flat.device)
+    dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    return float(local) / dist.get_world_size(group)

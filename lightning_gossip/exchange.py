@@ -1,0 +1,123 @@
+"""Moving flat replicas between ranks on a process group.
+
+Two primitives, both on a dedicated group so they never interleave with the training thread's
+collectives:
+
+* :class:`NeighborExchange`: one synchronous D-PSGD round. Send this rank's snapshot to every
+  rank in ``peers.send_to``, receive from every rank in ``peers.recv_from`` (non-blocking),
+  then :meth:`NeighborExchange.mixed` gives ``sum_j W_ij x_j``.
+* :func:`pairwise_exchange`: one AD-PSGD averaging between two ranks.
+
+Every wait has a timeout, and values received from a peer are checked to be finite before
+they are mixed in (:class:`NonFiniteFromPeer` names the peer).
+
+Example (inside an initialised process group)::
+
+    peers = topology.peers(rank, step)
+    round_ = NeighborExchange(flat.pack(), peers, group=side_group)  # posts send/recv
+    ...                                                            # compute meanwhile
+    round_.wait(timeout)
+    x_next = round_.mixed()
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_gossip.topology import Peers
+
+__all__ = ["GossipTimeout", "NeighborExchange", "NonFiniteFromPeer", "check_finite",
+           "pairwise_exchange", "wait_all"]
+
+
+class GossipTimeout(RuntimeError):
+    """A gossip message did not arrive within the configured timeout."""
+
+
+class NonFiniteFromPeer(RuntimeError):
+    """A peer sent NaN or Inf values; they were not mixed in."""
+
+    def __init__(self, peer: int, rank: int, what: str = "replica") -> None:
+        super().__init__(
+            f"rank {rank} received non-finite values (NaN/Inf) in the {what} from rank {peer}; "
+            "they were not mixed in. That rank's training has diverged (check its learning "
+            "rate, loss scaling and data)."
+        )
+        self.peer = peer
+
+
+def check_finite(t: Tensor, peer: int, rank: int, what: str = "replica") -> None:
+    """Raise :class:`NonFiniteFromPeer` if ``t`` holds NaN or Inf."""
+    if not bool(torch.isfinite(t).all()):
+        raise NonFiniteFromPeer(peer, rank, what)
+
+
+def wait_all(works: list, timeout: timedelta, what: str) -> None:
+    """Wait for every ``dist.Work``; raise :class:`GossipTimeout` naming ``what`` on timeout."""
+    for w in works:
+        try:
+            ok = w.wait(timeout)
+        except RuntimeError as e:  # gloo raises on timeout or when a peer went away
+            raise GossipTimeout(f"{what} failed or timed out after {timeout}: {e}") from e
+        if ok is False:
+            raise GossipTimeout(f"{what} did not complete within {timeout}")
+
+
+def _post(send: Tensor, send_to: tuple[int, ...], recv: list[tuple[int, Tensor]],
+          group: dist.ProcessGroup) -> list:
+    if dist.get_backend(group) == "nccl":
+        ops = [dist.P2POp(dist.isend, send, r, group) for r in send_to]
+        ops += [dist.P2POp(dist.irecv, buf, j, group) for j, buf in recv]
+        return dist.batch_isend_irecv(ops) if ops else []
+    works = [dist.isend(send, r, group=group) for r in send_to]
+    works += [dist.irecv(buf, j, group=group) for j, buf in recv]
+    return works
+
+
+class NeighborExchange:
+    """One non-blocking round of neighbour exchange for synchronous gossip.
+
+    Args:
+        send: this rank's fp32 snapshot; must not change until :meth:`wait` returns.
+        peers: this step's :class:`~lightning_gossip.topology.Peers` for this rank.
+        group: the process group to use (its ranks must be the global ranks).
+        recv_buffers: optional reusable buffers, at least ``len(peers.recv_from)`` of them.
+    """
+
+    def __init__(self, send: Tensor, peers: Peers, group: dist.ProcessGroup,
+                 recv_buffers: list[Tensor] | None = None) -> None:
+        self.send = send
+        self.peers = peers
+        bufs = list(recv_buffers or [])
+        while len(bufs) < len(peers.recv_from):
+            bufs.append(torch.empty_like(send))
+        self.recv = [(j, bufs[k]) for k, (j, _) in enumerate(peers.recv_from)]
+        self._works = _post(send, peers.send_to, self.recv, group)
+
+    def wait(self, timeout: timedelta, step: int | None = None) -> None:
+        """Block until all messages of this round are sent and received, then check them."""
+        at = f" at step {step}" if step is not None else ""
+        wait_all(self._works, timeout,
+                 f"gossip exchange of rank {self.peers.rank} with ranks "
+                 f"{sorted(set(self.peers.send_to) | set(self.peers.recv_ranks))}{at}")
+        for j, buf in self.recv:
+            check_finite(buf, peer=j, rank=self.peers.rank)
+
+    def mixed(self, out: Tensor | None = None) -> Tensor:
+        """``W_ii x_i + sum_j W_ij x_j`` in fp32 (call after :meth:`wait`)."""
+        out = torch.mul(self.send, self.peers.self_weight, out=out)
+        for (j, buf), (_, w) in zip(self.recv, self.peers.recv_from):
+            out.add_(buf, alpha=w)
+        return out
+
+
+def pairwise_exchange(mine: Tensor, theirs: Tensor, peer: int, group: dist.ProcessGroup,
+                      timeout: timedelta, rank: int) -> None:
+    """Swap ``mine`` for the peer's snapshot (into ``theirs``), blocking with a timeout."""
+    works = _post(mine, (peer,), [(peer, theirs)], group)
+    wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}")
+    check_finite(theirs, peer=peer, rank=rank)

@@ -1,0 +1,371 @@
+"""Lightning glue shared by the gossip strategies.
+
+:class:`GossipStrategy` does what every decentralized strategy needs and nothing
+algorithm-specific: process-group set-up, one replica per rank without a DDP wrapper, the
+initial broadcast and the replica-shape check, consensus weights for evaluation and
+checkpoints, the final average, and consensus-distance logging. Subclasses implement
+:meth:`GossipStrategy.optimizer_step` (how replicas are mixed around a local step) and may
+override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync point).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from abc import ABC
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.distributed import (
+    _distributed_is_initialized,
+    _get_default_process_group_backend_for_device,
+    _init_dist_connection,
+    _sync_ddp_if_available,
+)
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from torch import Tensor
+
+from lightning_gossip.consensus import all_average, consensus_distance
+from lightning_gossip.flat import FlatState
+
+log = logging.getLogger(__name__)
+
+CONSENSUS_METRIC = "gossip/consensus_distance"
+EVALUATE_CHOICES = ("consensus", "local")
+
+
+class GossipStrategy(ParallelStrategy, ABC):
+    """Base class of the decentralized strategies: one replica per rank, mixed by gossip.
+
+    Args:
+        final_average: at the end of ``fit`` replace every replica by the exact average of all
+            replicas (one all-reduce), so every rank holds the same model.
+        evaluate: ``"consensus"`` (default) runs validation and test on the average of the
+            replicas, restoring the local replicas afterwards; ``"local"`` evaluates each rank's
+            own replica (metrics logged with ``sync_dist=True`` are then averaged over ranks).
+        consensus_every_n_steps: log ``gossip/consensus_distance`` every this many optimizer
+            steps (one all-reduce of the model each time); ``None`` disables it.
+        process_group_backend: ``"gloo"`` or ``"nccl"``; default from the device.
+        timeout: limit for every blocking wait (process-group set-up and gossip).
+    """
+
+    def __init__(
+        self,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        *,
+        final_average: bool = True,
+        evaluate: str = "consensus",
+        consensus_every_n_steps: int | None = 100,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        if evaluate not in EVALUATE_CHOICES:
+            raise ValueError(f"evaluate must be one of {EVALUATE_CHOICES}, got {evaluate!r}")
+        if consensus_every_n_steps is not None and (
+            not isinstance(consensus_every_n_steps, int) or consensus_every_n_steps < 1
+        ):
+            raise ValueError(
+                "consensus_every_n_steps must be a positive integer or None, "
+                f"got {consensus_every_n_steps!r}"
+            )
+        if process_group_backend not in (None, "gloo", "nccl"):
+            raise ValueError(
+                f"process_group_backend must be 'gloo', 'nccl' or None, got {process_group_backend!r}"
+            )
+        if not isinstance(timeout, timedelta):
+            timeout = timedelta(seconds=float(timeout))
+        if timeout.total_seconds() <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.final_average = bool(final_average)
+        self.evaluate = evaluate
+        self.consensus_every_n_steps = consensus_every_n_steps
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
+        self._num_nodes = 1
+        self._flat: FlatState | None = None
+        self._local_backup: Tensor | None = None
+        #: optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``)
+        self.step = 0
+        #: the last measured consensus distance (``None`` before the first measurement)
+        self.consensus_distance: float | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # What Lightning needs from a parallel strategy
+    # ------------------------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return True
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def process_group_backend(self) -> str | None:
+        return self._process_group_backend
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    @property
+    def gossip_enabled(self) -> bool:
+        """Whether there is anyone to gossip with (world size > 1)."""
+        return self.world_size > 1
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        self._launcher = _SubprocessScriptLauncher(
+            self.cluster_environment, self.num_processes, self.num_nodes
+        )
+
+    def set_world_ranks(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(
+                self.node_rank * self.num_processes + self.local_rank
+            )
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = self.global_rank
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        reset_seed()
+        self.set_world_ranks()
+        if self._process_group_backend is None:
+            self._process_group_backend = _get_default_process_group_backend_for_device(
+                self.root_device
+            )
+        assert self.cluster_environment is not None
+        kwargs: dict[str, Any] = {"timeout": self._timeout}
+        if self.root_device.type != "cpu":
+            kwargs["device_id"] = self.root_device
+        _init_dist_connection(self.cluster_environment, self._process_group_backend, **kwargs)
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and self._layer_sync:
+            self.model = self._layer_sync.apply(self.model)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if fitting:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+        self._flat = FlatState(self.lightning_module)
+        if self.world_size == 1:
+            rank_zero_warn(
+                f"{type(self).__name__} is running with a single process: it trains locally "
+                "without gossip."
+            )
+            return
+        self._check_replicas_match()
+        if fitting:
+            self._broadcast_initial_weights()
+            self.setup_gossip(trainer)
+
+    def setup_gossip(self, trainer: pl.Trainer) -> None:
+        """Create the subclass's process groups, buffers and threads (once per fit)."""
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def reduce(
+        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
+    ) -> Tensor:
+        if isinstance(tensor, Tensor):
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not _distributed_is_initialized():
+            return
+        if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src)
+        return box[0]
+
+    # ------------------------------------------------------------------------------------------
+    # Replica set-up
+    # ------------------------------------------------------------------------------------------
+    def _check_replicas_match(self) -> None:
+        """Fail on every rank, naming the first mismatch, if replicas differ in shape/dtype."""
+        assert self._flat is not None
+        signatures: list[Any] = [None] * self.world_size
+        dist.all_gather_object(signatures, self._flat.signature())
+        reference = signatures[0]
+        for rank, sig in enumerate(signatures[1:], start=1):
+            if sig == reference:
+                continue
+            for a, b in itertools.zip_longest(reference, sig):
+                if a != b:
+                    name = (a or b)[0]
+                    raise ValueError(
+                        f"model replicas differ between ranks: parameter/buffer {name!r} is "
+                        f"{_describe(a)} on rank 0 but {_describe(b)} on rank {rank}. Every "
+                        "rank must build the same model."
+                    )
+
+    def _broadcast_initial_weights(self) -> None:
+        assert self._flat is not None
+        flat = self._flat.pack()
+        dist.broadcast(flat, src=0)
+        self._flat.copy_(flat)
+
+    # ------------------------------------------------------------------------------------------
+    # Sync points: quiet the network, then evaluate / checkpoint / average consensus weights
+    # ------------------------------------------------------------------------------------------
+    def quiesce(self) -> None:
+        """Finish all in-flight gossip so the replicas are stable (subclasses override)."""
+
+    def average_replicas(self) -> Tensor:
+        """The exact average of all replicas as a flat fp32 vector (a collective)."""
+        assert self._flat is not None
+        local = self._flat.pack()
+        if not self.gossip_enabled:
+            return local
+        return all_average(local)
+
+    def on_train_start(self) -> None:
+        self.step = self.lightning_module.trainer.global_step
+
+    def on_train_end(self) -> None:
+        if self.gossip_enabled and self._flat is not None:
+            self.quiesce()
+            if self.final_average:
+                self._flat.copy_(self.average_replicas())
+        self.teardown_gossip()
+
+    def teardown_gossip(self) -> None:
+        """Stop the subclass's background work (idempotent)."""
+
+    def on_validation_start(self) -> None:
+        self._swap_in_consensus()
+
+    def on_validation_end(self) -> None:
+        self._restore_local()
+
+    def on_test_start(self) -> None:
+        self._swap_in_consensus()
+
+    def on_test_end(self) -> None:
+        self._restore_local()
+
+    def _swap_in_consensus(self) -> None:
+        if not self.gossip_enabled or self._flat is None:
+            return
+        self.quiesce()
+        if self.evaluate != "consensus":
+            return
+        self._local_backup = self._flat.pack()
+        self._flat.copy_(all_average(self._local_backup))
+
+    def _restore_local(self) -> None:
+        if self._local_backup is not None and self._flat is not None:
+            self._flat.copy_(self._local_backup)
+            self._local_backup = None
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The consensus (rank-averaged) weights; live replicas are untouched.
+
+        Lightning calls this on every rank before rank 0 writes a checkpoint, so the average
+        is a collective here and every rank resumes from the same weights.
+        """
+        module = self.lightning_module
+        assert module is not None
+        state = module.state_dict()
+        if not self.gossip_enabled or self._flat is None:
+            return state
+        if self._local_backup is not None:  # evaluation already holds the consensus weights
+            return state
+        self.quiesce()
+        views = self._flat.views(self.average_replicas())
+        averaged = {id(t): v for t, v in zip(self._flat.tensors, views)}
+        for name, t in itertools.chain(
+            module.named_parameters(remove_duplicate=False),
+            module.named_buffers(remove_duplicate=False),
+        ):
+            if name in state and id(t) in averaged:
+                state[name] = averaged[id(t)].to(t.dtype).clone()
+        return state
+
+    # ------------------------------------------------------------------------------------------
+    # Consensus distance
+    # ------------------------------------------------------------------------------------------
+    def maybe_log_consensus(self) -> None:
+        """Measure and log the consensus distance when this step is due (a collective)."""
+        n = self.consensus_every_n_steps
+        if n is None or not self.gossip_enabled or self.step % n != 0:
+            return
+        self.log_consensus_distance()
+
+    def log_consensus_distance(self) -> float:
+        assert self._flat is not None
+        value = consensus_distance(self._flat.pack())
+        self.consensus_distance = value
+        trainer = self.lightning_module.trainer
+        if self.is_global_zero and np.isfinite(value):
+            for logger in trainer.loggers:
+                logger.log_metrics({CONSENSUS_METRIC: value}, step=trainer.global_step)
+        return value
+
+    def teardown(self) -> None:
+        self.teardown_gossip()
+        super().teardown()
+
+
+def _describe(sig: tuple[str, tuple[int, ...], str] | None) -> str:
+    if sig is None:
+        return "missing"
+    _, shape, dtype = sig
+    return f"shape {tuple(shape)} dtype {dtype}"

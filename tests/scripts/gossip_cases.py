@@ -1,0 +1,132 @@
+"""Rank script for the strategy tests: runs several small fits in one launch (start-up dominates).
+
+Launched by torchrun (every rank runs this file). Each case is a dict; results go to
+``OUT/<case>/rank<r>.json``. With ``lr = 0`` the recorded weights after every optimizer step
+let the test compare with the mixing-matrix product computed in NumPy.
+
+    python -m torch.distributed.run --nproc-per-node 4 tests/scripts/gossip_cases.py OUT CASES.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_gossip
+from lightning_gossip.flat import FlatState
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, lr: float, manual: bool = False, width: int = 3, batchnorm: bool = False):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(5, width)]
+        if batchnorm:
+            layers.append(nn.BatchNorm1d(width))
+        layers += [nn.Tanh(), nn.Linear(width, 2)]
+        self.net = nn.Sequential(*layers)
+        self.lr = lr
+        self.automatic_optimization = not manual
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        acc = (self.net(x).argmax(-1) == y).float().mean()
+        self.log("val_acc", acc, sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class Recorder(Callback):
+    """Adds a rank-dependent offset at train start, records the flat weights after each step."""
+
+    def __init__(self, offset: float):
+        self.offset = offset
+        self.x0: list[float] = []
+        self.steps: list[list[float]] = []
+        self.start_weights: list[float] = []
+
+    def on_train_start(self, trainer, module):
+        flat = FlatState(module)
+        self.start_weights = flat.pack().tolist()
+        if self.offset:
+            g = torch.Generator().manual_seed(1000 + trainer.global_rank)
+            flat.add_(self.offset * torch.randn(flat.numel, generator=g))
+        self.x0 = flat.pack().tolist()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.steps.append(FlatState(module).pack().tolist())
+
+
+def run_case(name: str, case: dict, out: Path) -> None:
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    nodes = int(case.get("num_nodes", 1))
+    torch.manual_seed(case.get("seed", 0) + (rank if case.get("different_init", True) else 0))
+    width = case.get("width", 3)
+    if case.get("mismatch_rank") == rank:
+        width += 1
+    model = Tiny(case.get("lr", 0.0), case.get("manual", False), width, case.get("batchnorm", False))
+    g = torch.Generator().manual_seed(rank)
+    n = case.get("batches", 6) * case.get("batch_size", 4)
+    data = TensorDataset(torch.randn(n * world, 5, generator=g), torch.randint(0, 2, (n * world,), generator=g))
+    loader = DataLoader(data, batch_size=case.get("batch_size", 4))
+    strategy_kwargs = dict(case.get("strategy_kwargs", {}))
+    strategy = case.get("strategy", "dpsgd")
+    if strategy == "dpsgd":
+        strategy = lightning_gossip.DPSGDStrategy(**strategy_kwargs)
+    elif strategy == "adpsgd":
+        strategy = lightning_gossip.ADPSGDStrategy(**strategy_kwargs)
+    recorder = Recorder(case.get("offset", 0.0))
+    logger = L.pytorch.loggers.CSVLogger(out / name, name="logs", version=0) if case.get("log") else False
+    trainer = L.Trainer(
+        strategy=strategy, accelerator="cpu", devices=world // nodes, num_nodes=nodes,
+        max_epochs=case.get("epochs", 1), limit_val_batches=case.get("val_batches", 0),
+        accumulate_grad_batches=case.get("accumulate", 1), precision=case.get("precision", "32-true"),
+        callbacks=[recorder], logger=logger, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, log_every_n_steps=1, default_root_dir=out / name,
+    )
+    trainer.fit(model, loader, loader if case.get("val_batches") else None,
+                ckpt_path=case.get("resume_from"))
+    result = {
+        "rank": trainer.global_rank, "world_size": trainer.world_size,
+        "global_step": trainer.global_step, "gossip_step": getattr(trainer.strategy, "step", None),
+        "x0": recorder.x0, "steps": recorder.steps, "start_weights": recorder.start_weights,
+        "final": FlatState(model).pack().tolist(),
+        "consensus_distance": getattr(trainer.strategy, "consensus_distance", None),
+    }
+    if case.get("save_checkpoint"):
+        ckpt = out / name / "model.ckpt"
+        trainer.save_checkpoint(ckpt)
+        result["after_save"] = FlatState(model).pack().tolist()
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    cases = json.loads(Path(sys.argv[2]).read_text())
+    for name, case in cases.items():
+        run_case(name, case, out)
+
+
+if __name__ == "__main__":
+    main()
