@@ -110,7 +110,7 @@ class NeighborExchange:
     def mixed(self, out: Tensor | None = None) -> Tensor:
         """``W_ii x_i + sum_j W_ij x_j`` in fp32 (call after :meth:`wait`)."""
         out = torch.mul(self.send, self.peers.self_weight, out=out)
-        for (j, buf), (_, w) in zip(self.recv, self.peers.recv_from):
+        for (_, buf), (_, w) in zip(self.recv, self.peers.recv_from):
             out.add_(buf, alpha=w)
         return out
 
