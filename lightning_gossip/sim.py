@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -83,8 +84,7 @@ BatchFn = Callable[[np.ndarray, np.ndarray], tuple[torch.Tensor, torch.Tensor]]
 class Mixer:
     """Applies ``X <- W_t X`` for a :class:`Topology` to stacked replicas ``X`` of shape ``(n, d)``.
 
-    Sparse matrices (rings, tori, exponential graphs) go through an ``index_add`` in
-    ``O(nnz * d)``, the uniform matrix of ``complete`` through a mean, anything else through a
+    Sparse matrices (rings, tori, exponential graphs) go through a CSR matmul in ``O(nnz * d)``, the uniform matrix of ``complete`` through a mean, anything else through a
     dense fp32 matmul. A static topology's matrix is converted once.
 
     Example::
@@ -114,12 +114,16 @@ class Mixer:
             if len(rows) > 0.25 * n * n:
                 plan = ("dense", torch.as_tensor(w, dtype=torch.float32))
             else:
-                plan = (
-                    "sparse",
-                    torch.as_tensor(rows, dtype=torch.long),
-                    torch.as_tensor(cols, dtype=torch.long),
-                    torch.as_tensor(w[rows, cols], dtype=torch.float32).unsqueeze(1),
-                )
+                crow = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+                with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                    warnings.simplefilter("ignore", UserWarning)
+                    csr = torch.sparse_csr_tensor(
+                        torch.as_tensor(crow, dtype=torch.int64),
+                        torch.as_tensor(cols, dtype=torch.int64),
+                        torch.as_tensor(w[rows, cols], dtype=torch.float32),
+                        size=(n, n),
+                    )
+                plan = ("sparse", csr)
         if not self.topology.is_time_varying:
             self._static = plan
         return plan
@@ -129,12 +133,7 @@ class Mixer:
         plan = self._plan(step)
         if plan[0] == "mean":
             return x.mean(dim=0, keepdim=True).expand_as(x).clone()
-        if plan[0] == "dense":
-            return plan[1] @ x
-        _, rows, cols, vals = plan
-        out = torch.zeros_like(x)
-        out.index_add_(0, rows, x[cols] * vals)
-        return out
+        return plan[1] @ x
 
 
 # ---------------------------------------------------------------------------------------------
