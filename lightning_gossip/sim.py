@@ -448,6 +448,9 @@ class DPSGDSimulator(Simulator):
         seed: seeds time-varying topologies, as the strategy's ``seed``.
         overlap: ``True`` mixes the pre-step replicas (the strategy's default), ``False``
             mixes after the local step.
+        delay_by_one: apply at step ``t`` the mixing change computed at step ``t - 1``:
+            ``x_{t+1} = x'_t + (W_{t-1} x_{t-1} - x_{t-1})`` (implies ``overlap``); see
+            :meth:`quiesce`.
         Other arguments: see :class:`Simulator`.
 
     Example::
@@ -472,12 +475,15 @@ class DPSGDSimulator(Simulator):
         weight_decay: float = 0.0,
         seed: int = 0,
         overlap: bool = True,
+        delay_by_one: bool = False,
     ) -> None:
         super().__init__(model, loss_fn, world_size, lr, momentum, weight_decay)
         self.topology = _topology.resolve(topology, self.world_size, seed)
         self.mixer = Mixer(self.topology)
-        self.overlap = bool(overlap)
+        self.overlap = bool(overlap) or bool(delay_by_one)
+        self.delay_by_one = bool(delay_by_one)
         self.step_count = 0
+        self._pending: torch.Tensor | None = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One synchronous step; ``x``, ``y`` hold one minibatch per learner: ``(n, B, ...)``."""
@@ -488,13 +494,30 @@ class DPSGDSimulator(Simulator):
         g = self.gradients(self.replicas, self.buffers, x, y)
         local = self._sgd(slice(None), self.replicas, g)
         t = self.step_count
-        if self.overlap:
-            self.replicas = local + (self.mixer.mix(self.replicas, t) - self.replicas)
+        d = self.replicas.shape[1]
+        has_buffers = self.buffers.numel() > 0
+        before = torch.cat([self.replicas, self.buffers], 1) if has_buffers else self.replicas
+        after = torch.cat([local, self.buffers], 1) if has_buffers else local
+        if not self.overlap:
+            new = self.mixer.mix(after, t)
+        elif self.delay_by_one:
+            new = after if self._pending is None else after + self._pending
+            self._pending = self.mixer.mix(before, t) - before
         else:
-            self.replicas = self.mixer.mix(local, t)
-        if self.buffers.numel():
-            self.buffers = self.mixer.mix(self.buffers, t)
+            new = after + (self.mixer.mix(before, t) - before)
+        self.replicas = new[:, :d].contiguous()
+        if has_buffers:
+            self.buffers = new[:, d:].contiguous()
         self.step_count += 1
+
+    def quiesce(self) -> None:
+        """Apply a delay-by-one exchange still in flight (the strategy does so at sync points)."""
+        if self._pending is not None:
+            d = self.replicas.shape[1]
+            self.replicas = self.replicas + self._pending[:, :d]
+            if self.buffers.numel():
+                self.buffers = self.buffers + self._pending[:, d:]
+            self._pending = None
 
 
 class ADPSGDSimulator(Simulator):
