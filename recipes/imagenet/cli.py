@@ -1,9 +1,14 @@
-"""LightningCLI of the ImageNet recipe: ``python -m recipes.imagenet fit --config ...``."""
+"""LightningCLI of the ImageNet recipe: ``python -m recipes.imagenet fit --config ...``.
+
+Importing :mod:`lightning_gossip` registers the strategy names ``dpsgd`` and ``adpsgd`` with
+Lightning, so ``--trainer.strategy=dpsgd`` works next to the built-in ``ddp``.
+"""
 
 from __future__ import annotations
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+import lightning_gossip  # noqa: F401  (registers the strategy names "dpsgd" and "adpsgd")
 from recipes.imagenet.classifier import ImageClassifier
 from recipes.imagenet.datamodule import ImageFolderDataModule
 
