@@ -98,8 +98,9 @@ class Mixer:
         True
     """
 
-    def __init__(self, topo: _topology.Topology) -> None:
+    def __init__(self, topo: _topology.Topology, dtype: torch.dtype = torch.float32) -> None:
         self.topology = topo
+        self.dtype = dtype
         self._static: tuple | None = None
 
     def _plan(self, step: int) -> tuple:
@@ -112,7 +113,7 @@ class Mixer:
         else:
             rows, cols = np.nonzero(w)
             if len(rows) > 0.25 * n * n:
-                plan = ("dense", torch.as_tensor(w, dtype=torch.float32))
+                plan = ("dense", torch.as_tensor(w, dtype=self.dtype))
             else:
                 crow = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
                 with warnings.catch_warnings():  # "sparse CSR support is in beta"
@@ -120,7 +121,7 @@ class Mixer:
                     csr = torch.sparse_csr_tensor(
                         torch.as_tensor(crow, dtype=torch.int64),
                         torch.as_tensor(cols, dtype=torch.int64),
-                        torch.as_tensor(w[rows, cols], dtype=torch.float32),
+                        torch.as_tensor(w[rows, cols], dtype=self.dtype),
                         size=(n, n),
                     )
                 plan = ("sparse", csr)

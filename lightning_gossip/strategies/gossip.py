@@ -351,12 +351,12 @@ class GossipStrategy(ParallelStrategy, ABC):
 
     def log_consensus_distance(self) -> float:
         assert self._flat is not None
+        """Measure the consensus distance now; rank 0 logs it at step = optimizer steps done."""
         value = consensus_distance(self._flat.pack())
         self.consensus_distance = value
-        trainer = self.lightning_module.trainer
         if self.is_global_zero and np.isfinite(value):
-            for logger in trainer.loggers:
-                logger.log_metrics({CONSENSUS_METRIC: value}, step=trainer.global_step)
+            for logger in self.lightning_module.trainer.loggers:
+                logger.log_metrics({CONSENSUS_METRIC: value}, step=self.step)
         return value
 
     def teardown(self) -> None:

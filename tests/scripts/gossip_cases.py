@@ -76,6 +76,38 @@ class Recorder(Callback):
         self.steps.append(FlatState(module).pack().tolist())
 
 
+class DigitsMLP(L.LightningModule):
+    """A small real task: scikit-learn's bundled handwritten digits, a one-hidden-layer MLP."""
+
+    def __init__(self, lr: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+def digits_loaders(batch_size: int):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    train, val = perm[:1400], perm[1400:]
+    return (DataLoader(TensorDataset(x[train], y[train]), batch_size=batch_size, shuffle=True),
+            DataLoader(TensorDataset(x[val], y[val]), batch_size=256))
+
+
 def run_case(name: str, case: dict, out: Path) -> None:
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -84,11 +116,16 @@ def run_case(name: str, case: dict, out: Path) -> None:
     width = case.get("width", 3)
     if case.get("mismatch_rank") == rank:
         width += 1
-    model = Tiny(case.get("lr", 0.0), case.get("manual", False), width, case.get("batchnorm", False))
-    g = torch.Generator().manual_seed(rank)
-    n = case.get("batches", 6) * case.get("batch_size", 4)
-    data = TensorDataset(torch.randn(n * world, 5, generator=g), torch.randint(0, 2, (n * world,), generator=g))
-    loader = DataLoader(data, batch_size=case.get("batch_size", 4))
+    if case.get("task") == "digits":
+        model = DigitsMLP(case.get("lr", 0.05))
+        loader, val_loader = digits_loaders(case.get("batch_size", 16))
+    else:
+        model = Tiny(case.get("lr", 0.0), case.get("manual", False), width, case.get("batchnorm", False))
+        g = torch.Generator().manual_seed(rank)
+        n = case.get("batches", 6) * case.get("batch_size", 4)
+        data = TensorDataset(torch.randn(n * world, 5, generator=g),
+                             torch.randint(0, 2, (n * world,), generator=g))
+        loader = val_loader = DataLoader(data, batch_size=case.get("batch_size", 4))
     strategy_kwargs = dict(case.get("strategy_kwargs", {}))
     strategy = case.get("strategy", "dpsgd")
     if strategy == "dpsgd":
@@ -104,7 +141,7 @@ def run_case(name: str, case: dict, out: Path) -> None:
         callbacks=[recorder], logger=logger, enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, log_every_n_steps=1, default_root_dir=out / name,
     )
-    trainer.fit(model, loader, loader if case.get("val_batches") else None,
+    trainer.fit(model, loader, val_loader if case.get("val_batches") else None,
                 ckpt_path=case.get("resume_from"))
     result = {
         "rank": trainer.global_rank, "world_size": trainer.world_size,
@@ -112,6 +149,7 @@ def run_case(name: str, case: dict, out: Path) -> None:
         "x0": recorder.x0, "steps": recorder.steps, "start_weights": recorder.start_weights,
         "final": FlatState(model).pack().tolist(),
         "consensus_distance": getattr(trainer.strategy, "consensus_distance", None),
+        "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
     }
     if case.get("save_checkpoint"):
         ckpt = out / name / "model.ckpt"
