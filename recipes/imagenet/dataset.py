@@ -23,11 +23,20 @@ class ImageFolderError(ValueError):
 
 
 class UnreadableImageError(OSError):
-    """An image file could not be decoded; ``path`` names the file."""
+    """An image file could not be decoded; the message and ``path`` name the file.
 
-    def __init__(self, path: str, cause: BaseException) -> None:
-        super().__init__(f"cannot read image {path}: {type(cause).__name__}: {cause}")
+    Constructible from the message alone, so the DataLoader can re-raise it with its own type
+    when it happened in a worker process (``path`` is then ``None``; the message has it).
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
         self.path = path
+
+    @classmethod
+    def from_cause(cls, path: str, cause: BaseException) -> UnreadableImageError:
+        """The error for ``path`` that failed with ``cause``."""
+        return cls(f"cannot read image {path}: {type(cause).__name__}: {cause}", path)
 
 
 class CheckedImageFolder(ImageFolder):
@@ -82,7 +91,7 @@ class CheckedImageFolder(ImageFolder):
         try:
             image = self.loader(path)
         except IMAGE_READ_ERRORS as err:
-            raise UnreadableImageError(path, err) from err
+            raise UnreadableImageError.from_cause(path, err) from err
         return image, target
 
     def __getitem__(self, index: int) -> tuple[Any, int]:

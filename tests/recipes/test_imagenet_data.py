@@ -121,6 +121,9 @@ def test_unreadable_image_is_reported_with_its_path(
     assert err.value.path == str(bad)
     with pytest.raises(UnreadableImageError, match="cannot read image"):
         list(strict.train_dataloader())
+    strict.num_workers = 1  # raised in a worker process: same type, path in the message
+    with pytest.raises(UnreadableImageError, match=f"cannot read image ({bad}|{truncated})"):
+        list(strict.train_dataloader())
 
     lenient = ImageFolderDataModule(
         str(root), **{**DIGITS_DATA, "num_classes": 2, "batch_size": 6}, skip_unreadable=True

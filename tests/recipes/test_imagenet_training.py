@@ -180,3 +180,12 @@ def test_resnet50_config_parses_and_builds(monkeypatch: pytest.MonkeyPatch) -> N
     assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
     assert cli.trainer.num_nodes == 4 and cli.trainer.world_size == 8
     assert cli.datamodule.root == Path("/datasets/imagenet")
+
+
+def test_unknown_architecture_and_unbounded_epochs_are_errors(digits: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown architecture 'resnet_51'.*resnet50"):
+        build_model("resnet_51", 10)
+    module = ImageClassifier(arch="small_resnet", num_classes=10, batch_size_per_device=16)
+    data = ImageFolderDataModule(str(digits), **DIGITS_DATA)
+    with pytest.raises(ValueError, match="finite trainer.max_epochs"):
+        quiet_trainer(max_epochs=-1, max_steps=2, limit_val_batches=0).fit(module, data)
