@@ -195,10 +195,11 @@ def _cmd_topologies(args: argparse.Namespace) -> int:
     )
     headers = ["topology", "n", "gap", "gap (closed form)", "ms_gap", "peers/step",
                "sent/rank/step", "steps (predicted)", "steps (measured)"]
-    table = []
+    table, notes = [], []
     for r in rows:
         if r.error:
-            table.append([r.topology, str(r.world_size), f"n/a: {r.error}"] + [""] * 6)
+            table.append([r.topology, str(r.world_size)] + ["n/a"] * 7)
+            notes.append(f"n/a: {r.topology} with {r.world_size} ranks: {r.error}")
             continue
         measured = "-" if args.no_measure else (
             str(r.steps_measured) if r.steps_measured is not None else f">{args.max_steps}")
@@ -209,11 +210,13 @@ def _cmd_topologies(args: argparse.Namespace) -> int:
             "inf" if pred is None or math.isinf(pred) else str(math.ceil(pred - 1e-9)), measured,
         ])
     print(_table(headers, table))
+    for note in dict.fromkeys(notes):
+        print(note)
     print(
         f"\ngap: 1 - |lambda_2(W)| (fixed W) or 1 - lambda_2(E[W^T W]) (time-varying); ms_gap: "
         f"1 - lambda_2(E[W^T W]) for all.\nsteps: mixing steps x <- W_t x until the RMS "
         f"consensus error falls by {args.tolerance:g}; predicted = 2 ln(1/tol) / -ln(1 - ms_gap), "
-        f"measured from {4} random vectors (seed {args.seed}).\nsent/rank/step: peers x "
+        f"measured from 4 random vectors (seed {args.seed}).\nsent/rank/step: peers x "
         f"{args.model_params:,} parameters x {args.bytes_per_param} bytes (complete: point to "
         "point; an all-reduce sends about 2 models per rank)."
     )
@@ -228,6 +231,8 @@ def _cmd_topologies(args: argparse.Namespace) -> int:
 
 
 def _plot_topologies(rows, path: Path, args: argparse.Namespace) -> None:
+    from lightning_gossip.analysis import closed_form_gaps, predicted_consensus_steps
+
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -236,10 +241,20 @@ def _plot_topologies(rows, path: Path, args: argparse.Namespace) -> None:
         if not rs:
             continue
         c = colors[k % len(colors)]
-        ns = [r.world_size for r in rs]
-        ax1.plot(ns, [r.gap_closed_form for r in rs], "-", color=c, alpha=0.6)
-        ax1.plot(ns, [r.gap for r in rs], "o", color=c, label=name)
-        ax2.plot(ns, [r.steps_predicted for r in rs], "-", color=c, alpha=0.6)
+        lo, hi = min(r.world_size for r in rs), max(r.world_size for r in rs)
+        grid, gaps, preds = [], [], []
+        for n in sorted({int(round(v)) for v in np.geomspace(lo, hi, 200)}):
+            try:
+                closed = closed_form_gaps(name, n)
+            except ValueError:  # e.g. a torus on a prime number
+                continue
+            if closed is not None:
+                grid.append(n)
+                gaps.append(closed[0])
+                preds.append(predicted_consensus_steps(closed[1], args.tolerance))
+        ax1.plot(grid, gaps, "-", color=c, alpha=0.5, lw=1)
+        ax1.plot([r.world_size for r in rs], [r.gap for r in rs], "o", color=c, label=name)
+        ax2.plot(grid, preds, "-", color=c, alpha=0.5, lw=1)
         meas = [(r.world_size, r.steps_measured) for r in rs if r.steps_measured is not None]
         if meas:
             ax2.plot(*zip(*meas), "o", color=c, label=name)
@@ -434,7 +449,8 @@ def _plot_simulation(results, path: Path, args: argparse.Namespace) -> None:
             xs = r.time if axis == "time" else r.steps
             label = f"{r.algorithm} {r.topology}"
             axes[0, col].plot(xs, r.loss, label=label)
-            axes[1, col].plot(xs, np.maximum(r.consensus, 1e-12), label=label)
+            cons = np.asarray(r.consensus, dtype=float)
+            axes[1, col].plot(xs, np.where(cons > 0, cons, np.nan), label=label)
         axes[0, col].axhline(args.target_loss, color="grey", ls=":", lw=1)
         axes[0, col].set(title=f"{n} learners", yscale="log",
                          ylabel="loss of the averaged model" if col == 0 else None)
