@@ -104,8 +104,8 @@ class CheckedImageFolder(ImageFolder):
                 if not self.skip_unreadable:
                     raise
                 self.num_skipped += 1
-                log.warning("skipping %s (%d unreadable image(s) skipped so far by this process)",
-                            err, self.num_skipped)
+                log.warning("%s; using the next image instead (%d unreadable image(s) skipped "
+                            "so far by this process)", err, self.num_skipped)
         else:
             raise ImageFolderError(f"no readable image in {self.root}")
         if self.transform is not None:
