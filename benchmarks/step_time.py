@@ -1,0 +1,269 @@
+"""Time per training step: dpsgd (overlapped and blocking) vs Lightning ddp vs no communication.
+
+One run of this script starts N CPU ranks once (torchrun, gloo, one thread per rank) and times,
+back to back in the same processes, every case below on the same ~10M-parameter MLP with the
+same per-rank batch:
+
+* ``solo``           one process alone, no communication (rank 0 trains, the others wait idle);
+* ``local_xN``       every rank trains its own replica at the same time, no communication
+                     (the same CPU contention as the distributed cases, minus the messages);
+* ``ddp``            Lightning's DDPStrategy (bucketed gradient all-reduce overlapped with
+                     backward);
+* ``dpsgd_blocking`` DPSGDStrategy(overlap=False): exchange after the local step;
+* ``dpsgd_overlap``  DPSGDStrategy(overlap=True, the default): exchange posted before
+                     forward/backward;
+* ``dpsgd_delay1``   DPSGDStrategy(delay_by_one=True): each exchange has a whole step to hide.
+
+Step time = wall time between consecutive ``on_train_batch_end`` calls (data, forward,
+backward, optimizer, gossip: everything the user waits for). The first ``--warmup`` steps of
+every fit are dropped; the reported figure is the median over the remaining steps (pooled over
+``--repeats`` rounds), averaged over ranks. Ratios are to ``solo`` (the issue's baseline) and
+to ``local_xN`` (which separates CPU oversubscription from communication cost).
+
+Usage::
+
+    python benchmarks/step_time.py                 # 4 ranks, ~10.5M parameters
+    python benchmarks/step_time.py --ranks 4 2     # also a 2-rank launch
+    python benchmarks/step_time.py --quick         # seconds; used by the smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as H  # noqa: E402
+
+CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1")
+DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker side (runs inside every torchrun rank)
+# ----------------------------------------------------------------------------------------------
+def _param_count(in_features: int, width: int, depth: int, classes: int) -> int:
+    dims = [in_features] + [width] * depth + [classes]
+    return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+
+
+def _worker(spec_path: Path) -> None:
+    import lightning as L
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_gossip
+
+    spec = json.loads(spec_path.read_text())
+    out = spec_path.parent
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
+
+    class MLP(L.LightningModule):
+        """A plain MLP trained on one fixed random batch (data loading is not measured)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            dims = [spec["in_features"]] + [spec["width"]] * spec["depth"] + [spec["classes"]]
+            layers: list[nn.Module] = []
+            for a, b in zip(dims[:-1], dims[1:]):
+                layers += [nn.Linear(a, b), nn.ReLU()]
+            self.net = nn.Sequential(*layers[:-1])
+            g = torch.Generator().manual_seed(1234 + rank)
+            # Plain attributes, not buffers: buffers would be gossiped with the weights.
+            self.x = torch.randn(spec["batch_size"], spec["in_features"], generator=g)
+            self.y = torch.randint(0, spec["classes"], (spec["batch_size"],), generator=g)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            n = len(batch[0])
+            return nn.functional.cross_entropy(self.net(self.x[:n]), self.y[:n])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
+
+    class StepTimer(Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+    steps_total = spec["warmup"] + spec["steps"]
+    n_samples = (steps_total + 1) * spec["batch_size"] * world
+
+    def fit(case: str) -> list[float]:
+        torch.manual_seed(0)
+        model = MLP()
+        timer = StepTimer()
+        common = dict(accelerator="cpu", max_steps=steps_total, max_epochs=-1, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, callbacks=[timer], num_sanity_val_steps=0,
+                      limit_val_batches=0, default_root_dir=str(out / "lightning"))
+        loader = DataLoader(TensorDataset(torch.arange(n_samples)),
+                            batch_size=spec["batch_size"], shuffle=False, drop_last=True)
+        if case in ("solo", "local"):
+            with H.without_launcher_env():
+                trainer = L.Trainer(strategy=SingleDeviceStrategy(torch.device("cpu")),
+                                    devices=1, **common)
+                trainer.fit(model, loader)
+        else:
+            if case == "ddp":
+                strategy: Any = DDPStrategy(process_group_backend="gloo")
+            else:
+                strategy = lightning_gossip.DPSGDStrategy(
+                    topology=spec["topology"], overlap=case != "dpsgd_blocking",
+                    delay_by_one=case == "dpsgd_delay1", consensus_every_n_steps=None,
+                    final_average=False, process_group_backend="gloo")
+            trainer = L.Trainer(strategy=strategy, devices=world, **common)
+            trainer.fit(model, loader)
+        ends = timer.ends
+        return [b - a for a, b in zip(ends[:-1], ends[1:])][max(spec["warmup"] - 1, 0):]
+
+    results: dict[str, list[list[float]]] = {c: [] for c in spec["cases"]}
+    for rnd in range(spec["repeats"]):
+        for case in spec["cases"]:
+            dist.barrier()
+            H.progress(f"round {rnd + 1}/{spec['repeats']} {case} ({world} ranks)")
+            if case == "solo":
+                times = fit(case) if rank == 0 else []
+            else:
+                times = fit(case)
+            results[case].append(times)
+            dist.barrier()
+            if rank == 0 and times:
+                H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms")
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "times": results}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver side
+# ----------------------------------------------------------------------------------------------
+def _summarise(ranks: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
+    """Per case: per-rank medians (rounds pooled), their mean, per-round spread."""
+    summary: dict[str, Any] = {}
+    for case in cases:
+        per_rank, per_round = [], []
+        for r in ranks:
+            rounds = r["times"][case]
+            pooled = [t for rnd in rounds for t in rnd]
+            if pooled:
+                per_rank.append(H.median(pooled))
+            per_round.append([H.median(rnd) for rnd in rounds if rnd])
+        round_medians = [sum(col) / len(col) for col in zip(*[x for x in per_round if x])]
+        summary[case] = {
+            "median_step_s": sum(per_rank) / len(per_rank),
+            "per_rank_median_step_s": per_rank,
+            "round_median_step_s": round_medians,
+            "steps_measured_per_rank": len([t for rnd in ranks[0]["times"][case] for t in rnd]),
+        }
+    return summary
+
+
+def _rows(world: int, summary: dict[str, Any]) -> list[list[Any]]:
+    solo = summary.get("solo", {}).get("median_step_s")
+    local = summary.get("local", {}).get("median_step_s")
+    rows = []
+    for case, s in summary.items():
+        name = f"local_x{world}" if case == "local" else case
+        t = s["median_step_s"]
+        rnd = s["round_median_step_s"]
+        spread = f"{min(rnd) * 1e3:.0f}-{max(rnd) * 1e3:.0f}" if len(rnd) > 1 else "-"
+        rows.append([name, t * 1e3, spread, t / solo if solo else float("nan"),
+                     t / local if local else float("nan")])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Time per training step at N CPU ranks: dpsgd (overlap on/off, "
+        "delay-by-one), Lightning ddp, and no communication; ratios to no communication.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[4],
+                   help="world sizes, one launch each (e.g. --ranks 4 2)")
+    p.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
+    p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")
+    p.add_argument("--in-features", type=int, default=1024, help="input features")
+    p.add_argument("--classes", type=int, default=10, help="output classes")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--steps", type=int, default=30, help="measured steps per fit")
+    p.add_argument("--warmup", type=int, default=5, help="steps dropped at the start of a fit")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="rounds over all cases (interleaved, to spread drifting load)")
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES,
+                   help="which cases to run")
+    p.add_argument("--topology", default="random_ring", help="dpsgd topology")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model, few steps, 2 ranks, 1 round (smoke test; seconds)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return 0
+    if args.quick:
+        args.width, args.depth, args.in_features = 256, 2, 128
+        args.steps, args.warmup, args.repeats, args.ranks = 4, 2, 1, [2]
+
+    params = _param_count(args.in_features, args.width, args.depth, args.classes)
+    before = H.machine_info()
+    print(f"step_time: {params / 1e6:.2f}M parameters, per-rank batch {args.batch_size}, "
+          f"{args.steps} measured steps after {args.warmup} warm-up, {args.repeats} round(s), "
+          f"ranks {args.ranks}; load average {before['loadavg_1_5_15']}", file=sys.stderr)
+    launches = []
+    for world in args.ranks:
+        spec = {k: getattr(args, k) for k in ("width", "depth", "in_features", "classes",
+                                               "batch_size", "steps", "warmup", "repeats",
+                                               "topology")}
+        spec["cases"] = list(args.cases)
+        workdir = args.out.parent / f".{args.out.stem}_work_{world}"
+        t0 = time.time()
+        ranks = H.launch(Path(__file__).resolve(), spec, world, workdir, args.timeout)
+        summary = _summarise(ranks, list(args.cases))
+        launches.append({"world_size": world, "wall_s": time.time() - t0, "cases": summary})
+    after = H.machine_info()
+
+    md = [f"Step time, {params / 1e6:.2f}M-parameter MLP, per-rank batch {args.batch_size}, "
+          f"median of {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up.",
+          H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}."]
+    headers = ["case", "step ms (median)", "round medians ms", "x solo", "x local"]
+    for launch in launches:
+        world, summary = launch["world_size"], launch["cases"]
+        md += ["", f"**{world} ranks**", "", H.markdown_table(headers, _rows(world, summary))]
+        b = summary.get("dpsgd_blocking", {}).get("median_step_s")
+        o = summary.get("dpsgd_overlap", {}).get("median_step_s")
+        if b and o:
+            launch["blocking_over_overlap"] = b / o
+            md.append(f"\nblocking / overlap = {b / o:.3f}")
+        if o and "solo" in summary:
+            launch["overlap_over_solo"] = o / summary["solo"]["median_step_s"]
+        if o and "local" in summary:
+            launch["overlap_over_local"] = o / summary["local"]["median_step_s"]
+    text = "\n".join(md)
+    print(text)
+    H.write_json(args.out, {
+        "benchmark": "step_time", "quick": args.quick, "parameters": params,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                   if k not in ("worker",)},
+        "machine": before, "loadavg_after": after["loadavg_1_5_15"],
+        "launches": launches, "markdown": text,
+    })
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
