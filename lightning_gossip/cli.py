@@ -199,7 +199,7 @@ def _cmd_topologies(args: argparse.Namespace) -> int:
     for r in rows:
         if r.error:
             table.append([r.topology, str(r.world_size)] + ["n/a"] * 7)
-            notes.append(f"n/a: {r.topology} with {r.world_size} ranks: {r.error}")
+            notes.append(f"n/a: {r.topology} at n={r.world_size}: {r.error}")
             continue
         measured = "-" if args.no_measure else (
             str(r.steps_measured) if r.steps_measured is not None else f">{args.max_steps}")
@@ -380,6 +380,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.slow > min(args.world_sizes):
         raise CLIError(f"--slow {args.slow} is more than the smallest world size "
                        f"{min(args.world_sizes)}")
+    if "dpsgd" in args.algorithms:  # check every run before starting the first
+        for n in args.world_sizes:
+            for topo in args.topologies:
+                try:
+                    _topology.build(topo, n, args.seed)
+                except ValueError as e:
+                    raise CLIError(f"{topo} with {n} learners: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -397,10 +404,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for algo in args.algorithms:
             if algo == "dpsgd":
                 for topo in args.topologies:
-                    try:
-                        _topology.build(topo, n, args.seed)
-                    except ValueError as e:
-                        raise CLIError(f"{topo} with {n} learners: {e}") from None
                     results.append(sim.run_dpsgd(
                         model, loss_fn, shards, (x, y), topo, args.steps, args.lr,
                         momentum=args.momentum, seed=args.seed, overlap=not args.no_overlap,

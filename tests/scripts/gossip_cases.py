@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -36,7 +38,7 @@ class Tiny(L.LightningModule):
         self.automatic_optimization = not manual
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        x, y = batch[0], batch[1]
         loss = nn.functional.cross_entropy(self.net(x), y)
         if not self.automatic_optimization:
             opt = self.optimizers()
@@ -47,12 +49,44 @@ class Tiny(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        x, y = batch
+        x, y = batch[0], batch[1]
         acc = (self.net(x).argmax(-1) == y).float().mean()
         self.log("val_acc", acc, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class Indexed(TensorDataset):
+    """Returns ``(x, y, index)`` so a test can see which samples each rank processed."""
+
+    def __getitem__(self, i):
+        return (*super().__getitem__(i), i)
+
+
+class Disturb(Callback):
+    """Per-step delays (seeded, different on each rank), a slow rank, injected failures."""
+
+    def __init__(self, case: dict, rank: int):
+        self.case, self.rank = case, rank
+        self.rng = random.Random(case.get("delay_seed", 0) * 100 + rank)
+        self.indices: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        c = self.case
+        if len(batch) > 2:
+            self.indices.append([int(i) for i in batch[2]])
+        if c.get("delay_ms"):
+            time.sleep(self.rng.uniform(0, c["delay_ms"]) / 1000)
+        if c.get("slow_rank") == self.rank:
+            time.sleep(c["slow_ms"] / 1000)
+        fail = c.get("raise_at")
+        if fail and fail["rank"] == self.rank and trainer.global_step >= fail["step"]:
+            raise RuntimeError(f"injected failure on rank {self.rank}")
+        nan = c.get("nan_at")
+        if nan and nan["rank"] == self.rank and trainer.global_step == nan["step"]:
+            flat = FlatState(module)
+            flat.copy_(torch.full((flat.numel,), float("nan")))
 
 
 class Recorder(Callback):
@@ -123,8 +157,8 @@ def run_case(name: str, case: dict, out: Path) -> None:
         model = Tiny(case.get("lr", 0.0), case.get("manual", False), width, case.get("batchnorm", False))
         g = torch.Generator().manual_seed(rank)
         n = case.get("batches", 6) * case.get("batch_size", 4)
-        data = TensorDataset(torch.randn(n * world, 5, generator=g),
-                             torch.randint(0, 2, (n * world,), generator=g))
+        data = Indexed(torch.randn(n * world, 5, generator=g),
+                       torch.randint(0, 2, (n * world,), generator=g))
         loader = val_loader = DataLoader(data, batch_size=case.get("batch_size", 4))
     strategy_kwargs = dict(case.get("strategy_kwargs", {}))
     strategy = case.get("strategy", "dpsgd")
@@ -133,12 +167,23 @@ def run_case(name: str, case: dict, out: Path) -> None:
     elif strategy == "adpsgd":
         strategy = lightning_gossip.ADPSGDStrategy(**strategy_kwargs)
     recorder = Recorder(case.get("offset", 0.0))
+    disturb = Disturb(case, rank)
+    extra = []
+    if os.environ.get("LG_DEBUG"):
+        import logging
+        logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(message)s")
+        logging.getLogger("lightning_gossip").setLevel(logging.DEBUG)
+        import faulthandler
+        faulthandler.dump_traceback_later(int(os.environ["LG_DEBUG"]), exit=False)
+        sys.path.insert(0, "/tmp")
+        from dbg import Dbg
+        extra = [Dbg()]
     logger = L.pytorch.loggers.CSVLogger(out / name, name="logs", version=0) if case.get("log") else False
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=world // nodes, num_nodes=nodes,
         max_epochs=case.get("epochs", 1), limit_val_batches=case.get("val_batches", 0),
         accumulate_grad_batches=case.get("accumulate", 1), precision=case.get("precision", "32-true"),
-        callbacks=[recorder], logger=logger, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[recorder, disturb], logger=logger, enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, log_every_n_steps=1, default_root_dir=out / name,
     )
     trainer.fit(model, loader, val_loader if case.get("val_batches") else None,
@@ -150,6 +195,8 @@ def run_case(name: str, case: dict, out: Path) -> None:
         "final": FlatState(model).pack().tolist(),
         "consensus_distance": getattr(trainer.strategy, "consensus_distance", None),
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
+        "indices": disturb.indices,
+        "gossip_stats": getattr(trainer.strategy, "gossip_stats", {}),
     }
     if case.get("save_checkpoint"):
         ckpt = out / name / "model.ckpt"

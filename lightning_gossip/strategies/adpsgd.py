@@ -1,0 +1,301 @@
+"""Asynchronous decentralized parallel SGD (AD-PSGD, Lian et al. 2018).
+
+Each rank trains its replica without ever waiting for communication; a background thread
+averages it with one peer at a time (atomically), and the resulting change is applied at the
+next step boundary. A slow rank does not slow the others down; with straggler-resilient data
+(on by default) the faster ranks also process more of each epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.data import _update_dataloader
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
+
+from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.pairing import PAIRINGS, Pairing
+from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
+from lightning_gossip.strategies.gossip import GossipStrategy
+
+__all__ = ["ADPSGDStrategy"]
+
+_run_ids = itertools.count()  # fits in this process, counted the same way on every rank
+
+
+class ADPSGDStrategy(GossipStrategy):
+    """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
+
+    Args:
+        topology: which passive peers an active rank contacts. ``"ring"`` (default) alternates
+            between its two ring neighbours; ``"random"`` picks any passive rank uniformly
+            (the paper's randomized choice; also registered as ``"adpsgd_random"``).
+        seed: seeds the random peer choice and the shared data permutation.
+        max_staleness: the training thread waits when more than this many of its steps have
+            not yet been gossiped (``None``: never wait).
+        delay_by_one: apply each exchange's result one step boundary later, so every exchange
+            has a whole step of computation to hide behind.
+        shared_cursor: draw training batches from one shared seeded permutation through an
+            atomic counter, so faster ranks process more batches and every sample is used once
+            per epoch. Needs a map-style dataset and a ``batch_size``; validation then runs at
+            epoch ends only, and the training loader has no fixed length.
+        final_average, evaluate, consensus_every_n_steps, process_group_backend, timeout:
+            see :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus
+            distance is measured at epoch ends (the only points where all ranks meet) when
+            ``consensus_every_n_steps`` is not ``None``.
+
+    Example::
+
+        import lightning as L
+        import lightning_gossip  # registers "adpsgd" and "adpsgd_random"
+
+        trainer = L.Trainer(strategy="adpsgd", accelerator="cpu", devices=4, max_epochs=10)
+        trainer = L.Trainer(
+            strategy=lightning_gossip.ADPSGDStrategy(topology="random", max_staleness=2),
+            accelerator="gpu", devices=8, num_nodes=16,
+        )
+    """
+
+    strategy_name = "adpsgd"
+
+    def __init__(
+        self,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        *,
+        topology: str = "ring",
+        seed: int = 0,
+        max_staleness: int | None = 4,
+        delay_by_one: bool = False,
+        shared_cursor: bool = True,
+        final_average: bool = True,
+        evaluate: str = "consensus",
+        consensus_every_n_steps: int | None = 100,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            final_average=final_average,
+            evaluate=evaluate,
+            consensus_every_n_steps=consensus_every_n_steps,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        if topology not in PAIRINGS:
+            raise ValueError(
+                f"unknown AD-PSGD topology {topology!r}; valid choices: {', '.join(PAIRINGS)}"
+            )
+        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+            raise ValueError(f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
+        self.topology = topology
+        self.seed = int(seed)
+        self.max_staleness = max_staleness
+        self.delay_by_one = bool(delay_by_one)
+        self.shared_cursor = bool(shared_cursor)
+        self.engine: AsyncGossip | None = None
+        self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
+        self._run_id: int | None = None
+        self._warned_local_reduce = False
+
+    # ------------------------------------------------------------------------------------------
+    # Set-up
+    # ------------------------------------------------------------------------------------------
+    def setup_gossip(self, trainer: pl.Trainer) -> None:
+        self._check_trainer(trainer)
+        self._run_id = next(_run_ids)
+        if self._groups is None:
+            # Created on every rank in the same order, from the main thread. The thread's
+            # messages never share a group with the training thread's collectives.
+            # Control and data never share a group: a passive's receive-from-any-source
+            # must only ever match the small control messages.
+            control = dist.new_group(backend="gloo", timeout=self.timeout)
+            data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
+            self._groups = (control, data)
+        assert self._flat is not None
+        self.engine = AsyncGossip(
+            self._flat, self.global_rank, Pairing(self.topology, self.world_size, self.seed),
+            control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
+            max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+        )
+        self.engine.start()
+        _make_sigterm_check_local(trainer)
+        if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, _PhaseCallback())
+
+    def _check_trainer(self, trainer: pl.Trainer) -> None:
+        if self._layer_sync is not None:
+            raise ValueError(
+                "adpsgd does not support sync_batchnorm: ranks run different numbers of steps, "
+                "so a per-step collective would deadlock. BatchNorm statistics are gossiped "
+                "with the weights instead."
+            )
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and (
+                cb._every_n_train_steps or cb._train_time_interval is not None
+            ):
+                raise ValueError(
+                    "adpsgd checkpoints at epoch ends and validations only (all ranks meet "
+                    "there); ModelCheckpoint(every_n_train_steps / train_time_interval) is not "
+                    "supported."
+                )
+        if self.shared_cursor and trainer.val_check_interval != 1.0:
+            raise ValueError(
+                "adpsgd with shared_cursor=True validates at epoch ends only (ranks run "
+                f"different numbers of batches); got val_check_interval={trainer.val_check_interval}. "
+                "Use check_val_every_n_epoch, or ADPSGDStrategy(shared_cursor=False)."
+            )
+
+    def teardown_gossip(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.teardown_gossip()
+
+    # ------------------------------------------------------------------------------------------
+    # Data
+    # ------------------------------------------------------------------------------------------
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if (
+            not self.shared_cursor
+            or not self.gossip_enabled
+            or trainer is None
+            or trainer.state.stage != RunningStage.TRAINING
+            or not isinstance(dataloader, DataLoader)
+        ):
+            return dataloader
+        if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_size is None or (
+            dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler
+        ):
+            rank_zero_warn(
+                "adpsgd: the training loader has an iterable dataset or a custom batch sampler, "
+                "so it is used as is (shared_cursor needs a map-style dataset and batch_size)."
+            )
+            return dataloader
+        sampler = dataloader.sampler
+        shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
+        cursor = SharedCursorSampler(
+            len(dataloader.dataset), chunk_size=dataloader.batch_size, store=default_store(),
+            key=f"run{self._run_id}", shuffle=shuffle, seed=self.seed,
+        )
+        return _update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING)
+
+    # ------------------------------------------------------------------------------------------
+    # Steps and phases
+    # ------------------------------------------------------------------------------------------
+    def begin_phase(self) -> None:
+        """All ranks start training together (a barrier), then gossip may flow."""
+        if self.engine is not None and not self.engine.in_phase:
+            self.barrier()
+            self.engine.begin_phase()
+
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Any,
+        model: pl.LightningModule | torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if self.engine is not None and not self.engine.in_phase:
+            self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self.step += 1
+        if self.engine is not None:
+            self.engine.after_step()
+        return out
+
+    def quiesce(self) -> None:
+        if self.engine is not None:
+            self.engine.quiesce()
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """Epoch end on this rank: quiet the network, agree on stopping, log consensus."""
+        if self.engine is None:
+            return
+        self.quiesce()
+        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
+        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        stop = torch.tensor(float(local_stop), device=self.root_device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item() > 0:
+            trainer.should_stop = True
+        if self.consensus_every_n_steps is not None:
+            self.log_consensus_distance()
+
+    def reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean") -> Tensor:
+        if self.engine is not None and self.engine.in_phase and isinstance(tensor, Tensor):
+            # Mid-epoch the ranks are at different steps: a collective here would pair up
+            # unrelated calls. Per-step values stay local; epoch-level ones are reduced.
+            if not self._warned_local_reduce:
+                self._warned_local_reduce = True
+                rank_zero_warn(
+                    "adpsgd: values logged with sync_dist=True during training steps are not "
+                    "reduced across ranks (ranks run at different speeds); epoch-level and "
+                    "validation values are.")
+            return tensor
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @property
+    def gossip_stats(self) -> dict[str, float]:
+        """This rank's exchange and waiting counters (empty before fit)."""
+        return dict(vars(self.engine.stats)) if self.engine is not None else {}
+
+
+class _PhaseCallback(Callback):
+    """Inserted by :class:`ADPSGDStrategy`: opens a gossip phase at every epoch start and
+    closes it at every epoch end (the points where all ranks meet)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        strategy = trainer.strategy
+        if isinstance(strategy, ADPSGDStrategy):
+            strategy.begin_phase()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        strategy = trainer.strategy
+        if isinstance(strategy, ADPSGDStrategy):
+            strategy.end_epoch(trainer)
+
+
+def _make_sigterm_check_local(trainer: pl.Trainer) -> None:
+    """Stop Lightning from broadcasting its SIGTERM flag on the world group every batch.
+
+    Lightning 2.6's training loop calls ``torch.distributed.broadcast`` before every batch so
+    that all ranks stop together on SIGTERM. That is a per-step collective: it would make every
+    rank wait for the slowest one (no asynchrony) and, with a staleness bound, deadlock. Under
+    AD-PSGD a rank checks its own flag instead; the other ranks then fail on their gossip links
+    (or stop at the next epoch end).
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        return
+
+    def local_sigterm_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            raise SIGTERMException()
+
+    epoch_loop._broadcast_sigterm_tensor = local_sigterm_check
