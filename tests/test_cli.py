@@ -87,7 +87,7 @@ def test_topologies_table_json_and_plot(capsys, tmp_path):
     assert lines[0].split()[:3] == ["topology", "n", "gap"]
     ring8 = next(line for line in lines if line.startswith("ring ") and line.split()[1] == "8")
     assert f"{topology.ring_spectral_gap(8):.4f}" in ring8 and "8.0 MB" in ring8
-    assert "n/a: torus with 7 ranks" in out
+    assert "n/a: torus at n=7: torus needs" in out
     rows = json.loads(js.read_text())["rows"]
     assert len(rows) == 2 * len(topology.TOPOLOGIES)
     rr = next(r for r in rows if r["topology"] == "random_ring" and r["world_size"] == 8)
@@ -119,7 +119,7 @@ def test_topologies_no_measure_and_cap(capsys):
     (["inspect", "ring", "-n", "4", "--step", "-1"], "integer >= 0"),
     (["simulate", "-a", "adpsgd", "-n", "1"], "at least 2 learners"),
     (["simulate", "-n", "5000"], "at most 1797 learners"),
-    (["simulate", "-n", "4", "-t", "torus", "--steps", "1", "-n", "5"], "torus"),
+    (["simulate", "-n", "4", "5", "-t", "torus", "--steps", "1"], "torus with 5 learners"),
     (["simulate", "--lr", "-1"], "number >= 0"),
     (["simulate", "--slow", "9", "-n", "8"], "--slow 9"),
     (["simulate", "--partition", "random"], "invalid choice"),
