@@ -578,12 +578,19 @@ class ADPSGDSimulator(Simulator):
         self._active = np.array([self.pairing.is_active(r) for r in range(n)])
         # per active: list of (due local step, partner, delta for me)
         self._inflight: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
-        self.staleness_sum = 0  # pairwise averages that hit a replica during a gradient
+        #: pairwise averages that landed on a replica while its gradient was being computed
+        self.staleness_sum = 0
         self._hits = np.zeros(n, dtype=np.int64)
 
     @property
     def total_steps(self) -> int:
         return int(self.local_steps.sum())
+
+    @property
+    def mean_staleness(self) -> float:
+        """Pairwise averages that landed on a replica between the snapshot a gradient was
+        computed on and the moment it was applied, per local step."""
+        return self.staleness_sum / max(self.total_steps, 1)
 
     def set_replicas(self, params: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
         super().set_replicas(params, buffers)
@@ -610,10 +617,10 @@ class ADPSGDSimulator(Simulator):
             # the stale gradient (from the snapshot) is applied to the current replica
             self.replicas[idx] = self._sgd(idx, self.replicas[idx], g)
             self.staleness_sum += int(self._hits[done].sum())
-            self._hits[done] = 0
             self.local_steps[done] += 1
             for i in done[self._active[done]]:
                 self._gossip(int(i))
+            self._hits[done] = 0  # what landed so far precedes their next snapshot
             self._snapshot[idx] = self.replicas[idx]
             self._snap_buffers[idx] = self.buffers[idx]
             self._finish[done] = t_next + self.compute.duration(done, self.local_steps[done])
@@ -808,9 +815,5 @@ def run_adpsgd(
             sim.run_until(nxt, shards.batch)
             bar.update(nxt - t)
             t = nxt
-    total = max(sim.total_steps, 1)
-    res.extra = {
-        "local_steps": sim.local_steps.tolist(),
-        "mean_staleness": sim.staleness_sum / total,
-    }
+    res.extra = {"local_steps": sim.local_steps.tolist(), "mean_staleness": sim.mean_staleness}
     return res

@@ -164,6 +164,19 @@ def test_adpsgd_conserves_the_sum_at_lr0(delay, pairing):
     assert sim.local_steps[-1] < sim.local_steps[0]  # slow learners did fewer steps
 
 
+def test_adpsgd_staleness_comes_from_slow_learners():
+    n = 8
+    lockstep = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, delay=0)
+    lockstep.run_until(6.0, lambda r, s: _batches(len(r), int(s[0])))
+    assert lockstep.mean_staleness == 0.0  # all averages land at step boundaries
+    slow_passive = ComputeModel.with_slow(n, slow=1, slow_factor=3.0)  # rank 7 is passive
+    sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, delay=0,
+                          compute=slow_passive, pairing="ring")
+    sim.run_until(6.0, lambda r, s: _batches(len(r), int(s[0])))
+    # rank 7 is averaged by rank 0 (partners 7, 1, 7, ...) during each of its 3-unit steps
+    assert sim.staleness_sum > 0 and sim.mean_staleness < 1
+
+
 def test_adpsgd_uses_the_shared_pairing():
     n = 6
     sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.0, pairing="ring", delay=0)
