@@ -47,4 +47,10 @@ if [[ $what == all || $what == async ]]; then
   $LG simulate --world-sizes 64 --algorithms dpsgd adpsgd --topologies random_ring complete \
     --pairings random ring --steps 400 --lr 0.5 --no-overlap --eval-every 5 \
     --target-loss 0.2 --seed 0 --no-progress | tee "$RES/async_no_slow_learner.txt"
+  # What the one-step exchange delay costs AD-PSGD (table only).
+  for d in 0 1; do
+    $LG simulate --world-sizes 64 --algorithms adpsgd --pairings random --steps 200 --lr 0.5 \
+      --eval-every 5 --target-loss 0.2 --seed 0 --delay $d --no-progress \
+      | tee "$RES/async_delay$d.txt"
+  done
 fi
