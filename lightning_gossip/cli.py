@@ -552,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=["dpsgd"], help="default: dpsgd")
     p.add_argument("--topologies", "-t", nargs="+", choices=names,
                    default=["ring", "random_ring", "complete"], metavar="NAME",
-                   help="D-PSGD topologies (default: ring random_ring complete)")
+                   help=f"D-PSGD topologies, any of {', '.join(names)} "
+                        "(default: ring random_ring complete)")
     p.add_argument("--pairings", nargs="+", choices=["ring", "random"], default=["random"],
                    help="AD-PSGD partner choice (default: random)")
     p.add_argument("--world-sizes", "-n", nargs="+", type=_positive_int, default=[16],
