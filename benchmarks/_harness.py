@@ -10,10 +10,12 @@ paid once and the cases run back to back under the same machine load.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib.metadata
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -55,38 +57,85 @@ def launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,
            timeout: float) -> list[dict[str, Any]]:
     """Run ``script --worker SPEC`` on ``nprocs`` torchrun ranks; return each rank's results.
 
-    Worker output (progress lines) is passed through to this process's stderr as it arrives.
-    Every rank writes ``workdir/rank<r>.json``; a failed or timed-out launch raises
-    ``RuntimeError`` with the tail of the output.
+    Worker progress lines (``[bench] ...``) are passed through to this process's stderr as
+    they arrive; the whole output is kept in ``workdir/log.txt``. Every rank writes
+    ``workdir/rank<r>.json``. A failed launch raises ``RuntimeError`` with the tail of the
+    output; on timeout every rank first dumps its threads' stacks (``SIGUSR1``, see
+    :func:`worker_init`) so a hang can be located, then the launch is killed.
     """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the ranks get cleaned up
     workdir.mkdir(parents=True, exist_ok=True)
+    for old in workdir.glob("rank*.json"):
+        old.unlink()
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}",
            "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            str(script), "--worker", str(spec_path)]
-    started = time.monotonic()
     proc = subprocess.Popen(cmd, env=worker_env(), cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    timed_out = threading.Event()
+
+    def on_timeout() -> None:
+        timed_out.set()
+        _signal_all(_descendants(proc.pid), signal.SIGUSR1)  # the ranks dump their stacks
+        time.sleep(5)
+        _signal_all([*_descendants(proc.pid), proc.pid], signal.SIGKILL)
+
     tail: list[str] = []
-    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog = threading.Timer(timeout, on_timeout)
     watchdog.start()
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            tail = (tail + [line])[-80:]
-            if line.startswith("[bench]"):
-                print(line.rstrip(), file=sys.stderr, flush=True)
+        with open(workdir / "log.txt", "w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                tail = (tail + [line])[-120:]
+                if line.startswith("[bench]"):
+                    print(line.rstrip(), file=sys.stderr, flush=True)
         rc = proc.wait()
     finally:
-        timed_out = not watchdog.is_alive() and proc.returncode not in (0, None) and \
-            time.monotonic() >= started + timeout
         watchdog.cancel()
-    if timed_out:
-        raise RuntimeError(f"benchmark launch timed out after {timeout}s:\n{''.join(tail)}")
+        if proc.poll() is None:  # interrupted: take the ranks down with us
+            _signal_all([*_descendants(proc.pid), proc.pid], signal.SIGKILL)
+    if timed_out.is_set():
+        raise RuntimeError(f"benchmark launch timed out after {timeout}s (stacks in "
+                           f"{workdir / 'log.txt'}):\n{''.join(tail)}")
     if rc != 0:
         raise RuntimeError(f"benchmark launch failed (exit code {rc}):\n{''.join(tail)}")
     return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(nprocs)]
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun starts its ranks in sessions of their own,
+    so signalling torchrun's process group would not reach them)."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def worker_init() -> None:
+    """Per-rank set-up: ``SIGUSR1`` dumps every thread's stack (how the driver shows hangs)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 _ELASTIC_KEYS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK",

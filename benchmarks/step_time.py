@@ -22,8 +22,8 @@ to ``local_xN`` (which separates CPU oversubscription from communication cost).
 
 Usage::
 
-    python benchmarks/step_time.py                 # 4 ranks, ~10.5M parameters
-    python benchmarks/step_time.py --ranks 4 2     # also a 2-rank launch
+    python benchmarks/step_time.py                 # 4 ranks then 2 ranks, ~10.5M parameters
+    python benchmarks/step_time.py --ranks 4       # only the 4-rank launch
     python benchmarks/step_time.py --quick         # seconds; used by the smoke test
 """
 
@@ -64,6 +64,7 @@ def _worker(spec_path: Path) -> None:
 
     import lightning_gossip
 
+    H.worker_init()
     spec = json.loads(spec_path.read_text())
     out = spec_path.parent
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Time per training step at N CPU ranks: dpsgd (overlap on/off, "
         "delay-by-one), Lightning ddp, and no communication; ratios to no communication.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[4],
+    p.add_argument("--ranks", type=int, nargs="+", default=[4, 2],
                    help="world sizes, one launch each (e.g. --ranks 4 2)")
     p.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")

@@ -61,6 +61,7 @@ def _worker(spec_path: Path) -> None:
 
     import lightning_gossip
 
+    H.worker_init()
     spec = json.loads(spec_path.read_text())
     out = spec_path.parent
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -192,7 +193,11 @@ def _summarise(ranks: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
         wall = max(p["t_end"] for p in per) - min(p["t_start"] for p in per)
         samples = sum(p["samples"] for p in per)
         accs = [p["val_acc"] for p in per]
+        steps = [p["median_step_s"] for p in per]
+        others = [t for r, t in enumerate(steps) if r != STRAGGLER_RANK]
         summary[key] = {
+            # how much slower the straggler's steps really were than the others' (median)
+            "straggler_step_ratio": steps[STRAGGLER_RANK] / H.median(others),
             "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
             "val_acc": accs[0], "val_acc_min": min(accs), "val_acc_max": max(accs),
             "steps_per_rank": [p["steps"] for p in per],
@@ -261,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = summary.get(f"ddp/{mode}", {}).get("samples_per_s")
         s["over_ddp"] = s["samples_per_s"] / ref if ref else None
         rows.append([name, mode, s["samples_per_s"], s["over_ddp"] or float("nan"),
-                     s["wall_s"], "/".join(str(n) for n in s["steps_per_rank"]), s["val_acc"]])
+                     s["wall_s"], "/".join(str(n) for n in s["steps_per_rank"]),
+                     s["straggler_step_ratio"], s["val_acc"]])
     calib = ranks[STRAGGLER_RANK]["calibration"]["median_step_s"]
     md = [f"Digits MLP 64-{args.width}x{args.depth}-10, {args.ranks} ranks, per-rank batch "
           f"{args.batch_size}, {args.epochs} epochs; straggler = rank {STRAGGLER_RANK} "
@@ -269,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
           f"calibrated local step of {calib * 1e3:.1f} ms).",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}.", "",
           H.markdown_table(["strategy", "mode", "samples/s", "x ddp", "train wall s",
-                            "steps per rank", "val acc"], rows)]
+                            "steps per rank", f"rank-{STRAGGLER_RANK} step / others",
+                            "val acc"], rows)]
     text = "\n".join(md)
     print(text)
     H.write_json(args.out, {

@@ -1,0 +1,78 @@
+"""Smoke tests of the benchmark scripts: they run in ``--quick`` mode and write well-formed JSON.
+
+Timings are never asserted (they depend on the machine and its load); only that every case ran
+and the report has the documented shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lightning_gossip
+from tests.launch import ROOT, base_env
+
+pytestmark = pytest.mark.multiprocess
+
+STEP_CASES = {"solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1"}
+
+
+def _run(script: str, *args: str, timeout: float = 240) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                            cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=timeout)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    return result.stdout
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.parametrize("script", ["step_time.py", "straggler.py"])
+def test_help(script: str) -> None:
+    out = _run(script, "--help", timeout=60)
+    assert "--quick" in out and "--out" in out
+
+
+def test_step_time_quick(tmp_path: Path) -> None:
+    out_path = tmp_path / "step_time.json"
+    stdout = _run("step_time.py", "--quick", "--out", str(out_path))
+    report = json.loads(out_path.read_text())
+    assert report["benchmark"] == "step_time" and report["quick"] is True
+    assert {"cpu_model", "usable_cores", "torch", "lightning", "loadavg_1_5_15"} <= set(
+        report["machine"])
+    assert report["parameters"] > 0
+    (launch,) = report["launches"]
+    assert launch["world_size"] == 2
+    assert set(launch["cases"]) == STEP_CASES
+    for case in launch["cases"].values():
+        assert _positive(case["median_step_s"])
+        assert case["steps_measured_per_rank"] > 0 or case is launch["cases"]["solo"]
+    for key in ("blocking_over_overlap", "overlap_over_solo", "overlap_over_local"):
+        assert _positive(launch[key])
+    assert "| dpsgd_overlap |" in stdout and "| dpsgd_overlap |" in report["markdown"]
+
+
+@pytest.mark.skipif(not hasattr(lightning_gossip, "ADPSGDStrategy"),
+                    reason="ADPSGDStrategy has not landed yet")
+def test_straggler_quick(tmp_path: Path) -> None:
+    out_path = tmp_path / "straggler.json"
+    stdout = _run("straggler.py", "--quick", "--out", str(out_path))
+    report = json.loads(out_path.read_text())
+    assert report["benchmark"] == "straggler" and report["quick"] is True
+    assert {"cpu_model", "usable_cores", "torch", "lightning"} <= set(report["machine"])
+    assert report["sleep_s"] >= 0 and _positive(report["calibrated_local_step_s"])
+    expected = {f"{s}/{m}" for s in ("ddp", "dpsgd", "adpsgd") for m in ("equal", "straggler")}
+    assert set(report["runs"]) == expected
+    for run in report["runs"].values():
+        assert _positive(run["samples_per_s"]) and _positive(run["wall_s"])
+        assert run["samples"] > 0 and len(run["steps_per_rank"]) == 2
+        assert 0.0 <= run["val_acc"] <= 1.0
+        assert _positive(run["over_ddp"])
+    assert "| adpsgd | straggler |" in stdout
