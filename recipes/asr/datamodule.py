@@ -179,7 +179,9 @@ class KaldiDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | list:
+        if self.hparams.val_dir is None:
+            return []  # no validation
         return self._loader("val", shuffle=False)
 
     def test_dataloader(self) -> DataLoader:

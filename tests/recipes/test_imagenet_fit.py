@@ -66,9 +66,9 @@ def test_two_rank_fit_on_digits(strategy: str, digits: Path, tmp_path: Path) -> 
         pytest.skip(f"strategy {strategy!r} is not registered by lightning_gossip yet")
     run = run_lightning(
         "-m", "recipes.imagenet", "fit", f"--config={CONFIG}",  # `python -m recipes.imagenet`
-        f"--data.root={digits}", "--data.batch_size=16",
-        f"--trainer.strategy={strategy}", "--trainer.devices=2", "--trainer.max_epochs=2",
-        "--trainer.limit_train_batches=4", "--trainer.num_sanity_val_steps=0",
+        f"--data.root={digits}", "--data.batch_size=32",
+        f"--trainer.strategy={strategy}", "--trainer.devices=2", "--trainer.max_epochs=1",
+        "--trainer.num_sanity_val_steps=0",
         "--trainer.logger=false", "--trainer.enable_checkpointing=false",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.callbacks+=tests.recipes.test_imagenet_fit.RankProbe",
@@ -79,8 +79,13 @@ def test_two_rank_fit_on_digits(strategy: str, digits: Path, tmp_path: Path) -> 
     ranks = read_rank_results(tmp_path, 2)
     for r in ranks:
         assert r["strategy"] == STRATEGY_CLASSES[strategy] and r["world_size"] == 2
-        assert r["global_step"] == 8  # 2 epochs x 4 batches, every rank
         assert math.isfinite(r["logged"]["train/loss"])
+    # one epoch over the 1,437 training images in full batches of 32: 44 steps in all
+    steps = [r["global_step"] for r in ranks]
+    if strategy == "adpsgd":  # batches are handed out dynamically: a faster rank takes more
+        assert abs(sum(steps) - 44) <= 2 and min(steps) > 0, steps
+    else:  # a DistributedSampler shard of 719 images per rank
+        assert steps == [22, 22]
     # the ranks validated disjoint halves of the 360 validation images ...
     assert [r["counts"]["total"] for r in ranks] == [180, 180]
     # ... and every rank logs the accuracy over all of them

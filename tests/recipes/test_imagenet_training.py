@@ -189,3 +189,29 @@ def test_unknown_architecture_and_unbounded_epochs_are_errors(digits: Path) -> N
     data = ImageFolderDataModule(str(digits), **DIGITS_DATA)
     with pytest.raises(ValueError, match="finite trainer.max_epochs"):
         quiet_trainer(max_epochs=-1, max_steps=2, limit_val_batches=0).fit(module, data)
+
+
+class UnsizedSampler(torch.utils.data.Sampler[int]):
+    """Shuffled indices with no ``__len__``, as a strategy that hands out batches dynamically."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+
+def test_schedule_without_a_loader_length_counts_epochs_from_the_data_set() -> None:
+    # 70 images, batch 16: the loader cannot say how long it is; 70 // 16 = 4 steps per epoch
+    images = torch.randn(70, 3, 8, 8)
+    loader = DataLoader(TensorDataset(images, torch.randint(0, 10, (70,))), batch_size=16,
+                        sampler=UnsizedSampler(70), drop_last=True)
+    module = ImageClassifier(arch="small_resnet", num_classes=10, batch_size_per_device=16,
+                             base_lr=0.1, base_batch_size=16, warmup_epochs=1.0,
+                             warmup_start_factor=0.0)
+    record = RecordLR()
+    quiet_trainer(max_epochs=2, callbacks=[record], use_distributed_sampler=False).fit(
+        module, loader)
+    assert module.steps_per_epoch() == 4
+    expected = [0.1 * lr_multiplier(s, total_steps=8, warmup_steps=4) for s in range(8)]
+    assert [groups[0][0] for groups in record.steps] == pytest.approx(expected)

@@ -1,0 +1,74 @@
+"""2-rank fits of the ASR recipe through its CLI under ddp, dpsgd and adpsgd (real processes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import jiwer
+import pytest
+
+from recipes.asr.vocabulary import CharacterVocabulary
+from tests.launch import check, run_lightning
+from tests.recipes.asr_corpus import needs_espeak, tiny_corpus_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = ROOT / "recipes" / "asr" / "__main__.py"
+
+
+def strategy_available(name: str) -> bool:
+    import lightning_gossip  # noqa: F401  (registers the gossip strategies)
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    return name in StrategyRegistry
+
+
+def read_table(path: Path) -> dict[str, str]:
+    rows = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
+    return {r[0]: r[1] if len(r) > 1 else "" for r in rows}
+
+
+@needs_espeak
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["ddp", "dpsgd", "adpsgd"])
+def test_two_rank_fit_validates_tests_and_reports(
+        strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    if not strategy_available(strategy):
+        pytest.skip(f"strategy {strategy!r} is not registered by lightning_gossip yet")
+    corpus = tiny_corpus_dir(tmp_path_factory)
+    out = tmp_path / "run"
+    result = run_lightning(
+        CLI, "fit", "--config", str(ROOT / "recipes/asr/configs/synth.yaml"),
+        f"--trainer.strategy={strategy}", "--trainer.devices=2", "--trainer.max_epochs=2",
+        "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
+        f"--trainer.default_root_dir={out}",
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.init_args.save_dir={out}",
+        f"--data.train_dir={corpus / 'train'}", f"--data.val_dir={corpus / 'dev'}",
+        f"--data.test_dir={corpus / 'test'}", "--data.batch_size=6",
+        "--model.num_layers=1", "--model.hidden_size=32", "--model.lr=0.01",
+        "--model.warmup_steps=0", f"--model.report_dir={out / 'report'}",
+        "--test_after_fit=true", timeout=300)
+    log = check(result)
+    assert "test WER" in log
+
+    # Every test utterance was scored exactly once across the two ranks ...
+    refs = read_table(out / "report" / "ref.txt")
+    hyps = read_table(out / "report" / "hyp.txt")
+    vocab = CharacterVocabulary()
+    expected_refs = {u: vocab.normalize(t) for u, t in read_table(corpus / "test/text").items()}
+    assert refs == expected_refs and hyps.keys() == refs.keys()
+    # ... and the torchmetrics WER reduced over the ranks equals jiwer over all of them.
+    ids = sorted(refs)
+    reference_wer = jiwer.wer([refs[u] for u in ids], [hyps[u] for u in ids])
+    report = json.loads((out / "report" / "wer.json").read_text())
+    assert report["wer"] == pytest.approx(reference_wer, abs=1e-9)
+    metrics = list(csv.DictReader(open(next(out.rglob("metrics.csv")))))
+    test_wer = [float(r["test_wer"]) for r in metrics if r.get("test_wer")]
+    assert test_wer == [pytest.approx(reference_wer, abs=1e-6)]
+    val = [(float(r["val_wer"]), float(r["val_loss"])) for r in metrics if r.get("val_wer")]
+    assert len(val) == 2  # one validation per epoch
+    train_loss = [float(r["train_loss"]) for r in metrics if r.get("train_loss")]
+    assert len(train_loss) >= 8 and min(train_loss[-3:]) < train_loss[0]
+    assert list(out.rglob("last.ckpt"))
