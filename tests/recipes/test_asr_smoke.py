@@ -18,8 +18,9 @@ CLI = ROOT / "recipes" / "asr" / "__main__.py"
 
 
 def strategy_available(name: str) -> bool:
-    import lightning_gossip  # noqa: F401  (registers the gossip strategies)
     from lightning.pytorch.strategies import StrategyRegistry
+
+    import lightning_gossip  # noqa: F401  (registers the gossip strategies)
 
     return name in StrategyRegistry
 
