@@ -131,6 +131,27 @@ class ImageClassifier(pl.LightningModule):
         trainer = self.trainer
         return self.hparams.batch_size_per_device * trainer.world_size * trainer.accumulate_grad_batches
 
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch on this rank, to place warmup and decay epochs.
+
+        From the training loader's length when it has one (``limit_train_batches`` included);
+        otherwise, e.g. when a strategy hands out batches dynamically so ranks take different
+        numbers of steps, from the training set's size: ``len(dataset) // global batch``.
+        """
+        trainer = self.trainer
+        if trainer.max_epochs is None or trainer.max_epochs < 1:
+            raise ValueError("the ImageNet recipe needs a finite trainer.max_epochs to place its "
+                             "warmup and decay epochs")
+        trainer.estimated_stepping_batches  # noqa: B018  (loads the training data if needed)
+        if math.isfinite(trainer.num_training_batches):
+            return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+        dataset = getattr(trainer.train_dataloader, "dataset", None)
+        try:
+            return max(1, len(dataset) // self.global_batch_size())
+        except TypeError:
+            raise ValueError("the ImageNet recipe needs a training loader or data set with a "
+                             "length to place its warmup and decay epochs") from None
+
     def configure_optimizers(self) -> dict[str, Any]:
         """SGD with decay/no-decay groups and a per-step warmup + decay schedule."""
         hp = self.hparams
@@ -142,12 +163,10 @@ class ImageClassifier(pl.LightningModule):
             momentum=hp.momentum,
             nesterov=hp.nesterov,
         )
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        num_batches = self.trainer.num_training_batches
-        if self.trainer.max_epochs in (None, -1) or not math.isfinite(num_batches):
-            raise ValueError("the ImageNet recipe needs a finite trainer.max_epochs and a sized "
-                             "training set to place warmup and decay epochs")
-        steps_per_epoch = math.ceil(num_batches / self.trainer.accumulate_grad_batches)
+        steps_per_epoch = self.steps_per_epoch()
+        total_steps = steps_per_epoch * self.trainer.max_epochs
+        if self.trainer.max_steps >= 0:
+            total_steps = min(total_steps, self.trainer.max_steps)
         start = hp.warmup_start_factor
         if start is None:
             start = goyal_warmup_start_factor(global_batch, hp.base_batch_size)
