@@ -9,7 +9,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m lightning_gossip.demo
+	$(PY) -m recipes.asr.demo
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -117,6 +117,7 @@ class ADPSGDStrategy(GossipStrategy):
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._run_id: int | None = None
         self._warned_local_reduce = False
+        self._last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
     # Set-up
@@ -169,6 +170,7 @@ class ADPSGDStrategy(GossipStrategy):
     def teardown_gossip(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+            self._last_stats = dict(vars(self.engine.stats))
             self.engine = None
 
     def on_exception(self, exception: BaseException) -> None:
@@ -260,8 +262,8 @@ class ADPSGDStrategy(GossipStrategy):
 
     @property
     def gossip_stats(self) -> dict[str, float]:
-        """This rank's exchange and waiting counters (empty before fit)."""
-        return dict(vars(self.engine.stats)) if self.engine is not None else {}
+        """This rank's exchange and waiting counters (of the last fit once it has ended)."""
+        return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
 
 class _PhaseCallback(Callback):

@@ -168,16 +168,12 @@ def run_case(name: str, case: dict, out: Path) -> None:
         strategy = lightning_gossip.ADPSGDStrategy(**strategy_kwargs)
     recorder = Recorder(case.get("offset", 0.0))
     disturb = Disturb(case, rank)
-    extra = []
-    if os.environ.get("LG_DEBUG"):
+    if os.environ.get("LG_DEBUG"):  # LG_DEBUG=<seconds>: gossip debug log, then a stack dump
         import logging
         logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(message)s")
         logging.getLogger("lightning_gossip").setLevel(logging.DEBUG)
         import faulthandler
         faulthandler.dump_traceback_later(int(os.environ["LG_DEBUG"]), exit=False)
-        sys.path.insert(0, "/tmp")
-        from dbg import Dbg
-        extra = [Dbg()]
     logger = L.pytorch.loggers.CSVLogger(out / name, name="logs", version=0) if case.get("log") else False
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=world // nodes, num_nodes=nodes,

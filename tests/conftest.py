@@ -1,0 +1,25 @@
+"""Shared fixtures: one launch per world size runs every strategy case of that size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cases import all_cases, launch
+
+
+@pytest.fixture(scope="session")
+def world_run(tmp_path_factory) -> Callable[[int], Path]:
+    """``world_run(n)`` launches the cases for world size ``n`` once and returns their folder."""
+    done: dict[int, Path] = {}
+
+    def get(world: int) -> Path:
+        if world not in done:
+            tmp = tmp_path_factory.mktemp(f"world{world}")
+            launch(tmp, all_cases(world, tmp), nprocs=world)
+            done[world] = tmp
+        return done[world]
+
+    return get
