@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 
 from lightning_gossip.exchange import NeighborExchange
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.topology import Topology, resolve
+from lightning_gossip.topology import TOPOLOGIES, Topology, resolve
 
 __all__ = ["DPSGDStrategy"]
 
@@ -101,8 +101,6 @@ class DPSGDStrategy(GossipStrategy):
             timeout=timeout,
         )
         if isinstance(topology, str):
-            from lightning_gossip.topology import TOPOLOGIES
-
             if topology not in TOPOLOGIES:
                 raise ValueError(
                     f"unknown topology {topology!r}; valid choices: {', '.join(sorted(TOPOLOGIES))}"
@@ -116,6 +114,7 @@ class DPSGDStrategy(GossipStrategy):
         self._group: dist.ProcessGroup | None = None
         self._pending: list[_Round] = []  # started, not yet applied (oldest first)
         self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
+        self._scratch: Tensor | None = None  # where the mixed vector is computed
 
     # ------------------------------------------------------------------------------------------
     def setup_gossip(self, trainer: pl.Trainer) -> None:
@@ -129,6 +128,7 @@ class DPSGDStrategy(GossipStrategy):
     def teardown_gossip(self) -> None:
         self._pending.clear()
         self._spare.clear()
+        self._scratch = None
 
     # ------------------------------------------------------------------------------------------
     # The step
@@ -194,7 +194,7 @@ class DPSGDStrategy(GossipStrategy):
         """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
         assert self._flat is not None
         rnd.exchange.wait(self.timeout, step=rnd.step)
-        delta = rnd.exchange.mixed()
+        delta = rnd.exchange.mixed(out=self._mix_buffer())
         delta.sub_(rnd.exchange.send)
         self._flat.add_(delta)
         self._recycle(rnd)
@@ -203,5 +203,11 @@ class DPSGDStrategy(GossipStrategy):
         """``x <- W_t x'``: replace the weights by the mixed ones."""
         assert self._flat is not None
         rnd.exchange.wait(self.timeout, step=rnd.step)
-        self._flat.copy_(rnd.exchange.mixed())
+        self._flat.copy_(rnd.exchange.mixed(out=self._mix_buffer()))
         self._recycle(rnd)
+
+    def _mix_buffer(self) -> Tensor:
+        assert self._flat is not None
+        if self._scratch is None:
+            self._scratch = self._flat.empty()
+        return self._scratch
