@@ -5,11 +5,16 @@ back to back in the same processes, an MLP on scikit-learn's bundled handwritten
 (1400 training / 397 held-out images) with every selected strategy, twice:
 
 * ``equal``:     all ranks run at the same speed;
-* ``straggler``: rank 1 is made ``--slowdown`` times slower per step: after every optimizer
-                 step it sleeps ``(slowdown - 1) x`` the *calibrated* local step time (the
-                 median step time of a communication-free fit measured on every rank at
-                 once, right before the timed fits, under the same CPU contention). The sleep
-                 is the same for every strategy, so all of them face the same straggler.
+* ``straggler``: rank 1 is made ``--slowdown`` (2) times slower per step. Default
+                 (``--straggler adaptive``): after every step it sleeps ``(slowdown - 1) x``
+                 the time that step took (``on_train_batch_start`` to ``on_train_batch_end``).
+                 ``--straggler fixed``: it sleeps ``(slowdown - 1) x`` the *calibrated* local
+                 step time instead (the median step of a communication-free fit run on every
+                 rank at once right before the timed fits), the same sleep for every strategy.
+
+A sleeping rank frees its share of the CPU, so on an oversubscribed CPU the other ranks get
+faster meanwhile; the ``rank-1 step / others`` column reports how much slower the straggler
+really ran in each fit.
 
 Throughput = samples processed by all ranks / wall time from the earliest ``on_train_start``
 to the latest final ``on_train_batch_end`` (all ranks on one machine, one clock). Accuracy =
@@ -20,7 +25,7 @@ take more batches) is whatever the strategy does by default.
 
 Usage::
 
-    python benchmarks/straggler.py                       # ddp, dpsgd, adpsgd (if present)
+    python benchmarks/straggler.py                       # ddp, dpsgd, adpsgd
     python benchmarks/straggler.py --strategies ddp dpsgd
     python benchmarks/straggler.py --quick               # seconds; used by the smoke test
 """
@@ -93,21 +98,34 @@ def _worker(spec_path: Path) -> None:
             return torch.optim.SGD(self.parameters(), lr=spec["lr"], momentum=0.9)
 
     class Meter(Callback):
-        """Wall-clock window, samples and steps of this rank; optional per-step sleep."""
+        """Wall-clock window, samples and steps of this rank; optional per-step sleep.
 
-        def __init__(self, sleep_s: float) -> None:
-            self.sleep_s = sleep_s
+        ``factor > 0``: after every step sleep ``factor x`` the time that step took (from
+        ``on_train_batch_start`` to ``on_train_batch_end``); else sleep ``sleep_s``.
+        """
+
+        def __init__(self, sleep_s: float = 0.0, factor: float = 0.0) -> None:
+            self.sleep_s, self.factor = sleep_s, factor
             self.t_start = self.t_end = float("nan")
             self.samples = self.steps = 0
+            self.slept = 0.0
             self.ends: list[float] = []
+            self._batch_start = 0.0
 
         def on_train_start(self, *args: Any) -> None:
             self.t_start = time.time()
 
+        def on_train_batch_start(self, *args: Any) -> None:
+            self._batch_start = time.perf_counter()
+
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
-            if self.sleep_s > 0:
-                time.sleep(self.sleep_s)
+            pause = self.sleep_s
+            if self.factor > 0:
+                pause = self.factor * (time.perf_counter() - self._batch_start)
+            if pause > 0:
+                time.sleep(pause)
+                self.slept += pause
             self.samples += len(batch[0])
             self.steps += 1
             self.t_end = time.time()
@@ -127,10 +145,11 @@ def _worker(spec_path: Path) -> None:
         kwargs.update(spec.get("adpsgd_kwargs") or {})
         return cls(**kwargs)
 
-    def fit(strategy_name: str | None, sleep_s: float, epochs: int) -> dict[str, Any]:
+    def fit(strategy_name: str | None, epochs: int, sleep_s: float = 0.0,
+            factor: float = 0.0) -> dict[str, Any]:
         torch.manual_seed(spec["seed"])
         model = DigitsMLP()
-        meter = Meter(sleep_s)
+        meter = Meter(sleep_s, factor)
         loader = DataLoader(train, batch_size=spec["batch_size"], shuffle=True,
                             generator=torch.Generator().manual_seed(spec["seed"] + rank))
         common = dict(accelerator="cpu", max_epochs=epochs, logger=False,
@@ -150,33 +169,38 @@ def _worker(spec_path: Path) -> None:
         steps = [b - a for a, b in zip(meter.ends[:-1], meter.ends[1:])]
         return {"t_start": meter.t_start, "t_end": meter.t_end, "samples": meter.samples,
                 "steps": meter.steps, "median_step_s": H.median(steps[2:] or steps),
-                "val_acc": acc}
+                "slept_s": meter.slept, "val_acc": acc}
 
     # Calibration: the local (communication-free) step time under the same contention.
     dist.barrier()
     H.progress(f"calibrating the local step time ({world} ranks, no communication)")
-    calib = fit(None, 0.0, spec["calibration_epochs"])
+    calib = fit(None, spec["calibration_epochs"])
     local_step = torch.tensor([calib["median_step_s"]], dtype=torch.float64)
     dist.broadcast(local_step, src=STRAGGLER_RANK)
     sleep_s = (spec["slowdown"] - 1.0) * float(local_step.item())
+    adaptive = spec["straggler"] == "adaptive"
     H.progress(f"  local step {local_step.item() * 1e3:.1f} ms on rank {STRAGGLER_RANK}; "
-               f"straggler sleeps {sleep_s * 1e3:.1f} ms per step")
+               + (f"straggler sleeps {spec['slowdown'] - 1:g}x each of its steps" if adaptive
+                  else f"straggler sleeps {sleep_s * 1e3:.1f} ms per step"))
 
-    runs: dict[str, Any] = {}
-    for mode in spec["modes"]:
-        for name in spec["strategies"]:
-            dist.barrier()
-            H.progress(f"{name} / {mode}")
-            slow = sleep_s if (mode == "straggler" and rank == STRAGGLER_RANK) else 0.0
-            try:
-                res = fit(name, slow, spec["epochs"])
-            except Exception as e:  # report, then fail the launch on every rank
-                H.progress(f"  {name} / {mode} failed on rank {rank}: {type(e).__name__}: {e}")
-                raise
-            runs[f"{name}/{mode}"] = res
-            dist.barrier()
-            if rank == 0:
-                H.progress(f"  done: rank-0 steps {res['steps']}, val_acc {res['val_acc']:.3f}")
+    runs: dict[str, list[Any]] = {}
+    cases = [(name, mode) for mode in spec["modes"] for name in spec["strategies"]]
+    for rnd, (name, mode) in ((r, c) for r in range(spec["repeats"]) for c in cases):
+        dist.barrier()
+        H.progress(f"round {rnd + 1}/{spec['repeats']} {name} / {mode}")
+        slow = mode == "straggler" and rank == STRAGGLER_RANK
+        try:
+            if slow and adaptive:
+                res = fit(name, spec["epochs"], factor=spec["slowdown"] - 1.0)
+            else:
+                res = fit(name, spec["epochs"], sleep_s=sleep_s if slow else 0.0)
+        except Exception as e:  # report, then fail the launch on every rank
+            H.progress(f"  {name} / {mode} failed on rank {rank}: {type(e).__name__}: {e}")
+            raise
+        runs.setdefault(f"{name}/{mode}", []).append(res)
+        dist.barrier()
+        if rank == 0:
+            H.progress(f"  done: rank-0 steps {res['steps']}, val_acc {res['val_acc']:.3f}")
     (out / f"rank{rank}.json").write_text(json.dumps(
         {"rank": rank, "calibration": calib, "sleep_s": sleep_s, "runs": runs}))
     dist.barrier()
@@ -186,22 +210,41 @@ def _worker(spec_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------------------------
+def _summarise_round(per: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fit: throughput over all ranks, accuracy, steps, the straggler's real slowdown."""
+    wall = max(p["t_end"] for p in per) - min(p["t_start"] for p in per)
+    samples = sum(p["samples"] for p in per)
+    accs = [p["val_acc"] for p in per]
+    steps = [p["median_step_s"] for p in per]
+    others = [t for r, t in enumerate(steps) if r != STRAGGLER_RANK]
+    return {
+        "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
+        "val_acc": accs[0], "val_acc_min": min(accs), "val_acc_max": max(accs),
+        "steps_per_rank": [p["steps"] for p in per],
+        "median_step_s_per_rank": steps,
+        # how much slower the straggler's steps really were than the others' (medians)
+        "straggler_step_ratio": steps[STRAGGLER_RANK] / H.median(others),
+        "straggler_slept_s": per[STRAGGLER_RANK]["slept_s"],
+    }
+
+
 def _summarise(ranks: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
+    """Per case: every round, and the medians over rounds (the figures reported)."""
     summary: dict[str, Any] = {}
     for key in keys:
-        per = [r["runs"][key] for r in ranks]
-        wall = max(p["t_end"] for p in per) - min(p["t_start"] for p in per)
-        samples = sum(p["samples"] for p in per)
-        accs = [p["val_acc"] for p in per]
-        steps = [p["median_step_s"] for p in per]
-        others = [t for r, t in enumerate(steps) if r != STRAGGLER_RANK]
+        rounds = [_summarise_round([r["runs"][key][i] for r in ranks])
+                  for i in range(len(ranks[0]["runs"][key]))]
+        tput = [x["samples_per_s"] for x in rounds]
         summary[key] = {
-            # how much slower the straggler's steps really were than the others' (median)
-            "straggler_step_ratio": steps[STRAGGLER_RANK] / H.median(others),
-            "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
-            "val_acc": accs[0], "val_acc_min": min(accs), "val_acc_max": max(accs),
-            "steps_per_rank": [p["steps"] for p in per],
-            "median_step_s_per_rank": [p["median_step_s"] for p in per],
+            "samples_per_s": H.median(tput), "samples_per_s_min": min(tput),
+            "samples_per_s_max": max(tput),
+            "wall_s": H.median([x["wall_s"] for x in rounds]),
+            "val_acc": H.median([x["val_acc"] for x in rounds]),
+            "val_acc_min": min(x["val_acc_min"] for x in rounds),
+            "val_acc_max": max(x["val_acc_max"] for x in rounds),
+            "straggler_step_ratio": H.median([x["straggler_step_ratio"] for x in rounds]),
+            "steps_per_rank": rounds[len(rounds) // 2]["steps_per_rank"],
+            "rounds": rounds,
         }
     return summary
 
@@ -218,12 +261,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="equal ranks and/or one straggler")
     p.add_argument("--slowdown", type=float, default=2.0,
                    help="the straggler's step takes this many times the local step time")
+    p.add_argument("--straggler", choices=("adaptive", "fixed"), default="adaptive",
+                   help="adaptive: after each step the straggler sleeps (slowdown - 1) x the "
+                   "time that step took; fixed: (slowdown - 1) x the calibrated local step "
+                   "time, the same sleep for every strategy")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=2, help="hidden layers of the MLP")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--epochs", type=int, default=10, help="epochs per fit")
     p.add_argument("--calibration-epochs", type=int, default=2,
                    help="epochs of the communication-free calibration fit")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds over all fits (interleaved, to spread drifting load); "
+                   "medians over rounds are reported")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the data order")
     p.add_argument("--adpsgd-kwargs", type=json.loads, default=None,
@@ -239,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.width, args.depth, args.epochs, args.calibration_epochs = 64, 1, 1, 1
-        args.ranks = 2
+        args.ranks, args.repeats = 2, 1
     if args.ranks <= STRAGGLER_RANK:
         p.error(f"--ranks must be at least {STRAGGLER_RANK + 1} (rank {STRAGGLER_RANK} "
                 "is the straggler)")
@@ -248,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"straggler: {args.ranks} ranks, strategies {args.strategies}, modes {args.modes}, "
           f"MLP 64-{args.width}x{args.depth}-10, per-rank batch {args.batch_size}, "
           f"{args.epochs} epochs; load average {before['loadavg_1_5_15']}", file=sys.stderr)
-    spec = {k: getattr(args, k) for k in ("strategies", "modes", "slowdown", "width", "depth",
-                                           "batch_size", "epochs", "calibration_epochs", "lr",
-                                           "seed", "adpsgd_kwargs")}
+    spec = {k: getattr(args, k) for k in ("strategies", "modes", "slowdown", "straggler",
+                                           "width", "depth", "batch_size", "epochs",
+                                           "calibration_epochs", "lr", "seed", "adpsgd_kwargs",
+                                           "repeats")}
     workdir = args.out.parent / f".{args.out.stem}_work"
     t0 = time.time()
     ranks = H.launch(Path(__file__).resolve(), spec, args.ranks, workdir, args.timeout)
@@ -265,17 +316,26 @@ def main(argv: list[str] | None = None) -> int:
         s = summary[key]
         ref = summary.get(f"ddp/{mode}", {}).get("samples_per_s")
         s["over_ddp"] = s["samples_per_s"] / ref if ref else None
-        rows.append([name, mode, s["samples_per_s"], s["over_ddp"] or float("nan"),
-                     s["wall_s"], "/".join(str(n) for n in s["steps_per_rank"]),
-                     s["straggler_step_ratio"], s["val_acc"]])
+        rng = (f"{s['samples_per_s_min']:.0f}-{s['samples_per_s_max']:.0f}"
+               if len(s["rounds"]) > 1 else "-")
+        acc = (f"{s['val_acc']:.3f} ({s['val_acc_min']:.3f}-{s['val_acc_max']:.3f})"
+               if len(s["rounds"]) > 1 else f"{s['val_acc']:.3f}")
+        rows.append([name, mode, s["samples_per_s"], rng, s["over_ddp"] or float("nan"),
+                     "/".join(str(n) for n in s["steps_per_rank"]),
+                     s["straggler_step_ratio"], acc])
     calib = ranks[STRAGGLER_RANK]["calibration"]["median_step_s"]
+    if args.straggler == "adaptive":
+        how = (f"sleeping {args.slowdown - 1:g}x the time each of its steps took "
+               f"(calibrated local step, for reference: {calib * 1e3:.1f} ms)")
+    else:
+        how = (f"sleeping {ranks[0]['sleep_s'] * 1e3:.1f} ms per step ({args.slowdown - 1:g}x "
+               f"its calibrated local step of {calib * 1e3:.1f} ms)")
     md = [f"Digits MLP 64-{args.width}x{args.depth}-10, {args.ranks} ranks, per-rank batch "
-          f"{args.batch_size}, {args.epochs} epochs; straggler = rank {STRAGGLER_RANK} "
-          f"sleeping {ranks[0]['sleep_s'] * 1e3:.1f} ms per step ({args.slowdown:g}x its "
-          f"calibrated local step of {calib * 1e3:.1f} ms).",
+          f"{args.batch_size}, {args.epochs} epochs, median of {args.repeats} round(s); straggler = rank "
+          f"{STRAGGLER_RANK} {how}.",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}.", "",
-          H.markdown_table(["strategy", "mode", "samples/s", "x ddp", "train wall s",
-                            "steps per rank", f"rank-{STRAGGLER_RANK} step / others",
+          H.markdown_table(["strategy", "mode", "samples/s (median)", "rounds range",
+                            "x ddp", "steps per rank", f"rank-{STRAGGLER_RANK} step / others",
                             "val acc"], rows)]
     text = "\n".join(md)
     print(text)

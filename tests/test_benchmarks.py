@@ -72,7 +72,9 @@ def test_straggler_quick(tmp_path: Path) -> None:
     assert set(report["runs"]) == expected
     for run in report["runs"].values():
         assert _positive(run["samples_per_s"]) and _positive(run["wall_s"])
-        assert run["samples"] > 0 and len(run["steps_per_rank"]) == 2
+        assert len(run["steps_per_rank"]) == 2 and _positive(run["straggler_step_ratio"])
         assert 0.0 <= run["val_acc"] <= 1.0
         assert _positive(run["over_ddp"])
+        (rnd,) = run["rounds"]
+        assert rnd["samples"] > 0 and sum(rnd["steps_per_rank"]) > 0
     assert "| adpsgd | straggler |" in stdout
