@@ -5,7 +5,8 @@ back to back in the same processes, an MLP on scikit-learn's bundled handwritten
 (1400 training / 397 held-out images) with every selected strategy, twice:
 
 * ``equal``:     all ranks run at the same speed;
-* ``straggler``: rank 1 is made ``--slowdown`` (2) times slower per step. Default
+* ``straggler``: rank 1 (``--straggler-rank``) is made ``--slowdown`` (2) times slower per
+                 step. Default
                  (``--straggler adaptive``): after every step it sleeps ``(slowdown - 1) x``
                  the time that step took (``on_train_batch_start`` to ``on_train_batch_end``).
                  ``--straggler fixed``: it sleeps ``(slowdown - 1) x`` the *calibrated* local
@@ -13,7 +14,7 @@ back to back in the same processes, an MLP on scikit-learn's bundled handwritten
                  rank at once right before the timed fits), the same sleep for every strategy.
 
 A sleeping rank frees its share of the CPU, so on an oversubscribed CPU the other ranks get
-faster meanwhile; the ``rank-1 step / others`` column reports how much slower the straggler
+faster meanwhile; the ``rank-K step / others`` column reports how much slower the straggler
 really ran in each fit.
 
 Throughput = samples processed by all ranks / wall time from the earliest ``on_train_start``
@@ -48,7 +49,6 @@ STRATEGIES = ("ddp", "dpsgd", "adpsgd", "adpsgd_random")
 DEFAULT_STRATEGIES = ("ddp", "dpsgd", "adpsgd")
 MODES = ("equal", "straggler")
 DEFAULT_OUT = H.RESULTS_DIR / "straggler.json"
-STRAGGLER_RANK = 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,10 +176,11 @@ def _worker(spec_path: Path) -> None:
     H.progress(f"calibrating the local step time ({world} ranks, no communication)")
     calib = fit(None, spec["calibration_epochs"])
     local_step = torch.tensor([calib["median_step_s"]], dtype=torch.float64)
-    dist.broadcast(local_step, src=STRAGGLER_RANK)
+    slow_rank = spec["straggler_rank"]
+    dist.broadcast(local_step, src=slow_rank)
     sleep_s = (spec["slowdown"] - 1.0) * float(local_step.item())
     adaptive = spec["straggler"] == "adaptive"
-    H.progress(f"  local step {local_step.item() * 1e3:.1f} ms on rank {STRAGGLER_RANK}; "
+    H.progress(f"  local step {local_step.item() * 1e3:.1f} ms on rank {slow_rank}; "
                + (f"straggler sleeps {spec['slowdown'] - 1:g}x each of its steps" if adaptive
                   else f"straggler sleeps {sleep_s * 1e3:.1f} ms per step"))
 
@@ -188,7 +189,7 @@ def _worker(spec_path: Path) -> None:
     for rnd, (name, mode) in ((r, c) for r in range(spec["repeats"]) for c in cases):
         dist.barrier()
         H.progress(f"round {rnd + 1}/{spec['repeats']} {name} / {mode}")
-        slow = mode == "straggler" and rank == STRAGGLER_RANK
+        slow = mode == "straggler" and rank == slow_rank
         try:
             if slow and adaptive:
                 res = fit(name, spec["epochs"], factor=spec["slowdown"] - 1.0)
@@ -210,29 +211,29 @@ def _worker(spec_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------------------------
-def _summarise_round(per: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarise_round(per: list[dict[str, Any]], slow_rank: int) -> dict[str, Any]:
     """One fit: throughput over all ranks, accuracy, steps, the straggler's real slowdown."""
     wall = max(p["t_end"] for p in per) - min(p["t_start"] for p in per)
     samples = sum(p["samples"] for p in per)
     accs = [p["val_acc"] for p in per]
     steps = [p["median_step_s"] for p in per]
-    others = [t for r, t in enumerate(steps) if r != STRAGGLER_RANK]
+    others = [t for r, t in enumerate(steps) if r != slow_rank]
     return {
         "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
         "val_acc": accs[0], "val_acc_min": min(accs), "val_acc_max": max(accs),
         "steps_per_rank": [p["steps"] for p in per],
         "median_step_s_per_rank": steps,
         # how much slower the straggler's steps really were than the others' (medians)
-        "straggler_step_ratio": steps[STRAGGLER_RANK] / H.median(others),
-        "straggler_slept_s": per[STRAGGLER_RANK]["slept_s"],
+        "straggler_step_ratio": steps[slow_rank] / H.median(others),
+        "straggler_slept_s": per[slow_rank]["slept_s"],
     }
 
 
-def _summarise(ranks: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
+def _summarise(ranks: list[dict[str, Any]], keys: list[str], slow_rank: int) -> dict[str, Any]:
     """Per case: every round, and the medians over rounds (the figures reported)."""
     summary: dict[str, Any] = {}
     for key in keys:
-        rounds = [_summarise_round([r["runs"][key][i] for r in ranks])
+        rounds = [_summarise_round([r["runs"][key][i] for r in ranks], slow_rank)
                   for i in range(len(ranks[0]["runs"][key]))]
         tput = [x["samples_per_s"] for x in rounds]
         summary[key] = {
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="adaptive: after each step the straggler sleeps (slowdown - 1) x the "
                    "time that step took; fixed: (slowdown - 1) x the calibrated local step "
                    "time, the same sleep for every strategy")
+    p.add_argument("--straggler-rank", type=int, default=1,
+                   help="which rank is slowed down (adpsgd: 1 is passive, 0 is active)")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=2, help="hidden layers of the MLP")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
@@ -290,9 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.width, args.depth, args.epochs, args.calibration_epochs = 64, 1, 1, 1
         args.ranks, args.repeats = 2, 1
-    if args.ranks <= STRAGGLER_RANK:
-        p.error(f"--ranks must be at least {STRAGGLER_RANK + 1} (rank {STRAGGLER_RANK} "
-                "is the straggler)")
+    if not 0 <= args.straggler_rank < args.ranks:
+        p.error(f"--straggler-rank must be in [0, {args.ranks})")
 
     before = H.machine_info()
     print(f"straggler: {args.ranks} ranks, strategies {args.strategies}, modes {args.modes}, "
@@ -301,14 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = {k: getattr(args, k) for k in ("strategies", "modes", "slowdown", "straggler",
                                            "width", "depth", "batch_size", "epochs",
                                            "calibration_epochs", "lr", "seed", "adpsgd_kwargs",
-                                           "repeats")}
+                                           "repeats", "straggler_rank")}
     workdir = args.out.parent / f".{args.out.stem}_work"
     t0 = time.time()
     ranks = H.launch(Path(__file__).resolve(), spec, args.ranks, workdir, args.timeout)
     wall = time.time() - t0
     after = H.machine_info()
     keys = [f"{s}/{m}" for m in args.modes for s in args.strategies]
-    summary = _summarise(ranks, keys)
+    summary = _summarise(ranks, keys, args.straggler_rank)
 
     rows = []
     for key in keys:
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, mode, s["samples_per_s"], rng, s["over_ddp"] or float("nan"),
                      "/".join(str(n) for n in s["steps_per_rank"]),
                      s["straggler_step_ratio"], acc])
-    calib = ranks[STRAGGLER_RANK]["calibration"]["median_step_s"]
+    calib = ranks[args.straggler_rank]["calibration"]["median_step_s"]
     if args.straggler == "adaptive":
         how = (f"sleeping {args.slowdown - 1:g}x the time each of its steps took "
                f"(calibrated local step, for reference: {calib * 1e3:.1f} ms)")
@@ -332,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                f"its calibrated local step of {calib * 1e3:.1f} ms)")
     md = [f"Digits MLP 64-{args.width}x{args.depth}-10, {args.ranks} ranks, per-rank batch "
           f"{args.batch_size}, {args.epochs} epochs, median of {args.repeats} round(s); straggler = rank "
-          f"{STRAGGLER_RANK} {how}.",
+          f"{args.straggler_rank} {how}.",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}.", "",
           H.markdown_table(["strategy", "mode", "samples/s (median)", "rounds range",
-                            "x ddp", "steps per rank", f"rank-{STRAGGLER_RANK} step / others",
+                            "x ddp", "steps per rank", f"rank-{args.straggler_rank} step / others",
                             "val acc"], rows)]
     text = "\n".join(md)
     print(text)
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                    if k != "worker"},
         "machine": before, "loadavg_after": after["loadavg_1_5_15"], "launch_wall_s": wall,
-        "straggler_rank": STRAGGLER_RANK, "sleep_s": ranks[0]["sleep_s"],
+        "straggler_rank": args.straggler_rank, "sleep_s": ranks[0]["sleep_s"],
         "calibrated_local_step_s": calib, "runs": summary, "markdown": text,
     })
     print(f"wrote {args.out}", file=sys.stderr)
