@@ -75,6 +75,39 @@ def run_torchrun(
     return subprocess.CompletedProcess(procs[0].args, rc, "\n".join(outs), "")
 
 
+def run_fake_slurm(
+    script: str | Path, *args: str, ntasks: int, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Start ``ntasks`` processes the way ``srun`` would on one node (SLURM_* variables set).
+
+    Lightning's SLURM environment then provides the ranks, as on a real cluster.
+    """
+    port = str(free_port())
+    procs = []
+    for task in range(ntasks):
+        env = base_env(
+            SLURM_NTASKS=str(ntasks), SLURM_NTASKS_PER_NODE=str(ntasks), SLURM_PROCID=str(task),
+            SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NNODES="1",
+            SLURM_JOB_NAME="lightning-gossip-test", SLURM_JOB_ID="4242",
+            SLURM_NODELIST="127.0.0.1", MASTER_PORT=port,
+        )
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=ROOT,
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs, codes = [], []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            raise AssertionError(f"run timed out after {timeout}s:\n{out[-6000:]}") from None
+        outs.append(out)
+        codes.append(p.returncode)
+    rc = next((c for c in codes if c != 0), 0)
+    return subprocess.CompletedProcess(procs[0].args, rc, "\n".join(outs), "")
+
+
 def run_lightning(
     script: str | Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

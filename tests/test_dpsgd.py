@@ -7,6 +7,7 @@ compare it with NumPy computed from the same topology objects.
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from tests.cases import EXACT_TOPOLOGIES, assert_exact, expected_mixing, launch
-from tests.launch import check, read_rank_results, run_lightning
+from tests.launch import check, read_rank_results, run_fake_slurm, run_lightning
 
 
 @pytest.mark.parametrize("topo", EXACT_TOPOLOGIES)
@@ -118,7 +119,24 @@ def test_two_nodes_of_two_processes_with_torchrun(tmp_path):
     launch(tmp_path, cases, nprocs=2, nnodes=2)
     results = read_rank_results(tmp_path / "nodes", 4)
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    assert {r["cluster_env"] for r in results} == {"TorchElasticEnvironment"}
     assert_exact(results, "random_ring")
+
+
+def test_slurm_environment_gives_the_ranks(tmp_path):
+    cases = {"dp": {"strategy_kwargs": {"final_average": False, "topology": "ring"}, "offset": 1.0},
+             "ad": {"strategy": "adpsgd", "offset": 1.0, "epochs": 2,
+                    "strategy_kwargs": {"final_average": False, "timeout": 60}}}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    script = Path(__file__).parent / "scripts" / "gossip_cases.py"
+    out = check(run_fake_slurm(script, str(tmp_path), str(tmp_path / "cases.json"), ntasks=3))
+    assert "GLOBAL_RANK: 2" in out
+    dp = read_rank_results(tmp_path / "dp", 3)
+    assert {r["cluster_env"] for r in dp} == {"SLURMEnvironment"}
+    assert_exact(dp, "ring")
+    ad = read_rank_results(tmp_path / "ad", 3)
+    x0, final = (np.array([r[k] for r in ad]) for k in ("x0", "final"))
+    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
 
 
 def test_mismatched_replicas_fail_on_every_rank_naming_the_parameter(tmp_path):

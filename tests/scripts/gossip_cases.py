@@ -143,8 +143,8 @@ def digits_loaders(batch_size: int):
 
 
 def run_case(name: str, case: dict, out: Path) -> None:
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
     nodes = int(case.get("num_nodes", 1))
     torch.manual_seed(case.get("seed", 0) + (rank if case.get("different_init", True) else 0))
     width = case.get("width", 3)
@@ -186,7 +186,9 @@ def run_case(name: str, case: dict, out: Path) -> None:
                 ckpt_path=case.get("resume_from"))
     result = {
         "rank": trainer.global_rank, "world_size": trainer.world_size,
-        "global_step": trainer.global_step, "gossip_step": getattr(trainer.strategy, "step", None),
+        "global_step": trainer.global_step,
+        "cluster_env": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
+        "gossip_step": getattr(trainer.strategy, "step", None),
         "x0": recorder.x0, "steps": recorder.steps, "start_weights": recorder.start_weights,
         "final": FlatState(model).pack().tolist(),
         "consensus_distance": getattr(trainer.strategy, "consensus_distance", None),
