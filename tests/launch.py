@@ -38,6 +38,23 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> subprocess.CompletedProcess:
+    """Wait for every process (killing all on timeout); the first non-zero exit code wins."""
+    outs, codes = [], []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            raise AssertionError(f"run timed out after {timeout}s:\n{out[-6000:]}") from None
+        outs.append(out)
+        codes.append(p.returncode)
+    rc = next((c for c in codes if c != 0), 0)
+    return subprocess.CompletedProcess(procs[0].args, rc, "\n".join(outs), "")
+
+
 def run_torchrun(
     script: str | Path,
     *args: str,
@@ -60,19 +77,7 @@ def run_torchrun(
         cmd = [*cmd_base, f"--node-rank={node}", str(script), *args]
         procs.append(subprocess.Popen(cmd, env=env or base_env(), cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outs, codes = [], []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            raise AssertionError(f"run timed out after {timeout}s:\n{out[-6000:]}") from None
-        outs.append(out)
-        codes.append(p.returncode)
-    rc = next((c for c in codes if c != 0), 0)
-    return subprocess.CompletedProcess(procs[0].args, rc, "\n".join(outs), "")
+    return _wait_all(procs, timeout)
 
 
 def run_fake_slurm(
@@ -93,19 +98,7 @@ def run_fake_slurm(
         )
         procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=ROOT,
                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outs, codes = [], []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            raise AssertionError(f"run timed out after {timeout}s:\n{out[-6000:]}") from None
-        outs.append(out)
-        codes.append(p.returncode)
-    rc = next((c for c in codes if c != 0), 0)
-    return subprocess.CompletedProcess(procs[0].args, rc, "\n".join(outs), "")
+    return _wait_all(procs, timeout)
 
 
 def run_lightning(
