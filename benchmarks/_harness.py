@@ -195,8 +195,8 @@ def describe_machine(info: dict[str, Any]) -> str:
     load = ", ".join(f"{x:.2f}" for x in info.get("loadavg_1_5_15", []))
     return (f"Machine: {info['usable_cores']} usable cores ({info['cpu_model']}), "
             f"torch {info['torch']}, lightning {info['lightning']}, "
-            f"Python {info['python']}; load average {load} "
-            f"(before -> after: see JSON); {info['date_utc']}.")
+            f"Python {info['python']}; load average (1, 5, 15 min) {load} at the start"
+            f"; {info['date_utc']}.")
 
 
 def median(xs: Sequence[float]) -> float:
