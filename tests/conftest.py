@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,3 +24,13 @@ def world_run(tmp_path_factory) -> Callable[[int], Path]:
         return done[world]
 
     return get
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``slow`` (soak runs, extra strategies) run only with ``LG_SLOW=1``."""
+    if os.environ.get("LG_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set LG_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

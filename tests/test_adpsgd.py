@@ -47,7 +47,7 @@ def test_shared_cursor_fast_ranks_take_more_and_every_sample_once(world_run):
     assert all(steps[1] < steps[k] for k in (0, 2, 3)), steps
 
 
-@pytest.mark.skipif(os.environ.get("LG_SLOW") != "1", reason="set LG_SLOW=1 for the soak test")
+@pytest.mark.slow
 def test_no_deadlock_soak(tmp_path):
     repeats = int(os.environ.get("LG_REPEATS", "5"))
     for world in (3, 4, 5):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -21,7 +19,7 @@ from lightning_gossip.sim import (
     run_dpsgd,
 )
 
-slow = pytest.mark.skipif(os.environ.get("LG_SLOW") != "1", reason="slow; set LG_SLOW=1")
+slow = pytest.mark.slow
 
 
 def _linear(seed: int = 0) -> nn.Module:

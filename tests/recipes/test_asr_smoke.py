@@ -17,14 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "recipes" / "asr" / "__main__.py"
 
 
-def strategy_available(name: str) -> bool:
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    import lightning_gossip  # noqa: F401  (registers the gossip strategies)
-
-    return name in StrategyRegistry
-
-
 def read_table(path: Path) -> dict[str, str]:
     rows = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
     return {r[0]: r[1] if len(r) > 1 else "" for r in rows}
@@ -32,11 +24,10 @@ def read_table(path: Path) -> dict[str, str]:
 
 @needs_espeak
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "dpsgd", "adpsgd"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow),
+                                      "dpsgd", "adpsgd"])
 def test_two_rank_fit_validates_tests_and_reports(
         strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
-    if not strategy_available(strategy):
-        pytest.skip(f"strategy {strategy!r} is not registered by lightning_gossip yet")
     corpus = tiny_corpus_dir(tmp_path_factory)
     out = tmp_path / "run"
     result = run_lightning(
