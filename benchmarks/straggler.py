@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                    help="equal ranks and/or one straggler")
     p.add_argument("--slowdown", type=float, default=2.0,
-                   help="the straggler's step takes this many times the local step time")
+                   help="the straggler's steps take this many times as long (see --straggler)")
     p.add_argument("--straggler", choices=("adaptive", "fixed"), default="adaptive",
                    help="adaptive: after each step the straggler sleeps (slowdown - 1) x the "
                    "time that step took; fixed: (slowdown - 1) x the calibrated local step "

@@ -53,7 +53,7 @@ def test_step_time_quick(tmp_path: Path) -> None:
     assert set(launch["cases"]) == STEP_CASES
     for case in launch["cases"].values():
         assert _positive(case["median_step_s"])
-        assert case["steps_measured_per_rank"] > 0 or case is launch["cases"]["solo"]
+        assert case["steps_measured_per_rank"] > 0
     for key in ("blocking_over_overlap", "overlap_over_solo", "overlap_over_local"):
         assert _positive(launch[key])
     assert "| dpsgd_overlap |" in stdout and "| dpsgd_overlap |" in report["markdown"]
