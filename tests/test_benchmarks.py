@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import lightning_gossip
 from tests.launch import ROOT, base_env
 
 pytestmark = pytest.mark.multiprocess
@@ -59,8 +58,6 @@ def test_step_time_quick(tmp_path: Path) -> None:
     assert "| dpsgd_overlap |" in stdout and "| dpsgd_overlap |" in report["markdown"]
 
 
-@pytest.mark.skipif(not hasattr(lightning_gossip, "ADPSGDStrategy"),
-                    reason="ADPSGDStrategy has not landed yet")
 def test_straggler_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "straggler.json"
     stdout = _run("straggler.py", "--quick", "--out", str(out_path))
