@@ -23,9 +23,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PAIRINGS", "Pairing", "is_active"]
+__all__ = ["PAIRINGS", "Pairing", "check_pairing_name", "is_active"]
 
 PAIRINGS = ("ring", "random")
+
+
+def check_pairing_name(name: object) -> None:
+    """Raise ``ValueError`` listing the valid choices unless ``name`` is a known pairing."""
+    if name not in PAIRINGS:
+        raise ValueError(f"unknown AD-PSGD topology {name!r}; valid choices: {', '.join(PAIRINGS)}")
 
 
 def is_active(rank: int, world_size: int) -> bool:
@@ -49,10 +55,7 @@ class Pairing:
     """
 
     def __init__(self, name: str, world_size: int, seed: int = 0) -> None:
-        if name not in PAIRINGS:
-            raise ValueError(
-                f"unknown AD-PSGD topology {name!r}; valid choices: {', '.join(PAIRINGS)}"
-            )
+        check_pairing_name(name)
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
             raise ValueError(f"AD-PSGD needs a world size >= 2, got {world_size!r}")
         self.name = name

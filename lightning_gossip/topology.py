@@ -49,6 +49,7 @@ __all__ = [
     "TorusTopology",
     "build",
     "check_mixing_matrix",
+    "check_name",
     "random_ring_order",
     "torus_shape",
 ]
@@ -353,12 +354,17 @@ def build(name: str, world_size: int, seed: int = 0) -> Topology:
     Raises:
         ValueError: unknown name (the message lists the valid ones) or invalid world size.
     """
+    check_name(name)
+    return TOPOLOGIES[name](world_size, seed)
+
+
+def check_name(name: object) -> None:
+    """Raise ``ValueError`` listing the valid choices unless ``name`` is a built-in topology."""
     if not isinstance(name, str) or name not in TOPOLOGIES:
         raise ValueError(
             f"unknown topology {name!r}; valid choices: {', '.join(sorted(TOPOLOGIES))}"
-            " (or pass a doubly stochastic matrix)"
+            " (or pass a Topology or a doubly stochastic matrix)"
         )
-    return TOPOLOGIES[name](world_size, seed)
 
 
 def resolve(spec: str | Topology | np.ndarray | list, world_size: int, seed: int = 0) -> Topology:

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
 from lightning_gossip.async_gossip import AsyncGossip
-from lightning_gossip.pairing import PAIRINGS, Pairing
+from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
 from lightning_gossip.strategies.gossip import GossipStrategy
 
@@ -102,10 +102,7 @@ class ADPSGDStrategy(GossipStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        if topology not in PAIRINGS:
-            raise ValueError(
-                f"unknown AD-PSGD topology {topology!r}; valid choices: {', '.join(PAIRINGS)}"
-            )
+        check_pairing_name(topology)
         if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
             raise ValueError(f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
         self.topology = topology

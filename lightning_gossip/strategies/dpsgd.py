@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 
 from lightning_gossip.exchange import NeighborExchange
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.topology import TOPOLOGIES, Topology, resolve
+from lightning_gossip.topology import Topology, check_name, resolve
 
 __all__ = ["DPSGDStrategy"]
 
@@ -101,11 +101,7 @@ class DPSGDStrategy(GossipStrategy):
             timeout=timeout,
         )
         if isinstance(topology, str):
-            if topology not in TOPOLOGIES:
-                raise ValueError(
-                    f"unknown topology {topology!r}; valid choices: {', '.join(sorted(TOPOLOGIES))}"
-                    " (or pass a Topology or a doubly stochastic matrix)"
-                )
+            check_name(topology)  # fail at construction, not on every rank at set-up
         self.topology_spec = topology
         self.seed = int(seed)
         self.overlap = bool(overlap) or bool(delay_by_one)
