@@ -48,10 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
 
 CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1")
-#: What-if cases (``--what-if-fast-check``): the same dpsgd forms with the received-replica
-#: finiteness check done as ``isfinite(sum)`` first (exact: any NaN/Inf makes the sum
-#: non-finite; the full element-wise check runs only then), patched in from this script.
-WHAT_IF = ("dpsgd_blocking_fastcheck", "dpsgd_overlap_fastcheck")
 DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
 
 
@@ -115,16 +111,7 @@ def _worker(spec_path: Path) -> None:
     steps_total = spec["warmup"] + spec["steps"]
     n_samples = (steps_total + 1) * spec["batch_size"] * world
 
-    import lightning_gossip.exchange as exchange
-
-    strict_check = exchange.check_finite
-
-    def fast_check(t: torch.Tensor, peer: int, rank: int, what: str = "replica") -> None:
-        if not bool(torch.isfinite(t.sum())):  # a NaN/Inf anywhere makes the sum non-finite
-            strict_check(t, peer, rank, what)  # (or a finite overflow: check element-wise)
-
     def fit(case: str) -> list[float]:
-        exchange.check_finite = fast_check if case.endswith("_fastcheck") else strict_check
         torch.manual_seed(0)
         model = MLP()
         timer = StepTimer()
@@ -228,11 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="steps dropped at the start of a fit")
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds over all cases (interleaved, to spread drifting load)")
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES + WHAT_IF,
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES,
                    help="which cases to run")
-    p.add_argument("--what-if-fast-check", action="store_true",
-                   help="also run " + " and ".join(WHAT_IF) + ": dpsgd with the received "
-                   "replicas' NaN/Inf check done as isfinite(sum) first (patched in here)")
     p.add_argument("--topology", default="random_ring", help="dpsgd topology")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     p.add_argument("--quick", action="store_true",
@@ -243,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         _worker(args.worker)
         return 0
-    if args.what_if_fast_check:
-        args.cases = list(dict.fromkeys([*args.cases, *WHAT_IF]))
     if args.quick:
         args.width, args.depth, args.in_features = 256, 2, 128
         args.steps, args.warmup, args.repeats, args.ranks = 4, 2, 1, [2]
@@ -276,16 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     for launch in launches:
         world, summary = launch["world_size"], launch["cases"]
         md += ["", f"**{world} ranks**", "", H.markdown_table(headers, _rows(world, summary))]
-        for suffix in ("", "_fastcheck"):
-            b = summary.get(f"dpsgd_blocking{suffix}", {}).get("median_step_s")
-            o = summary.get(f"dpsgd_overlap{suffix}", {}).get("median_step_s")
-            if b and o:
-                launch[f"blocking_over_overlap{suffix}"] = b / o
-                md.append(f"\nblocking / overlap{suffix} = {b / o:.3f}")
-            if o and "solo" in summary:
-                launch[f"overlap_over_solo{suffix}"] = o / summary["solo"]["median_step_s"]
-            if o and "local" in summary:
-                launch[f"overlap_over_local{suffix}"] = o / summary["local"]["median_step_s"]
+        b = summary.get("dpsgd_blocking", {}).get("median_step_s")
+        o = summary.get("dpsgd_overlap", {}).get("median_step_s")
+        if b and o:
+            launch["blocking_over_overlap"] = b / o
+            md.append(f"\nblocking / overlap = {b / o:.3f}")
+        if o and "solo" in summary:
+            launch["overlap_over_solo"] = o / summary["solo"]["median_step_s"]
+        if o and "local" in summary:
+            launch["overlap_over_local"] = o / summary["local"]["median_step_s"]
     text = "\n".join(md)
     print(text)
     H.write_json(args.out, {
