@@ -163,8 +163,9 @@ class AsyncGossip:
             self._apply_due()
             if not self._fresh_ready:
                 self.flat.pack(out=self._fresh)
-                self._fresh.add_(self._acc)
-                if self.delay_by_one:
+                if self._acc_dirty:  # deltas not yet in the weights belong in the snapshot
+                    self._fresh.add_(self._acc)
+                if self._ready_dirty:
                     self._fresh.add_(self._ready)
                 self._record_to_thread()
                 self._fresh_step = self._steps
