@@ -44,54 +44,27 @@ class CLIError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number_type(cast: type, accept, expected: str):
+    """An argparse ``type=`` that parses with ``cast`` and checks ``accept(value)``."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text}")
-    return value
+_positive_int = _number_type(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number_type(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number_type(float, lambda v: v > 0 and math.isfinite(v), "a positive number")
+_non_negative_float = _number_type(float, lambda v: v >= 0 and math.isfinite(v),
+                                   "a number >= 0")
+_fraction = _number_type(float, lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
 
 
 def _count(text: str) -> int:
