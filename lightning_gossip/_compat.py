@@ -1,0 +1,149 @@
+"""Every private Lightning and torch name lightning-gossip relies on, in one place.
+
+Private names change without notice between releases. Each accessor below names the version it
+was checked against; ``tests/test_compat.py`` calls every one of them, so an upgrade that
+removes or renames one fails loudly there instead of deep inside a training run.
+
+Torch names are imported eagerly (torch is always loaded). Lightning names are resolved inside
+the accessor, so that modules without Lightning glue (the gossip engines, the topology tools, the
+CLI) can use this module without importing Lightning.
+
+Checked against: lightning 2.6.6, torch 2.9.1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+LIGHTNING_CHECKED = "2.6.6"
+TORCH_CHECKED = "2.9.1"
+
+
+# -- torch ----------------------------------------------------------------------------------------
+def work_source_rank(work: dist.Work) -> int:
+    """The group rank a finished ``irecv`` without ``src`` received from.
+
+    torch 2.9.1: ``Work._source_rank()`` (gloo only; the public ``recv`` returns it too, but
+    only for a blocking receive, which cannot be given a timeout).
+    """
+    return int(work._source_rank())
+
+
+def default_store() -> dist.Store:
+    """The c10d key-value store of the default process group.
+
+    torch 2.9.1: ``torch.distributed.distributed_c10d._get_default_store()``.
+    """
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def foreach_add_(tensors: list[Tensor], others: list[Tensor]) -> None:
+    """``tensors[i] += others[i]`` in one fused call (torch 2.9.1: ``torch._foreach_add_``)."""
+    torch._foreach_add_(tensors, others)
+
+
+# -- Lightning ------------------------------------------------------------------------------------
+def init_dist_connection(cluster_environment: Any, backend: str, **kwargs: Any) -> None:
+    """Initialise the default process group from a cluster environment.
+
+    lightning 2.6.6: ``lightning.fabric.utilities.distributed._init_dist_connection``.
+    """
+    from lightning.fabric.utilities.distributed import _init_dist_connection
+
+    _init_dist_connection(cluster_environment, backend, **kwargs)
+
+
+def default_backend_for_device(device: torch.device) -> str:
+    """``"nccl"`` for CUDA devices, ``"gloo"`` otherwise.
+
+    lightning 2.6.6: ``lightning.fabric.utilities.distributed
+    ._get_default_process_group_backend_for_device``.
+    """
+    from lightning.fabric.utilities.distributed import (
+        _get_default_process_group_backend_for_device,
+    )
+
+    return _get_default_process_group_backend_for_device(device)
+
+
+def distributed_is_initialized() -> bool:
+    """Whether a default process group exists and is usable.
+
+    lightning 2.6.6: ``lightning.fabric.utilities.distributed._distributed_is_initialized``.
+    """
+    from lightning.fabric.utilities.distributed import _distributed_is_initialized
+
+    return _distributed_is_initialized()
+
+
+def sync_ddp_if_available(tensor: Tensor, group: Any | None = None,
+                          reduce_op: Any | None = "mean") -> Tensor:
+    """Lightning's all-reduce for ``self.log(..., sync_dist=True)``.
+
+    lightning 2.6.6: ``lightning.fabric.utilities.distributed._sync_ddp_if_available``.
+    """
+    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+
+    return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+
+
+def optimizers_to_device(optimizers: Any, device: torch.device) -> None:
+    """Move optimizer state to ``device``.
+
+    lightning 2.6.6: ``lightning.fabric.utilities.optimizer._optimizers_to_device``.
+    """
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device
+
+    _optimizers_to_device(optimizers, device)
+
+
+def subprocess_script_launcher() -> type:
+    """Lightning's default launcher class (re-runs ``sys.argv`` once per local rank).
+
+    lightning 2.6.6: ``lightning.pytorch.strategies.launchers.subprocess_script
+    ._SubprocessScriptLauncher``.
+    """
+    from lightning.pytorch.strategies.launchers.subprocess_script import (
+        _SubprocessScriptLauncher,
+    )
+
+    return _SubprocessScriptLauncher
+
+
+def update_dataloader(dataloader: Any, sampler: Any, mode: Any) -> Any:
+    """Rebuild ``dataloader`` with another sampler, keeping every other argument.
+
+    lightning 2.6.6: ``lightning.pytorch.utilities.data._update_dataloader``.
+    """
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    return _update_dataloader(dataloader, sampler, mode=mode)
+
+
+def checkpoints_within_epoch(callback: Any) -> bool:
+    """Whether a ``ModelCheckpoint`` saves by train steps or by wall-clock time.
+
+    lightning 2.6.6: ``ModelCheckpoint._every_n_train_steps`` and
+    ``ModelCheckpoint._train_time_interval``.
+    """
+    return bool(callback._every_n_train_steps) or callback._train_time_interval is not None
+
+
+def replace_sigterm_broadcast(trainer: Any, check: Any) -> bool:
+    """Replace the per-batch SIGTERM broadcast of the training loop by ``check()``.
+
+    lightning 2.6.6: ``_TrainingEpochLoop._broadcast_sigterm_tensor`` runs before every batch
+    and broadcasts ``trainer.received_sigterm`` on the world group. Returns ``False`` when the
+    loop has no such method (nothing to replace).
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        return False
+    epoch_loop._broadcast_sigterm_tensor = check
+    return True
