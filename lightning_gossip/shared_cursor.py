@@ -10,6 +10,10 @@ The sampler has no ``__len__`` (how many batches a rank gets is not known in adv
 Lightning treats the training loader as having unknown length: the progress bar counts batches
 without a total, and validation runs at the end of each epoch.
 
+Batch samplers that make their own batches (length buckets, token budgets) get the same
+treatment through :class:`~lightning_gossip.shared_batches.SharedBatchSampler`, which hands out
+whole precomputed batches; :func:`shared_cursor_loader` picks the one that fits a loader.
+
 Example (inside an initialised process group; the strategy does this for you)::
 
     sampler = SharedCursorSampler(len(dataset), chunk_size=32, store=default_store(),
@@ -22,22 +26,26 @@ Example (inside an initialised process group; the strategy does this for you)::
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
-__all__ = ["SharedCursorSampler", "default_store"]
+from lightning_gossip import _compat
+from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
+
+__all__ = ["SharedCursorSampler", "default_store", "shared_cursor_loader"]
 
 
 def default_store() -> dist.Store:
-    """The key-value store of the default process group (created by ``init_process_group``)."""
-    from torch.distributed import distributed_c10d
+    """The key-value store of the default process group (created by ``init_process_group``).
 
-    store = distributed_c10d._get_default_store()
-    return dist.PrefixStore("lightning_gossip/", store)
+    Keys are prefixed with ``lightning_gossip/`` so that they cannot collide with torch's own.
+    """
+    return dist.PrefixStore("lightning_gossip/", _compat.default_store())
 
 
 class SharedCursorSampler(Sampler[int]):
@@ -71,12 +79,15 @@ class SharedCursorSampler(Sampler[int]):
 
     @property
     def num_chunks(self) -> int:
+        """Chunks per epoch (the last one may be shorter)."""
         return math.ceil(self.num_samples / self.chunk_size)
 
     def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation (and shared counter) the next iteration uses."""
         self.epoch = int(epoch)
 
     def permutation(self) -> torch.Tensor:
+        """The epoch's order of all sample indices, the same on every rank."""
         if not self.shuffle:
             return torch.arange(self.num_samples)
         g = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -92,3 +103,73 @@ class SharedCursorSampler(Sampler[int]):
                 return
             self.claimed += 1
             yield from perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
+
+
+def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
+    """A copy of ``dataloader`` (any subclass, every setting kept) that uses ``batch_sampler``.
+
+    ``DataLoader`` forbids assigning ``batch_sampler`` after construction, and Lightning's
+    re-instantiation cannot swap a custom batch sampler, so the attribute is set on a shallow
+    copy that has not been iterated yet.
+    """
+    loader = copy.copy(dataloader)
+    object.__setattr__(loader, "batch_sampler", batch_sampler)
+    object.__setattr__(loader, "_iterator", None)
+    return loader
+
+
+def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
+                         store: dist.Store | None = None) -> DataLoader | None:
+    """The training loader rebuilt to draw its data through the shared cursor, if it can be.
+
+    * a batch sampler that implements
+      :class:`~lightning_gossip.shared_batches.SharedBatches` (lists the epoch's batches):
+      wrapped in a :class:`~lightning_gossip.shared_batches.SharedBatchSampler`, which hands
+      out whole batches;
+    * a plain ``batch_size`` loader over a map-style dataset: its sampler is replaced by a
+      :class:`SharedCursorSampler` over one seeded permutation (shuffled unless the loader's
+      ``DistributedSampler`` says ``shuffle=False``);
+    * a loader that already uses either: returned as is (``None``);
+    * anything else (an iterable dataset, a batch sampler without ``shared_batches``): a
+      warning says why, and ``None`` (the loader is used as is, each rank keeps its share).
+
+    Args:
+        dataloader: the training loader (after Lightning's sampler injection).
+        key: a name unique to the run (and the same on every rank); prefixes the counters.
+        seed: the permutation seed of :class:`SharedCursorSampler`.
+        store: the shared store; default :func:`default_store`.
+
+    Returns:
+        The new loader, or ``None`` when ``dataloader`` is to be used unchanged.
+    """
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+    if not isinstance(dataloader, DataLoader):
+        return None
+    batch_sampler = dataloader.batch_sampler
+    if isinstance(batch_sampler, SharedBatchSampler) or isinstance(
+            dataloader.sampler, SharedCursorSampler):
+        return None
+    if isinstance(dataloader.dataset, IterableDataset):
+        rank_zero_warn("adpsgd: the training loader has an iterable dataset, so it is used as "
+                       "is (the shared cursor needs a map-style dataset).")
+        return None
+    if isinstance(batch_sampler, SharedBatches):
+        shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches")
+        return _with_batch_sampler(dataloader, shared)
+    if dataloader.batch_size is None or (
+            batch_sampler is not None and type(batch_sampler) is not BatchSampler):
+        rank_zero_warn(
+            f"adpsgd: the training loader's batch sampler ({type(batch_sampler).__name__}) does "
+            "not list its batches, so it is used as is and every rank keeps its own share. "
+            "Implement shared_batches(epoch) (see lightning_gossip.shared_batches) to share "
+            "its batches between the ranks."
+        )
+        return None
+    sampler = dataloader.sampler
+    shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
+    cursor = SharedCursorSampler(len(dataloader.dataset), chunk_size=dataloader.batch_size,
+                                 store=store or default_store(), key=key, shuffle=shuffle,
+                                 seed=seed)
+    return _compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING)

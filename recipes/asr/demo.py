@@ -6,7 +6,9 @@
 Step 1 writes the espeak-ng corpus to ``data/asr-synth`` (skipped when it is already there);
 step 2 runs ``python -m recipes.asr fit --config recipes/asr/configs/synth.yaml`` with
 ``--test_after_fit true``; then the test WER on unseen voices, the report and the logs are
-printed. Extra arguments are passed on to the CLI (``--trainer.max_epochs=3``).
+printed, with how many training batches each rank processed in the last epoch (under ``adpsgd``
+faster ranks take more of them). Extra arguments are passed on to the CLI
+(``--trainer.max_epochs=3``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,49 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from recipes.asr.synth import CorpusConfig, generate_corpus
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "synth.yaml"
+
+
+def batches_per_rank(numbers: dict[str, Any]) -> str | None:
+    """How many training batches each rank processed in the last epoch, as one line.
+
+    >>> print(batches_per_rank({"train_batches_last_epoch": [80, 41, 90, 89]}))
+    batches in the last training epoch: rank 0: 80, rank 1: 41, rank 2: 90, rank 3: 89 (300)
+    >>> batches_per_rank({"wer": 0.1}) is None
+    True
+    """
+    counts = numbers.get("train_batches_last_epoch")
+    if not counts:
+        return None
+    known = [n for n in counts if n is not None]
+    per_rank = ", ".join(f"rank {r}: {'?' if n is None else n}" for r, n in enumerate(counts))
+    return f"batches in the last training epoch: {per_rank} ({sum(known)})"
+
+
+def summary(numbers: dict[str, Any], report_dir: Path, logs: Path, out: Path,
+            minutes: float) -> str:
+    """The block printed at the end of the demo: test WER, batches per rank, where things are."""
+    lines = [
+        "=" * 72,
+        f"test WER on unseen voices: {100 * numbers['wer']:.2f}%  ({numbers['substitutions']} S"
+        f" / {numbers['deletions']} D / {numbers['insertions']} I over "
+        f"{numbers['reference_words']} words, {numbers['utterances']} utterances)",
+    ]
+    batches = batches_per_rank(numbers)
+    if batches is not None:
+        lines.append(batches)
+    lines += [
+        f"report:      {report_dir / 'wer_report.txt'}",
+        f"logs:        {logs}   (tensorboard --logdir {out / 'logs'})",
+        f"checkpoints: {logs / 'checkpoints'}",
+        f"total time:  {minutes:.1f} min",
+        "=" * 72,
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,15 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     numbers = json.loads((report_dir / "wer.json").read_text())
     versions = sorted((out / "logs").glob("version_*"), key=lambda p: p.stat().st_mtime)
     logs = versions[-1] if versions else out
-    print("\n" + "=" * 72)
-    print(f"test WER on unseen voices: {100 * numbers['wer']:.2f}%  ({numbers['substitutions']} S"
-          f" / {numbers['deletions']} D / {numbers['insertions']} I over "
-          f"{numbers['reference_words']} words, {numbers['utterances']} utterances)")
-    print(f"report:      {report_dir / 'wer_report.txt'}")
-    print(f"logs:        {logs}   (tensorboard --logdir {out / 'logs'})")
-    print(f"checkpoints: {logs / 'checkpoints'}")
-    print(f"total time:  {minutes:.1f} min")
-    print("=" * 72)
+    print("\n" + summary(numbers, report_dir, logs, out, minutes))
     return 0
 
 

@@ -104,6 +104,9 @@ class SpeechRecognizer(LightningModule):
             self.test_acc = MulticlassAccuracy(**kwargs)
         self._test_records: list[tuple[str, str, str]] = []
         self.test_report: dict[str, Any] | None = None
+        self._epoch_batches = 0
+        #: training batches this rank processed in the last finished training epoch
+        self.last_epoch_batches: int | None = None
 
     # ---- set-up --------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -153,10 +156,19 @@ class SpeechRecognizer(LightningModule):
                                    ignore_index=IGNORE_INDEX)
         return loss, log_probs, out_lengths
 
+    def on_train_epoch_start(self) -> None:
+        """Start counting this rank's training batches of the epoch."""
+        self._epoch_batches = 0
+
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        self._epoch_batches += 1
         loss, _, _ = self._loss(batch)
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch))
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        """Keep the epoch's batch count (reported next to the test WER, see ``wer.json``)."""
+        self.last_epoch_batches = self._epoch_batches
 
     # ---- evaluation ----------------------------------------------------------------------
     def _evaluate(self, batch: Batch, stage: str) -> list[str] | None:
@@ -192,15 +204,21 @@ class SpeechRecognizer(LightningModule):
         if self.hparams.target != "ctc":
             return
         records = self._test_records
+        batches = [self.last_epoch_batches]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[list[tuple[str, str, str]]] = [[] for _ in
-                                                          range(dist.get_world_size())]
-            dist.all_gather_object(gathered, records)
-            records = [r for part in gathered for r in part]
+            gathered: list[tuple[list[tuple[str, str, str]], int | None]] = [
+                ([], None) for _ in range(dist.get_world_size())]
+            dist.all_gather_object(gathered, (records, self.last_epoch_batches))
+            records = [r for part, _ in gathered for r in part]
+            batches = [n for _, n in gathered]
         if self.global_rank != 0:
             return
         out_dir = Path(self.hparams.report_dir or self.trainer.log_dir or ".")
-        self.test_report = write_report(records, out_dir, num_examples=self.hparams.report_examples)
+        extra = {}
+        if any(n is not None for n in batches):  # tested right after fitting
+            extra["train_batches_last_epoch"] = batches
+        self.test_report = write_report(records, out_dir, num_examples=self.hparams.report_examples,
+                                        extra=extra)
         self.test_report["report"] = str(out_dir / REPORT_NAME)
         rank_zero_info(f"test WER {100 * self.test_report['wer']:.2f}% on "
                        f"{self.test_report['utterances']} utterances; report: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jiwer
 
@@ -21,12 +22,13 @@ def score(references: Sequence[str], hypotheses: Sequence[str]) -> dict[str, flo
 
 
 def write_report(records: Sequence[tuple[str, str, str]], out_dir: str | Path, *,
-                 num_examples: int = 8, title: str = "test") -> dict[str, float | int]:
+                 num_examples: int = 8, title: str = "test",
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Score ``(utt_id, reference, hypothesis)`` records and write the report files.
 
     Writes into ``out_dir``: ``wer_report.txt`` (summary, the utterances with most errors and
-    their word alignments), ``wer.json`` (the numbers), and ``hyp.txt``/``ref.txt`` in Kaldi
-    ``text`` format. Returns the numbers.
+    their word alignments), ``wer.json`` (the numbers, plus the ``extra`` entries), and
+    ``hyp.txt``/``ref.txt`` in Kaldi ``text`` format. Returns the numbers (with ``extra``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -34,7 +36,7 @@ def write_report(records: Sequence[tuple[str, str, str]], out_dir: str | Path, *
     ids = [r[0] for r in records]
     refs = [r[1] for r in records]
     hyps = [r[2] for r in records]
-    numbers = score(refs, hyps)
+    numbers: dict[str, Any] = {**score(refs, hyps), **(extra or {})}
     per_utt = jiwer.process_words(refs, hyps)
     errors = [sum(a.ref_end_idx - a.ref_start_idx if a.type in ("substitute", "delete")
                   else a.hyp_end_idx - a.hyp_start_idx if a.type == "insert" else 0

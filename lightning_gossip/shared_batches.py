@@ -1,0 +1,135 @@
+"""Straggler-resilient data for batch samplers: whole precomputed batches, one shared counter.
+
+:class:`~lightning_gossip.shared_cursor.SharedCursorSampler` shares one permutation of *samples*
+between the ranks. Many training pipelines make their batches themselves instead (length
+buckets for speech, token budgets for text), with a batch sampler that also shards the batches
+over the ranks, so every rank owns a fixed share of the epoch and the epoch lasts as long as the
+slowest rank needs for its share. :class:`SharedBatchSampler` replaces the sharding: it lists
+the epoch's batches (all ranks' batches, the same list on every rank) and hands them out one at
+a time through an atomic counter in the c10d store, so a faster rank simply takes more batches.
+Every batch is used exactly once per epoch.
+
+**The protocol.** A batch sampler opts in by implementing :class:`SharedBatches`, one method::
+
+    def shared_batches(self, epoch: int) -> Sequence[Sequence[int]]:
+        '''Every batch of ``epoch`` for all ranks together, the same list on every rank.'''
+
+It must be deterministic (seeded, and the seed must be the same on every rank) and must not
+shard: the union of the batches is the epoch's data, each index as often as it should be seen
+per epoch. The rank's own sharding (``num_replicas``/``rank``) stays in ``__iter__`` for
+synchronous strategies, which need equal batch counts. Under ``ADPSGDStrategy`` (with
+``shared_cursor=True``, the default) a training loader whose batch sampler implements the
+protocol gets a :class:`SharedBatchSampler` automatically; see
+:func:`~lightning_gossip.shared_cursor.shared_cursor_loader`. Every rank writes a digest of its
+list to the store, and the first rank whose list differs stops with an error that names it.
+
+>>> import torch.distributed as dist
+>>> class Pairs:
+...     def shared_batches(self, epoch: int) -> list[list[int]]:
+...         return [[0, 1], [2, 3], [4, 5]] if epoch % 2 == 0 else [[4, 5], [2, 3], [0, 1]]
+>>> sampler = SharedBatchSampler(Pairs(), dist.HashStore(), key="doc")
+>>> sampler.set_epoch(1)
+>>> list(sampler), sampler.claimed  # alone, this rank takes every batch
+([[4, 5], [2, 3], [0, 1]], 3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+__all__ = ["SharedBatchSampler", "SharedBatches"]
+
+
+@runtime_checkable
+class SharedBatches(Protocol):
+    """A batch sampler that can list the whole epoch's batches, identically on every rank."""
+
+    def shared_batches(self, epoch: int) -> Sequence[Sequence[int]]:
+        """Every batch of ``epoch`` (for all ranks together), the same list on every rank."""
+        ...
+
+
+class SharedBatchSampler(Sampler[list[int]]):
+    """Yields whole batches of ``source``; each batch is claimed with an atomic shared counter.
+
+    Args:
+        source: lists an epoch's batches: an object implementing :class:`SharedBatches`, or a
+            function ``epoch -> batches`` with the same contract.
+        store: a c10d store shared by all ranks (e.g.
+            :func:`~lightning_gossip.shared_cursor.default_store`).
+        key: a name unique to this run and loader (and the same on every rank).
+        check: compare a digest of the batch list across ranks (through the store, without
+            waiting) and raise on the first rank whose list differs.
+
+    The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
+    the epoch (then :attr:`claimed`). Lightning calls :meth:`set_epoch` every epoch through
+    :attr:`sampler` (it calls ``set_epoch`` on ``loader.batch_sampler.sampler``); ``set_epoch``
+    is passed on to ``source`` when it has one.
+    """
+
+    def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],
+                 store: dist.Store, key: str, *, check: bool = True) -> None:
+        if not (isinstance(source, SharedBatches) or callable(source)):
+            raise TypeError(f"source must implement shared_batches(epoch) or be a function of "
+                            f"the epoch, got {type(source).__name__}")
+        self.source = source
+        self.store = store
+        self.key = key
+        self.check = check
+        self.epoch = int(getattr(source, "epoch", 0) or 0)
+        #: batches this rank claimed in the last (or current) epoch
+        self.claimed = 0
+        #: batches in the last listed epoch (all ranks together)
+        self.num_batches = 0
+
+    @property
+    def sampler(self) -> SharedBatchSampler:
+        """This sampler itself, so that Lightning's per-epoch ``set_epoch`` call reaches it."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose batches (and shared counter) the next iteration uses."""
+        self.epoch = int(epoch)
+        set_source_epoch = getattr(self.source, "set_epoch", None)
+        if callable(set_source_epoch):
+            set_source_epoch(self.epoch)
+
+    def batches(self) -> list[list[int]]:
+        """The current epoch's batches for all ranks, in the order they are handed out."""
+        if isinstance(self.source, SharedBatches):
+            listed = self.source.shared_batches(self.epoch)
+        else:
+            listed = self.source(self.epoch)
+        return [[int(i) for i in batch] for batch in listed]
+
+    def _check_same_on_every_rank(self, batches: list[list[int]]) -> None:
+        digest = hashlib.sha256(json.dumps(batches).encode()).hexdigest()
+        first = self.store.compare_set(f"{self.key}/epoch{self.epoch}/digest", "", digest)
+        if first.decode() != digest:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            raise RuntimeError(
+                f"shared batches: rank {rank} lists different batches for epoch {self.epoch} "
+                f"than the rank that listed them first ({len(batches)} batches here). "
+                "shared_batches(epoch) must return the same list on every rank (same seed, "
+                "no per-rank sharding)."
+            )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches()
+        self.num_batches = len(batches)
+        self.claimed = 0
+        if self.check:
+            self._check_same_on_every_rank(batches)
+        counter = f"{self.key}/epoch{self.epoch}"
+        while True:
+            index = int(self.store.add(counter, 1)) - 1
+            if index >= len(batches):
+                return
+            self.claimed += 1
+            yield batches[index]
