@@ -5,7 +5,9 @@ Importing the package registers its strategies with Lightning, so that
     import lightning_gossip
     trainer = Trainer(strategy="dpsgd", accelerator="cpu", devices=4)
 
-works (Lightning does not discover external strategies by itself).
+works (Lightning does not discover external strategies by itself). The names are
+``"dpsgd"``, ``"adpsgd"`` and ``"adpsgd_random"``; each class registers its own in its
+``register_strategies`` classmethod, Lightning's pattern.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry
@@ -16,24 +18,16 @@ from lightning_gossip.topology import Topology, build
 
 __version__ = "0.1.0"
 
-__all__ = ["ADPSGDStrategy", "DPSGDStrategy", "GossipStrategy", "Topology", "build", "topology", "__version__"]
+__all__ = [
+    "ADPSGDStrategy",
+    "DPSGDStrategy",
+    "GossipStrategy",
+    "Topology",
+    "build",
+    "topology",
+    "__version__",
+]
 
-StrategyRegistry.register(
-    "dpsgd",
-    DPSGDStrategy,
-    description="Synchronous decentralized parallel SGD (D-PSGD) on a randomized ring",
-    override=True,
-)
-StrategyRegistry.register(
-    "adpsgd",
-    ADPSGDStrategy,
-    description="Asynchronous decentralized parallel SGD (AD-PSGD), ring peer choice",
-    override=True,
-)
-StrategyRegistry.register(
-    "adpsgd_random",
-    ADPSGDStrategy,
-    description="Asynchronous decentralized parallel SGD (AD-PSGD), random peer choice",
-    override=True,
-    topology="random",
-)
+for _cls in (DPSGDStrategy, ADPSGDStrategy):
+    _cls.register_strategies(StrategyRegistry)
+del _cls

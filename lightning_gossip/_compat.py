@@ -13,6 +13,7 @@ Checked against: lightning 2.6.6, torch 2.9.1.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -21,6 +22,36 @@ from torch import Tensor
 
 LIGHTNING_CHECKED = "2.6.6"
 TORCH_CHECKED = "2.9.1"
+
+
+def version_mismatches() -> list[str]:
+    """One line per installed Lightning/torch version that differs from the checked one.
+
+    Compares ``major.minor.patch`` only (a local build tag such as ``+cu128`` is ignored).
+
+    >>> isinstance(version_mismatches(), list)
+    True
+    """
+    import lightning
+
+    out = []
+    for name, installed, checked in (
+        ("lightning", lightning.__version__, LIGHTNING_CHECKED),
+        ("torch", torch.__version__, TORCH_CHECKED),
+    ):
+        if str(installed).split("+")[0] != checked:
+            out.append(
+                f"lightning_gossip._compat was checked against {name} {checked}, but {name} "
+                f"{installed} is installed: re-run tests/test_compat.py and update the checked "
+                "versions in lightning_gossip/_compat.py"
+            )
+    return out
+
+
+def warn_on_version_mismatch() -> None:
+    """Emit a ``UserWarning`` for each mismatch reported by :func:`version_mismatches`."""
+    for message in version_mismatches():
+        warnings.warn(message, UserWarning, stacklevel=2)
 
 
 # -- torch ----------------------------------------------------------------------------------------

@@ -9,6 +9,14 @@ Example (inside an initialised process group)::
     flat = FlatState(model).pack()
     avg = all_average(flat)                 # the same vector on every rank
     d = consensus_distance(flat)            # mean_i ||x_i - avg||^2 / ||avg||^2
+
+The per-rank term needs no process group:
+
+    >>> import torch
+    >>> float(relative_distance(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])))
+    0.25
+    >>> float(relative_distance(torch.tensor([1.0]), torch.tensor([0.0])))  # zero mean
+    1.0
 """
 
 from __future__ import annotations

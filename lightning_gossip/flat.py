@@ -21,10 +21,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor, nn
+
+from lightning_gossip._compat import foreach_add_
 
 __all__ = ["FlatState", "mixed_tensors"]
 
@@ -106,10 +106,7 @@ class FlatState:
     def add_(self, flat: Tensor) -> None:
         """Add ``flat`` to the module's tensors (in their own dtype)."""
         if self._all_fp32:
-            torch._foreach_add_(self.tensors, self.views(flat))
+            foreach_add_(self.tensors, self.views(flat))
         else:
             for t, v in zip(self.tensors, self.views(flat)):
                 t.add_(v.to(t.dtype))
-
-    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
-        return iter(zip(self.names, self.tensors))

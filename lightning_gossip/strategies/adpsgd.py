@@ -9,6 +9,7 @@ next step boundary. A slow rank does not slow the others down; with straggler-re
 from __future__ import annotations
 
 import itertools
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -20,15 +21,14 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
+from typing_extensions import override
 
+from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.pairing import Pairing, check_pairing_name
-from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
 from lightning_gossip.strategies.gossip import GossipStrategy
 
 __all__ = ["ADPSGDStrategy"]
@@ -40,9 +40,11 @@ class ADPSGDStrategy(GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
     Args:
-        topology: which passive peers an active rank contacts. ``"ring"`` (default) alternates
+        pairing: which passive peers an active rank contacts (see
+            :class:`~lightning_gossip.pairing.Pairing`). ``"ring"`` (default) alternates
             between its two ring neighbours; ``"random"`` picks any passive rank uniformly
             (the paper's randomized choice; also registered as ``"adpsgd_random"``).
+        topology: deprecated name of ``pairing`` (accepted with a ``DeprecationWarning``).
         seed: seeds the random peer choice and the shared data permutation.
         max_staleness: the training thread waits when more than this many of its steps have
             not yet been gossiped (``None``: never wait).
@@ -64,12 +66,31 @@ class ADPSGDStrategy(GossipStrategy):
 
         trainer = L.Trainer(strategy="adpsgd", accelerator="cpu", devices=4, max_epochs=10)
         trainer = L.Trainer(
-            strategy=lightning_gossip.ADPSGDStrategy(topology="random", max_staleness=2),
+            strategy=lightning_gossip.ADPSGDStrategy(pairing="random", max_staleness=2),
             accelerator="gpu", devices=8, num_nodes=16,
         )
     """
 
     strategy_name = "adpsgd"
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``"adpsgd"`` (ring pairing) and ``"adpsgd_random"`` (random pairing) in
+        Lightning's ``StrategyRegistry`` (called on import of :mod:`lightning_gossip`)."""
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="Asynchronous decentralized parallel SGD (AD-PSGD), ring peer choice",
+            override=True,
+        )
+        strategy_registry.register(
+            f"{cls.strategy_name}_random",
+            cls,
+            description="Asynchronous decentralized parallel SGD (AD-PSGD), random peer choice",
+            override=True,
+            pairing="random",
+        )
 
     def __init__(
         self,
@@ -79,7 +100,8 @@ class ADPSGDStrategy(GossipStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         *,
-        topology: str = "ring",
+        pairing: str = "ring",
+        topology: str | None = None,
         seed: int = 0,
         max_staleness: int | None = 4,
         delay_by_one: bool = False,
@@ -102,10 +124,30 @@ class ADPSGDStrategy(GossipStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        check_pairing_name(topology)
-        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-            raise ValueError(f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
-        self.topology = topology
+        if topology is not None:
+            warnings.warn(
+                "ADPSGDStrategy(topology=...) is deprecated; use ADPSGDStrategy(pairing=...) "
+                "(AD-PSGD's partner choice is a pairing, see lightning_gossip.pairing)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if pairing != "ring" and pairing != topology:
+                raise ValueError(
+                    f"ADPSGDStrategy got pairing={pairing!r} and its deprecated name "
+                    f"topology={topology!r}; pass pairing only"
+                )
+            pairing = topology
+        check_pairing_name(pairing)
+        if max_staleness is not None and (
+            not isinstance(max_staleness, int) or max_staleness < 0
+        ):
+            raise ValueError(
+                f"max_staleness must be a non-negative integer or None, got {max_staleness!r}"
+            )
+        #: the pairing's name as given (``"ring"`` or ``"random"``)
+        self.pairing_name = pairing
+        #: the built :class:`~lightning_gossip.pairing.Pairing` (``None`` before set-up)
+        self.pairing: Pairing | None = None
         self.seed = int(seed)
         self.max_staleness = max_staleness
         self.delay_by_one = bool(delay_by_one)
@@ -119,7 +161,20 @@ class ADPSGDStrategy(GossipStrategy):
     # ------------------------------------------------------------------------------------------
     # Set-up
     # ------------------------------------------------------------------------------------------
+    @property
+    def topology(self) -> str:
+        """Deprecated alias of :attr:`pairing_name`."""
+        warnings.warn(
+            "ADPSGDStrategy.topology is deprecated; use pairing_name (or pairing, the built "
+            "Pairing)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.pairing_name
+
+    @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
+        """Build :attr:`pairing`, the control and data groups, and start the gossip thread."""
         self._check_trainer(trainer)
         self._run_id = next(_run_ids)
         if self._groups is None:
@@ -131,8 +186,9 @@ class ADPSGDStrategy(GossipStrategy):
             data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
             self._groups = (control, data)
         assert self._flat is not None
+        self.pairing = Pairing(self.pairing_name, self.world_size, self.seed)
         self.engine = AsyncGossip(
-            self._flat, self.global_rank, Pairing(self.topology, self.world_size, self.seed),
+            self._flat, self.global_rank, self.pairing,
             control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
             max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
         )
@@ -149,9 +205,7 @@ class ADPSGDStrategy(GossipStrategy):
                 "with the weights instead."
             )
         for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and (
-                cb._every_n_train_steps or cb._train_time_interval is not None
-            ):
+            if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
                 raise ValueError(
                     "adpsgd checkpoints at epoch ends and validations only (all ranks meet "
                     "there); ModelCheckpoint(every_n_train_steps / train_time_interval) is not "
@@ -160,47 +214,42 @@ class ADPSGDStrategy(GossipStrategy):
         if self.shared_cursor and trainer.val_check_interval != 1.0:
             raise ValueError(
                 "adpsgd with shared_cursor=True validates at epoch ends only (ranks run "
-                f"different numbers of batches); got val_check_interval={trainer.val_check_interval}. "
+                "different numbers of batches); got "
+                f"val_check_interval={trainer.val_check_interval}. "
                 "Use check_val_every_n_epoch, or ADPSGDStrategy(shared_cursor=False)."
             )
 
+    @override
     def teardown_gossip(self) -> None:
+        """Stop the gossip thread and keep its counters in :attr:`gossip_stats`."""
         if self.engine is not None:
             self.engine.stop()
             self._last_stats = dict(vars(self.engine.stats))
             self.engine = None
 
+    @override
     def on_exception(self, exception: BaseException) -> None:
+        """Stop the gossip thread so the process can exit."""
         self.teardown_gossip()
 
     # ------------------------------------------------------------------------------------------
     # Data
     # ------------------------------------------------------------------------------------------
+    @override
     def process_dataloader(self, dataloader: object) -> object:
+        """Training loaders draw from the shared cursor (samples, or whole listed batches).
+
+        See :func:`~lightning_gossip.shared_cursor.shared_cursor_loader` for which loaders are
+        rebuilt and how; evaluation loaders are never touched.
+        """
+        from lightning_gossip.shared_cursor import shared_cursor_loader
+
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if (
-            not self.shared_cursor
-            or not self.gossip_enabled
-            or trainer is None
-            or trainer.state.stage != RunningStage.TRAINING
-            or not isinstance(dataloader, DataLoader)
-        ):
+        if (not self.shared_cursor or not self.gossip_enabled or trainer is None
+                or trainer.state.stage != RunningStage.TRAINING):
             return dataloader
-        if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_size is None or (
-            dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler
-        ):
-            rank_zero_warn(
-                "adpsgd: the training loader has an iterable dataset or a custom batch sampler, "
-                "so it is used as is (shared_cursor needs a map-style dataset and batch_size)."
-            )
-            return dataloader
-        sampler = dataloader.sampler
-        shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
-        cursor = SharedCursorSampler(
-            len(dataloader.dataset), chunk_size=dataloader.batch_size, store=default_store(),
-            key=f"run{self._run_id}", shuffle=shuffle, seed=self.seed,
-        )
-        return _update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING)
+        shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed)
+        return dataloader if shared is None else shared
 
     # ------------------------------------------------------------------------------------------
     # Steps and phases
@@ -211,6 +260,7 @@ class ADPSGDStrategy(GossipStrategy):
             self.barrier()
             self.engine.begin_phase()
 
+    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
@@ -218,6 +268,8 @@ class ADPSGDStrategy(GossipStrategy):
         model: pl.LightningModule | torch.nn.Module | None = None,
         **kwargs: Any,
     ) -> Any:
+        """The local optimizer step, then signal the gossip thread (never waits for gossip,
+        except for the ``max_staleness`` bound)."""
         if self.engine is not None and not self.engine.in_phase:
             self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -226,7 +278,9 @@ class ADPSGDStrategy(GossipStrategy):
             self.engine.after_step()
         return out
 
+    @override
     def quiesce(self) -> None:
+        """Finish the in-flight exchanges and close the gossip phase on every rank."""
         if self.engine is not None:
             self.engine.quiesce()
 
@@ -244,7 +298,11 @@ class ADPSGDStrategy(GossipStrategy):
         if self.consensus_every_n_steps is not None:
             self.log_consensus_distance()
 
-    def reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean") -> Tensor:
+    @override
+    def reduce(
+        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
+    ) -> Tensor:
+        """Like :meth:`GossipStrategy.reduce`, except mid-epoch, where values stay local."""
         if self.engine is not None and self.engine.in_phase and isinstance(tensor, Tensor):
             # Mid-epoch the ranks are at different steps: a collective here would pair up
             # unrelated calls. Per-step values stay local; epoch-level ones are reduced.
@@ -267,12 +325,16 @@ class _PhaseCallback(Callback):
     """Inserted by :class:`ADPSGDStrategy`: opens a gossip phase at every epoch start and
     closes it at every epoch end (the points where all ranks meet)."""
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Open a gossip phase."""
         strategy = trainer.strategy
         if isinstance(strategy, ADPSGDStrategy):
             strategy.begin_phase()
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the gossip phase (see :meth:`ADPSGDStrategy.end_epoch`)."""
         strategy = trainer.strategy
         if isinstance(strategy, ADPSGDStrategy):
             strategy.end_epoch(trainer)
@@ -287,9 +349,6 @@ def _make_sigterm_check_local(trainer: pl.Trainer) -> None:
     AD-PSGD a rank checks its own flag instead; the other ranks then fail on their gossip links
     (or stop at the next epoch end).
     """
-    epoch_loop = trainer.fit_loop.epoch_loop
-    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-        return
 
     def local_sigterm_check() -> None:
         if getattr(trainer, "received_sigterm", False):
@@ -297,4 +356,4 @@ def _make_sigterm_check_local(trainer: pl.Trainer) -> None:
 
             raise SIGTERMException()
 
-    epoch_loop._broadcast_sigterm_tensor = local_sigterm_check
+    _compat.replace_sigterm_broadcast(trainer, local_sigterm_check)

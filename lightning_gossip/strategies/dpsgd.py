@@ -21,6 +21,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_gossip.exchange import NeighborExchange
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -70,6 +71,18 @@ class DPSGDStrategy(GossipStrategy):
 
     strategy_name = "dpsgd"
 
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``"dpsgd"`` in Lightning's ``StrategyRegistry`` (called on import of
+        :mod:`lightning_gossip`; Lightning does not discover external strategies)."""
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="Synchronous decentralized parallel SGD (D-PSGD) on a randomized ring",
+            override=True,
+        )
+
     def __init__(
         self,
         accelerator: pl.accelerators.Accelerator | None = None,
@@ -113,7 +126,9 @@ class DPSGDStrategy(GossipStrategy):
         self._scratch: Tensor | None = None  # where the mixed vector is computed
 
     # ------------------------------------------------------------------------------------------
+    @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
+        """Build :attr:`topology` for this world size and the gossip process group."""
         self.topology = resolve(self.topology_spec, self.world_size, self.seed)
         if self._group is None:
             # Its own group: gossip messages never interleave with Lightning's collectives.
@@ -121,7 +136,9 @@ class DPSGDStrategy(GossipStrategy):
                 backend=self.process_group_backend, timeout=self.timeout
             )
 
+    @override
     def teardown_gossip(self) -> None:
+        """Drop in-flight exchanges and buffers."""
         self._pending.clear()
         self._spare.clear()
         self._scratch = None
@@ -129,12 +146,15 @@ class DPSGDStrategy(GossipStrategy):
     # ------------------------------------------------------------------------------------------
     # The step
     # ------------------------------------------------------------------------------------------
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Start this step's exchange (``overlap``), so it runs during forward/backward."""
         # Start this step's exchange before forward/backward so it overlaps with them. Under
         # gradient accumulation only the first micro-batch starts one (x_t does not change).
         if self.gossip_enabled and self.overlap and not self._started(self.step):
             self._start(self.step)
 
+    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
@@ -142,6 +162,8 @@ class DPSGDStrategy(GossipStrategy):
         model: pl.LightningModule | torch.nn.Module | None = None,
         **kwargs: Any,
     ) -> Any:
+        """The local optimizer step (forward/backward run inside it), then mix as the
+        topology's ``W_t`` says; every rank takes part even when AMP skips the step."""
         if not self.gossip_enabled:
             out = super().optimizer_step(optimizer, closure, model, **kwargs)
             self.step += 1
@@ -163,6 +185,7 @@ class DPSGDStrategy(GossipStrategy):
         self.maybe_log_consensus()
         return out
 
+    @override
     def quiesce(self) -> None:
         """Finish in-flight exchanges. Their deltas are applied, so no mixing is lost."""
         while self._pending:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from abc import ABC
 from datetime import timedelta
 from typing import Any
@@ -22,21 +23,15 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
-    _sync_ddp_if_available,
-)
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_gossip import _compat
 from lightning_gossip.consensus import all_average, consensus_distance
 from lightning_gossip.flat import FlatState
 
@@ -93,7 +88,8 @@ class GossipStrategy(ParallelStrategy, ABC):
             )
         if process_group_backend not in (None, "gloo", "nccl"):
             raise ValueError(
-                f"process_group_backend must be 'gloo', 'nccl' or None, got {process_group_backend!r}"
+                "process_group_backend must be 'gloo', 'nccl' or None, "
+                f"got {process_group_backend!r}"
             )
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
@@ -110,18 +106,21 @@ class GossipStrategy(ParallelStrategy, ABC):
         #: optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``)
         self.step = 0
         #: the last measured consensus distance (``None`` before the first measurement)
-        self.consensus_distance: float | None = None
+        self.last_consensus_distance: float | None = None
 
     # ------------------------------------------------------------------------------------------
     # What Lightning needs from a parallel strategy
     # ------------------------------------------------------------------------------------------
     @property
+    @override
     def root_device(self) -> torch.device:
+        """This rank's device (``parallel_devices[local_rank]``)."""
         assert self.parallel_devices is not None
         return self.parallel_devices[self.local_rank]
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes (set by the Trainer from ``num_nodes``)."""
         return self._num_nodes
 
     @num_nodes.setter
@@ -130,22 +129,29 @@ class GossipStrategy(ParallelStrategy, ABC):
 
     @property
     def num_processes(self) -> int:
+        """Processes (devices) per node."""
         return len(self.parallel_devices) if self.parallel_devices is not None else 0
 
     @property
     def is_distributed(self) -> bool:
+        """Always ``True``: Lightning's accelerator connector reads it (duck-typed, no base
+        method) to inject a ``DistributedSampler`` and honour ``sync_dist=True``."""
         return True
 
     @property
+    @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """``num_replicas`` (the world size) and ``rank`` for Lightning's ``DistributedSampler``."""
         return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
 
     @property
     def process_group_backend(self) -> str | None:
+        """``"gloo"`` or ``"nccl"`` (``None`` until set-up when not given)."""
         return self._process_group_backend
 
     @property
     def timeout(self) -> timedelta:
+        """The limit for every blocking wait."""
         return self._timeout
 
     @property
@@ -153,13 +159,15 @@ class GossipStrategy(ParallelStrategy, ABC):
         """Whether there is anyone to gossip with (world size > 1)."""
         return self.world_size > 1
 
+    @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
-        self._launcher = _SubprocessScriptLauncher(
+        self._launcher = _compat.subprocess_script_launcher()(
             self.cluster_environment, self.num_processes, self.num_nodes
         )
 
     def set_world_ranks(self) -> None:
+        """Tell the cluster environment this process's global rank and the world size."""
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(
                 self.node_rank * self.num_processes + self.local_rank
@@ -167,21 +175,26 @@ class GossipStrategy(ParallelStrategy, ABC):
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
         rank_zero_only.rank = self.global_rank
 
+    @override
     def setup_environment(self) -> None:
+        """Seed, set the ranks and initialise the default process group."""
         super().setup_environment()
         reset_seed()
         self.set_world_ranks()
         if self._process_group_backend is None:
-            self._process_group_backend = _get_default_process_group_backend_for_device(
-                self.root_device
-            )
+            self._process_group_backend = _compat.default_backend_for_device(self.root_device)
         assert self.cluster_environment is not None
         kwargs: dict[str, Any] = {"timeout": self._timeout}
         if self.root_device.type != "cpu":
             kwargs["device_id"] = self.root_device
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, **kwargs)
+        _compat.init_dist_connection(
+            self.cluster_environment, self._process_group_backend, **kwargs
+        )
 
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
+        """Move the model to its device, check the replicas match, broadcast rank 0's initial
+        weights and start gossip (the last two when fitting)."""
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -193,7 +206,7 @@ class GossipStrategy(ParallelStrategy, ABC):
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
         if fitting:
-            _optimizers_to_device(self.optimizers, self.root_device)
+            _compat.optimizers_to_device(self.optimizers, self.root_device)
         self._flat = FlatState(self.lightning_module)
         if self.world_size == 1:
             rank_zero_warn(
@@ -209,27 +222,35 @@ class GossipStrategy(ParallelStrategy, ABC):
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
 
+    @override
     def model_to_device(self) -> None:
+        """Move the replica to this rank's device (no DDP wrapper)."""
         assert self.model is not None
         self.model.to(self.root_device)
 
+    @override
     def reduce(
         self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
     ) -> Tensor:
+        """All-reduce ``tensor`` (mean by default); anything else is returned as is."""
         if isinstance(tensor, Tensor):
-            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+            return _compat.sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
         return tensor
 
+    @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if not _distributed_is_initialized():
+        """Wait for every rank (no-op without a process group)."""
+        if not _compat.distributed_is_initialized():
             return
         if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
             dist.barrier(device_ids=[self.root_device.index])
         else:
             dist.barrier()
 
+    @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not _distributed_is_initialized():
+        """``obj`` from rank ``src`` on every rank (a picklable object)."""
+        if not _compat.distributed_is_initialized():
             return obj
         box = [obj]
         dist.broadcast_object_list(box, src)
@@ -276,10 +297,15 @@ class GossipStrategy(ParallelStrategy, ABC):
             return local
         return all_average(local)
 
+    @override
     def on_train_start(self) -> None:
+        """Resume the step counter ``t`` from the trainer's global step."""
         self.step = self.lightning_module.trainer.global_step
 
+    @override
     def on_train_end(self) -> None:
+        """Quiet the network, replace every replica by the exact average (``final_average``)
+        and stop gossip."""
         if self.gossip_enabled and self._flat is not None:
             self.quiesce()
             if self.final_average:
@@ -289,16 +315,24 @@ class GossipStrategy(ParallelStrategy, ABC):
     def teardown_gossip(self) -> None:
         """Stop the subclass's background work (idempotent)."""
 
+    @override
     def on_validation_start(self) -> None:
+        """Quiet the network; with ``evaluate="consensus"`` evaluate the average replica."""
         self._swap_in_consensus()
 
+    @override
     def on_validation_end(self) -> None:
+        """Put the local replica back."""
         self._restore_local()
 
+    @override
     def on_test_start(self) -> None:
+        """Quiet the network; with ``evaluate="consensus"`` test the average replica."""
         self._swap_in_consensus()
 
+    @override
     def on_test_end(self) -> None:
+        """Put the local replica back."""
         self._restore_local()
 
     def _swap_in_consensus(self) -> None:
@@ -315,6 +349,7 @@ class GossipStrategy(ParallelStrategy, ABC):
             self._flat.copy_(self._local_backup)
             self._local_backup = None
 
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The consensus (rank-averaged) weights; live replicas are untouched.
 
@@ -350,16 +385,29 @@ class GossipStrategy(ParallelStrategy, ABC):
         self.log_consensus_distance()
 
     def log_consensus_distance(self) -> float:
+        """Measure the consensus distance now (a collective); rank 0 logs it at step = optimizer
+        steps done. Also stored in :attr:`last_consensus_distance`."""
         assert self._flat is not None
-        """Measure the consensus distance now; rank 0 logs it at step = optimizer steps done."""
         value = consensus_distance(self._flat.pack())
-        self.consensus_distance = value
+        self.last_consensus_distance = value
         if self.is_global_zero and np.isfinite(value):
             for logger in self.lightning_module.trainer.loggers:
                 logger.log_metrics({CONSENSUS_METRIC: value}, step=self.step)
         return value
 
+    @property
+    def consensus_distance(self) -> float | None:
+        """Deprecated alias of :attr:`last_consensus_distance`."""
+        warnings.warn(
+            "GossipStrategy.consensus_distance is deprecated; use last_consensus_distance",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.last_consensus_distance
+
+    @override
     def teardown(self) -> None:
+        """Stop gossip, then Lightning's own teardown."""
         self.teardown_gossip()
         super().teardown()
 

@@ -1,0 +1,266 @@
+"""Every private Lightning/torch name in ``lightning_gossip._compat``, called for real.
+
+An upgrade of Lightning or torch that removes or renames one of them fails here, by name,
+instead of deep inside a multi-process training run. Also: the ``@override`` markers on the
+strategies (a Lightning hook that disappears fails here), the strategy registration, and the
+deprecated names that keep working (``ADPSGDStrategy(topology=...)``,
+``GossipStrategy.consensus_distance``).
+
+No process launches: the distributed accessors run on a single-process gloo group (and two
+threads for the one point-to-point accessor).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_gossip import _compat
+
+TIMEOUT = timedelta(seconds=60)
+
+
+# -- versions -------------------------------------------------------------------------------------
+def test_installed_versions_are_the_checked_ones_or_a_clear_warning():
+    import lightning
+
+    assert _compat.LIGHTNING_CHECKED in (_compat.__doc__ or "")
+    assert _compat.TORCH_CHECKED in (_compat.__doc__ or "")
+    mismatches = _compat.version_mismatches()
+    installed = {"lightning": lightning.__version__, "torch": torch.__version__}
+    assert len(mismatches) == sum(
+        installed[name].split("+")[0] != checked
+        for name, checked in (("lightning", _compat.LIGHTNING_CHECKED),
+                              ("torch", _compat.TORCH_CHECKED))
+    )
+    if mismatches:
+        if os.environ.get("LG_COMPAT_STRICT") == "1":
+            pytest.fail("\n".join(mismatches))
+        with pytest.warns(UserWarning, match="was checked against"):
+            _compat.warn_on_version_mismatch()
+        warnings.warn("\n".join(mismatches), UserWarning, stacklevel=1)  # in the -ra summary
+
+
+# -- torch ----------------------------------------------------------------------------------------
+def test_foreach_add_adds_in_place():
+    a, b = [torch.zeros(2), torch.ones(3)], [torch.ones(2), torch.full((3,), 2.0)]
+    _compat.foreach_add_(a, b)
+    assert a[0].tolist() == [1.0, 1.0] and a[1].tolist() == [3.0, 3.0, 3.0]
+
+
+def test_work_source_rank_names_the_sender_of_a_receive_from_any_source():
+    store = dist.HashStore()
+    result: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("compat", store), rank, 2, TIMEOUT)
+            if rank == 1:
+                pg.send([torch.full((2,), 7.0)], 0, 0).wait()
+            else:
+                buf = torch.zeros(2)
+                work = pg.recv_anysource([buf], 0)
+                work.wait()
+                result["src"] = _compat.work_source_rank(work)
+                result["buf"] = buf.tolist()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT.total_seconds())
+    assert not any(t.is_alive() for t in threads), "gloo p2p between two threads timed out"
+    assert not errors, errors
+    assert result == {"src": 1, "buf": [7.0, 7.0]}
+
+
+# -- Lightning, with a single-process default group ----------------------------------------------
+@pytest.fixture(scope="module")
+def world1() -> Iterator[None]:
+    """The default process group (gloo, world size 1), made by ``init_dist_connection``."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.pop("MASTER_PORT", None)  # LightningEnvironment then picks a free port
+    try:
+        assert _compat.distributed_is_initialized() is False
+        _compat.init_dist_connection(LightningEnvironment(), "gloo", timeout=TIMEOUT)
+        assert _compat.distributed_is_initialized() is True
+        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_default_store_is_the_default_groups_store(world1):
+    store = _compat.default_store()
+    store.set("compat/key", "value")
+    assert store.get("compat/key") == b"value"
+
+
+def test_sync_ddp_if_available_reduces_on_the_default_group(world1):
+    assert _compat.sync_ddp_if_available(torch.tensor([2.0, 4.0])).tolist() == [2.0, 4.0]
+    out = _compat.sync_ddp_if_available(torch.tensor([3.0]), reduce_op="sum")
+    assert out.tolist() == [3.0]
+
+
+def test_default_backend_for_device():
+    assert _compat.default_backend_for_device(torch.device("cpu")) == "gloo"
+    assert _compat.default_backend_for_device(torch.device("cuda", 0)) == "nccl"
+
+
+def test_optimizers_to_device_moves_optimizer_state():
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    _compat.optimizers_to_device([opt], torch.device("cpu"))
+    states = list(opt.state.values())
+    assert states and all(s["momentum_buffer"].device.type == "cpu" for s in states)
+
+
+def test_subprocess_script_launcher_is_what_the_strategies_configure():
+    import lightning as L
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    import lightning_gossip  # noqa: F401 - registers the strategy names
+
+    cls = _compat.subprocess_script_launcher()
+    launcher = cls(LightningEnvironment(), num_processes=2, num_nodes=1)
+    assert launcher.is_interactive_compatible is False
+    for name in ("dpsgd", "adpsgd"):
+        trainer = L.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False)
+        assert isinstance(trainer.strategy.launcher, cls)
+
+
+def test_update_dataloader_swaps_the_sampler_and_keeps_the_rest():
+    from lightning.pytorch.trainer.states import RunningStage
+
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2, shuffle=False)
+    order = list(range(9, -1, -1))
+    new = _compat.update_dataloader(loader, order, mode=RunningStage.TRAINING)
+    assert new is not loader and new.batch_size == 2
+    assert next(iter(new))[0].tolist() == [9, 8]
+
+
+def test_checkpoints_within_epoch_reads_model_checkpoint_settings():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    assert _compat.checkpoints_within_epoch(ModelCheckpoint()) is False
+    assert _compat.checkpoints_within_epoch(ModelCheckpoint(every_n_train_steps=5)) is True
+    within = ModelCheckpoint(train_time_interval=timedelta(minutes=1))
+    assert _compat.checkpoints_within_epoch(within) is True
+
+
+def test_replace_sigterm_broadcast_replaces_the_per_batch_call():
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    epoch_loop = trainer.fit_loop.epoch_loop
+    # The loop still calls the method before every batch (only with world size > 1, so a
+    # single-process fit cannot show it; the source can).
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(type(epoch_loop).advance)
+    calls: list[int] = []
+    assert _compat.replace_sigterm_broadcast(trainer, lambda: calls.append(1)) is True
+    epoch_loop._broadcast_sigterm_tensor()
+    assert calls == [1]
+
+
+# -- strategies: @override markers, registration, deprecated names -------------------------------
+def _overrides(cls: type, base: type) -> tuple[list[str], list[str]]:
+    """(names overriding ``base`` without ``@override``, names marked that override nothing)."""
+    unmarked, stray = [], []
+    for name, member in vars(cls).items():
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+        if not inspect.isfunction(fn):
+            continue
+        in_base = any(name in vars(k) for k in base.__mro__)
+        marked = getattr(fn, "__override__", False)
+        if in_base and not marked:
+            unmarked.append(name)
+        if marked and not in_base:
+            stray.append(name)
+    return unmarked, stray
+
+
+def test_every_overridden_hook_is_marked_and_still_exists_in_lightning():
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import ParallelStrategy
+
+    from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
+    from lightning_gossip.strategies.adpsgd import _PhaseCallback
+
+    for cls, base in ((GossipStrategy, ParallelStrategy), (DPSGDStrategy, GossipStrategy),
+                      (ADPSGDStrategy, GossipStrategy), (_PhaseCallback, Callback)):
+        unmarked, stray = _overrides(cls, base)
+        assert not unmarked, f"{cls.__name__}: add @override to {unmarked}"
+        assert not stray, f"{cls.__name__}: {stray} marked @override but {base.__name__} " \
+            "has no such name (removed or renamed upstream?)"
+
+
+def test_import_registers_the_strategy_names():
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import lightning_gossip
+    from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+
+    assert StrategyRegistry["dpsgd"]["strategy"] is DPSGDStrategy
+    assert StrategyRegistry["adpsgd"]["strategy"] is ADPSGDStrategy
+    assert StrategyRegistry["adpsgd"]["init_params"] == {}
+    assert StrategyRegistry["adpsgd_random"]["init_params"] == {"pairing": "random"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert StrategyRegistry.get("adpsgd_random").pairing_name == "random"
+    assert lightning_gossip.__all__
+
+
+def test_adpsgd_pairing_keyword_and_its_deprecated_name():
+    from lightning_gossip import ADPSGDStrategy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        strategy = ADPSGDStrategy(pairing="random")
+    assert strategy.pairing_name == "random" and strategy.pairing is None
+    assert ADPSGDStrategy().pairing_name == "ring"
+    with pytest.warns(DeprecationWarning, match=r"ADPSGDStrategy\(pairing=\.\.\.\)"):
+        old = ADPSGDStrategy(topology="random")
+    assert old.pairing_name == "random"
+    with pytest.warns(DeprecationWarning, match="pairing_name"):
+        assert old.topology == "random"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="pass pairing only"):
+        ADPSGDStrategy(pairing="random", topology="ring")
+    with pytest.raises(ValueError, match="valid choices: ring, random"):
+        ADPSGDStrategy(pairing="torus")
+
+
+def test_last_consensus_distance_and_its_deprecated_alias():
+    from lightning_gossip import DPSGDStrategy
+
+    strategy = DPSGDStrategy()
+    assert strategy.last_consensus_distance is None
+    strategy.last_consensus_distance = 0.5
+    with pytest.warns(DeprecationWarning, match="last_consensus_distance"):
+        assert strategy.consensus_distance == 0.5
