@@ -30,10 +30,12 @@ import numpy as np
 import torch
 
 from lightning_gossip import topology as _topology
+from lightning_gossip.mixing import Mixer
 
 __all__ = [
     "TopologyRow",
     "analyze",
+    "analyze_all",
     "closed_form_gaps",
     "measure_consensus_steps",
     "predicted_consensus_steps",
@@ -72,34 +74,34 @@ def closed_form_gaps(name: str, world_size: int) -> tuple[float, float] | None:
     """``(gap, ms_gap)`` of a named topology from its analytic spectrum.
 
     Every built-in topology is a circulant (the torus a 2-D circulant), so its eigenvalues have
-    closed forms; e.g. the ring's are ``(1 + 2 cos(2 pi m / n)) / 3``. For the randomized ring,
+    closed forms; e.g. the ring's are ``(1 + 2 cos(2 pi m / n)) / 3``
+    (:func:`~lightning_gossip.topology.ring_spectral_gap`). For the randomized ring,
     ``E[W^T W]`` is ``c I + (1 - c) J / n`` with ``c = (1/3 - 1/n) / (1 - 1/n)``, giving
-    ``1 - (n - 3) / (3 (n - 1))``. Returns ``None`` for an unknown name; raises ``ValueError``
-    where the topology itself does (torus on a prime world size).
+    ``1 - (n - 3) / (3 (n - 1))`` (:func:`~lightning_gossip.topology.random_ring_spectral_gap`).
+    Returns ``None`` for an unknown name; raises ``ValueError`` where the topology itself does
+    (torus on a prime world size).
     """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world_size must be >= 1, got {n}")
+    n = _topology.check_world_size(world_size)
     if n == 1:
         return 1.0, 1.0
     m = np.arange(n)
     if name == "complete":
         return 1.0, 1.0
     if name == "ring":
-        if n == 2:
-            return 1.0, 1.0
-        return _gaps_from_eigs((1.0 + 2.0 * np.cos(2.0 * np.pi * m / n)) / 3.0)
+        # symmetric, and for n >= 3 its second largest eigenvalue modulus is lambda_2 itself
+        g = _topology.ring_spectral_gap(n)
+        return g, 1.0 - (1.0 - g) ** 2
     if name == "random_ring":
         if n <= 3:
             return closed_form_gaps("ring", n)
         g = _topology.random_ring_spectral_gap(n)
         return g, g
     if name == "exponential":
-        hops = _powers_of_two_below(n)
+        hops = _topology.powers_of_two_below(n)
         w = 1.0 / (len(hops) + 1)
         return _gaps_from_eigs(_circulant_eigs(n, {0: w, **{-h: w for h in hops}}))
     if name == "one_peer_exponential":
-        hops = _powers_of_two_below(n)
+        hops = _topology.powers_of_two_below(n)
         # W_k = (I + P^{h_k}) / 2 has eigenvalues (1 + w^{m h_k}) / 2, |.|^2 = (1 + cos) / 2.
         sq = np.mean([(1.0 + np.cos(2.0 * np.pi * m * h / n)) / 2.0 for h in hops], axis=0)
         ms = 1.0 - float(sq[1:].max())
@@ -113,10 +115,6 @@ def closed_form_gaps(name: str, world_size: int) -> tuple[float, float] | None:
         eigs = (1.0 + fr[:, None] + fc[None, :]) / (dr + dc + 1)
         return _gaps_from_eigs(eigs.ravel())
     return None
-
-
-def _powers_of_two_below(n: int) -> list[int]:
-    return [1 << k for k in range(max(n - 1, 0).bit_length())] if n > 1 else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,10 +151,8 @@ def measure_consensus_steps(
 
     ``vectors`` random vectors are mixed at once, as the columns of an ``(n, vectors)`` matrix,
     so one run probes every mode. fp64, with the sparse mixing of
-    :class:`lightning_gossip.sim.Mixer` for the matrices of large worlds.
+    :class:`lightning_gossip.mixing.Mixer` for the matrices of large worlds.
     """
-    from lightning_gossip.sim import Mixer
-
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(topo.world_size, vectors, generator=gen, dtype=torch.float64)
     err0 = float(torch.linalg.norm(x - x.mean(0)))
@@ -196,6 +192,7 @@ class TopologyRow:
     error: str | None = None
 
     def as_dict(self) -> dict:
+        """The row as a JSON-ready dict (an infinite prediction becomes ``None``)."""
         d = asdict(self)
         if d["steps_predicted"] is not None and math.isinf(d["steps_predicted"]):
             d["steps_predicted"] = None

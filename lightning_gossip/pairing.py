@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_gossip.topology import check_world_size
+
 __all__ = ["PAIRINGS", "Pairing", "check_pairing_name", "is_active"]
 
 PAIRINGS = ("ring", "random")
@@ -31,7 +33,9 @@ PAIRINGS = ("ring", "random")
 def check_pairing_name(name: object) -> None:
     """Raise ``ValueError`` listing the valid choices unless ``name`` is a known pairing."""
     if name not in PAIRINGS:
-        raise ValueError(f"unknown AD-PSGD topology {name!r}; valid choices: {', '.join(PAIRINGS)}")
+        raise ValueError(
+            f"unknown AD-PSGD pairing {name!r}; valid choices: {', '.join(PAIRINGS)}"
+        )
 
 
 def is_active(rank: int, world_size: int) -> bool:
@@ -50,21 +54,20 @@ class Pairing:
         name: ``"ring"``: an active rank alternates between its two ring neighbours.
             ``"random"``: an active rank picks a passive rank uniformly at random for every
             exchange (the paper's randomized peer choice), from ``(seed, rank, k)``.
-        world_size: number of ranks, >= 2.
+        world_size: number of ranks, >= 2 (see :func:`~lightning_gossip.topology.check_world_size`).
         seed: seeds the random choice; all ranks pass the same.
     """
 
     def __init__(self, name: str, world_size: int, seed: int = 0) -> None:
         check_pairing_name(name)
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-            raise ValueError(f"AD-PSGD needs a world size >= 2, got {world_size!r}")
         self.name = name
-        self.world_size = world_size
+        self.world_size = check_world_size(world_size, minimum=2)
         self.seed = int(seed)
         self.actives = tuple(r for r in range(world_size) if is_active(r, world_size))
         self.passives = tuple(r for r in range(world_size) if not is_active(r, world_size))
 
     def is_active(self, rank: int) -> bool:
+        """Whether ``rank`` starts exchanges (see :func:`is_active`)."""
         return is_active(rank, self.world_size)
 
     def candidates(self, rank: int) -> tuple[int, ...]:

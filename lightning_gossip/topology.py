@@ -50,7 +50,15 @@ __all__ = [
     "build",
     "check_mixing_matrix",
     "check_name",
+    "check_world_size",
+    "is_connected",
+    "is_doubly_stochastic",
+    "powers_of_two_below",
     "random_ring_order",
+    "random_ring_spectral_gap",
+    "resolve",
+    "ring_spectral_gap",
+    "static_spectral_gap",
     "torus_shape",
 ]
 
@@ -85,7 +93,7 @@ class Topology(ABC):
     is_time_varying: bool = False
 
     def __init__(self, world_size: int, seed: int = 0) -> None:
-        self.world_size = _check_world_size(world_size)
+        self.world_size = check_world_size(world_size)
         self.seed = int(seed)
 
     # -- what subclasses define -------------------------------------------------------------
@@ -109,7 +117,7 @@ class Topology(ABC):
         ``monte_carlo_steps`` consecutive steps of the actual schedule.
         """
         if not self.is_time_varying:
-            return _static_gap(self.mixing_matrix(0))
+            return static_spectral_gap(self.mixing_matrix(0))
         return _gram_gap(self.expected_gram())
 
     monte_carlo_steps: int = 2000
@@ -220,7 +228,7 @@ class ExponentialTopology(Topology):
 
     def mixing_matrix(self, step: int = 0) -> np.ndarray:
         n = self.world_size
-        hops = _powers_of_two_below(n)
+        hops = powers_of_two_below(n)
         w = np.zeros((n, n))
         weight = 1.0 / (len(hops) + 1)
         for i in range(n):
@@ -242,7 +250,7 @@ class OnePeerExponentialTopology(Topology):
 
     def __init__(self, world_size: int, seed: int = 0) -> None:
         super().__init__(world_size, seed)
-        self._hops = _powers_of_two_below(self.world_size)
+        self._hops = powers_of_two_below(self.world_size)
         if len(self._hops) <= 1:
             self.is_time_varying = False
 
@@ -404,7 +412,7 @@ def _cached_order(world_size: int, seed: int, step: int) -> np.ndarray:
 
 def torus_shape(world_size: int) -> tuple[int, int]:
     """``(rows, cols)`` with ``rows <= cols``, both >= 2, as square as possible."""
-    n = _check_world_size(world_size)
+    n = check_world_size(world_size)
     for rows in range(math.isqrt(n), 1, -1):
         if n % rows == 0:
             return rows, n // rows
@@ -478,7 +486,7 @@ def is_doubly_stochastic(w: np.ndarray, atol: float = _TOL) -> bool:
 
 def ring_spectral_gap(world_size: int) -> float:
     """Closed form for the fixed ring: ``1 - (1/3 + 2/3 cos(2 pi / n))`` (n >= 3)."""
-    n = _check_world_size(world_size)
+    n = check_world_size(world_size)
     if n == 1:
         return 1.0
     if n == 2:
@@ -488,7 +496,7 @@ def ring_spectral_gap(world_size: int) -> float:
 
 def random_ring_spectral_gap(world_size: int) -> float:
     """Closed form for RAND-PSGD: ``1 - (n - 3) / (3 (n - 1))``, which tends to 2/3."""
-    n = _check_world_size(world_size)
+    n = check_world_size(world_size)
     if n <= 3:
         return 1.0
     return 1.0 - (n - 3) / (3.0 * (n - 1))
@@ -517,7 +525,17 @@ def _peers_from_matrix(w: np.ndarray, rank: int) -> Peers:
     return Peers(rank, float(w[rank, rank]), recv, send)
 
 
-def _static_gap(w: np.ndarray) -> float:
+def static_spectral_gap(w: np.ndarray) -> float:
+    """``1 - |lambda_2(W)|`` of one matrix: one minus its second largest eigenvalue modulus.
+
+    What :meth:`Topology.spectral_gap` reports for a static topology (1 for a single rank).
+
+    Example::
+
+        >>> static_spectral_gap(np.full((4, 4), 0.25))
+        1.0
+    """
+    w = np.asarray(w, dtype=float)
     if w.shape[0] == 1:
         return 1.0
     moduli = np.sort(np.abs(np.linalg.eigvals(w)))[::-1]
@@ -531,7 +549,14 @@ def _gram_gap(gram: np.ndarray) -> float:
     return float(1.0 - eig[1])
 
 
-def _powers_of_two_below(n: int) -> list[int]:
+def powers_of_two_below(n: int) -> list[int]:
+    """The hops ``1, 2, 4, ...`` below ``n`` of the (one-peer) exponential graphs.
+
+    Example::
+
+        >>> powers_of_two_below(8), powers_of_two_below(9), powers_of_two_below(1)
+        ([1, 2, 4], [1, 2, 4, 8], [])
+    """
     hops, h = [], 1
     while h < n:
         hops.append(h)
@@ -539,9 +564,24 @@ def _powers_of_two_below(n: int) -> list[int]:
     return hops
 
 
-def _check_world_size(world_size: int) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+def check_world_size(world_size: int, minimum: int = 1) -> int:
+    """Return ``world_size`` as an ``int``; ``ValueError`` unless it is an integer >= ``minimum``.
+
+    The one world-size check of the package (topologies, AD-PSGD pairings, the simulator).
+
+    Example::
+
+        >>> check_world_size(4)
+        4
+        >>> check_world_size(1, minimum=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: world_size must be an integer >= 2, got 1
+    """
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, (int, np.integer))
+        or world_size < minimum
+    ):
+        raise ValueError(f"world_size must be an integer >= {minimum}, got {world_size!r}")
     return int(world_size)

@@ -194,7 +194,7 @@ def test_simulate_table_json_plot(capsys, tmp_path):
     code, out, _ = run(capsys, "simulate", "-n", "8", "-a", "dpsgd", "adpsgd", "-t", "ring",
                        "complete", "--steps", "8", "--eval-every", "4", "--lr", "0.5",
                        "--slow", "1", "--hidden", "8", "--no-progress", "--json", str(js),
-                       "--plot", str(png), "--target-loss", "100")
+                       "--plot", str(png), "--target-loss", "100", "--pairings", "random")
     assert code == 0
     rows = [line.split() for line in out.splitlines()[2:5]]
     assert [r[:3] for r in rows] == [["dpsgd", "ring", "8"], ["dpsgd", "complete", "8"],
@@ -204,3 +204,22 @@ def test_simulate_table_json_plot(capsys, tmp_path):
     assert len(runs) == 3 and runs[0]["loss"][-1] < runs[0]["loss"][0]
     assert runs[2]["local_steps"][:7] == [8] * 7 and runs[2]["local_steps"][7] == 2
     assert png.stat().st_size > 10_000
+
+
+def test_simulate_delay_by_one_and_the_deprecated_delay_flag(capsys):
+    pytest.importorskip("sklearn")
+    common = ["simulate", "-n", "4", "-a", "dpsgd", "adpsgd", "-t", "ring", "--steps", "4",
+              "--eval-every", "4", "--hidden", "4", "--no-progress"]
+    code, new, _ = run(capsys, *common, "--delay-by-one")
+    assert code == 0
+    with pytest.warns(DeprecationWarning, match="--delay is deprecated"):
+        code, old, err = run(capsys, *common, "--delay", "2")
+    assert code == 0 and "--delay is deprecated" in err
+    rows = [line for line in new.splitlines() if line.startswith("adpsgd")]
+    assert rows and rows == [line for line in old.splitlines() if line.startswith("adpsgd")]
+    with pytest.warns(DeprecationWarning):
+        code, zero, _ = run(capsys, *common, "--delay", "0")
+    code, atomic, _ = run(capsys, *common, "--adpsgd-no-overlap")
+    assert code == 0 and zero.splitlines()[2:4] == atomic.splitlines()[2:4]
+    code, _, err = run(capsys, *common, "--delay", "1", "--delay-by-one")
+    assert code == 2 and "deprecated alias" in err

@@ -141,34 +141,60 @@ def test_wrong_batch_shape():
         sim.step(*_batches(3, 0))
 
 
+# steps an exchange stays in flight: 0 (atomic), 1 (default: overlapped), 2 (delay_by_one)
+IN_FLIGHT = {0: dict(overlap=False), 1: {}, 2: dict(delay_by_one=True)}
+
+
 @pytest.mark.parametrize("delay", [0, 1, 2])
 @pytest.mark.parametrize("pairing", ["ring", "random"])
 def test_adpsgd_conserves_the_sum_at_lr0(delay, pairing):
     n = 7
     compute = ComputeModel.with_slow(n, slow=2, slow_factor=2.5, jitter=0.3, seed=1)
     sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.0, pairing=pairing,
-                          compute=compute, delay=delay, seed=3)
+                          compute=compute, seed=3, **IN_FLIGHT[delay])
+    assert sim.steps_in_flight == delay
     x0 = torch.randn(n, sim.replicas.shape[1], dtype=torch.float32)
     sim.set_replicas(x0)
-    spread0 = float(sim.consensus_distance())
+    spread0 = float(sim.absolute_consensus_distance())
 
     def batches(ranks, steps):
         return _batches(len(ranks), 0)
 
     sim.run_until(40.0, batches)
     torch.testing.assert_close(sim.replicas.sum(0), x0.sum(0), rtol=1e-5, atol=1e-5)
-    assert float(sim.consensus_distance()) < 0.05 * spread0
+    assert float(sim.absolute_consensus_distance()) < 0.05 * spread0
     assert sim.exchanges[list(sim.pairing.passives)].sum() == 0  # only actives start exchanges
     assert sim.local_steps[-1] < sim.local_steps[0]  # slow learners did fewer steps
 
 
+def test_deprecated_delay_keyword_and_consensus_name_still_work():
+    n = 6
+    kwargs = dict(lr=0.0, pairing="random", compute=ComputeModel.with_slow(n, 1, 2.0), seed=2)
+    x0 = torch.randn(n, 26)  # the parameters of _linear()
+    for k in (0, 1, 2, 3):
+        with pytest.warns(DeprecationWarning, match="delay_by_one=True"):
+            old = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, delay=k, **kwargs)
+        assert old.steps_in_flight == k
+        if k <= 2:
+            new = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, **IN_FLIGHT[k], **kwargs)
+            for s in (old, new):
+                s.set_replicas(x0)
+                s.run_until(7.0, lambda r, s: _batches(len(r), 0))
+            torch.testing.assert_close(old.replicas, new.replicas, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="delay must be an integer >= 0"):
+        ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, delay=-1)
+    with pytest.warns(DeprecationWarning, match="absolute_consensus_distance"):
+        assert float(old.consensus_distance()) == float(old.absolute_consensus_distance())
+
+
 def test_adpsgd_staleness_comes_from_slow_learners():
     n = 8
-    lockstep = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, delay=0)
+    lockstep = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, overlap=False,
+                               pairing="random")
     lockstep.run_until(6.0, lambda r, s: _batches(len(r), int(s[0])))
     assert lockstep.mean_staleness == 0.0  # all averages land at step boundaries
     slow_passive = ComputeModel.with_slow(n, slow=1, slow_factor=3.0)  # rank 7 is passive
-    sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, delay=0,
+    sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, overlap=False,
                           compute=slow_passive, pairing="ring")
     sim.run_until(6.0, lambda r, s: _batches(len(r), int(s[0])))
     # rank 7 is averaged by rank 0 (partners 7, 1, 7, ...) during each of its 3-unit steps
@@ -177,7 +203,8 @@ def test_adpsgd_staleness_comes_from_slow_learners():
 
 def test_adpsgd_uses_the_shared_pairing():
     n = 6
-    sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.0, pairing="ring", delay=0)
+    sim = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.0, pairing="ring",
+                          overlap=False)
     x0 = torch.zeros(n, sim.replicas.shape[1])
     x0[1] = 6.0  # only rank 1 (passive) holds mass; rank 0 talks to 5 then 1 (ring pairing)
     sim.set_replicas(x0)
@@ -195,6 +222,10 @@ def test_runs_are_deterministic_for_a_seed():
                    eval_every=3).loss for _ in range(2)]
     b = [run_adpsgd(model, loss_fn, shards, (x, y), "random", 6, 0.3, seed=1, compute=compute,
                     eval_every=3).loss for _ in range(2)]
+    with pytest.warns(DeprecationWarning, match="run_adpsgd"):
+        c = run_adpsgd(model, loss_fn, shards, (x, y), "random", 6, 0.3, seed=1, compute=compute,
+                       eval_every=3, delay=1).loss
+    assert c == b[0]
     assert a[0] == a[1] and b[0] == b[1]
     assert a[0][-1] < a[0][0] and b[0][-1] < b[0][0]
 
@@ -237,8 +268,8 @@ def test_1024_learners_step():
     for t in range(2):
         sim.step(*shards.batch(np.arange(n), np.full(n, t)))
     assert sim.replicas.shape[0] == n and torch.isfinite(sim.replicas).all()
-    assert float(sim.consensus_distance()) > 0
-    ad = ADPSGDSimulator(model, loss_fn, n, lr=0.5)
+    assert float(sim.absolute_consensus_distance()) > 0
+    ad = ADPSGDSimulator(model, loss_fn, n, lr=0.5, pairing="random")
     ad.run_until(1.0, shards.batch)
     assert ad.total_steps == n
 

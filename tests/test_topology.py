@@ -60,7 +60,8 @@ def test_random_ring_is_the_same_for_the_same_seed_and_step_and_varies():
         np.testing.assert_array_equal(a.mixing_matrix(step), b.mixing_matrix(step))
         assert all(a.peers(r, step) == b.peers(r, step) for r in range(16))
     assert not np.array_equal(a.mixing_matrix(0), a.mixing_matrix(1))
-    assert not np.array_equal(a.mixing_matrix(0), T.build("random_ring", 16, seed=8).mixing_matrix(0))
+    other_seed = T.build("random_ring", 16, seed=8)
+    assert not np.array_equal(a.mixing_matrix(0), other_seed.mixing_matrix(0))
     # each step is a ring: every rank has exactly two distinct neighbours, weight 1/3
     for step in range(5):
         assert all(len(a.peers(r, step).send_to) == 2 for r in range(16))
@@ -72,7 +73,8 @@ def test_random_ring_expected_gram_matches_monte_carlo_and_closed_form():
     mc = T.Topology.expected_gram(topo)  # the generic Monte-Carlo mean over the schedule
     np.testing.assert_allclose(mc, exact, atol=0.02)
     for n in (4, 8, 64, 1024):
-        assert T.build("random_ring", n).spectral_gap() == pytest.approx(T.random_ring_spectral_gap(n))
+        assert T.build("random_ring", n).spectral_gap() == pytest.approx(
+            T.random_ring_spectral_gap(n))
     assert T.random_ring_spectral_gap(1024) == pytest.approx(2 / 3, abs=1e-3)
 
 
@@ -157,5 +159,20 @@ def test_pairing_is_bipartite_and_connected():
             assert all(p.partner(a, k) in p.candidates(a) for a in p.actives for k in range(5))
     with pytest.raises(ValueError, match="valid choices: ring, random"):
         Pairing("torus", 4)
-    with pytest.raises(ValueError, match=">= 2"):
+    with pytest.raises(ValueError, match="world_size must be an integer >= 2, got 1"):
         Pairing("ring", 1)
+
+
+def test_one_world_size_check_and_wording():
+    from lightning_gossip.topology import check_world_size
+
+    assert check_world_size(3) == 3 and check_world_size(np.int64(2), minimum=2) == 2
+    for bad, minimum in ((0, 1), (1, 2), (2.0, 1), (True, 1)):
+        with pytest.raises(ValueError, match=f"world_size must be an integer >= {minimum}, got"):
+            check_world_size(bad, minimum)
+    with pytest.raises(ValueError, match="world_size must be an integer >= 1, got 0"):
+        T.build("ring", 0)
+    with pytest.raises(ValueError, match="world_size must be an integer >= 1, got 0"):
+        T.torus_shape(0)
+    with pytest.raises(ValueError, match="unknown AD-PSGD pairing 'torus'"):
+        Pairing("torus", 4)
