@@ -47,10 +47,12 @@ if [[ $what == all || $what == async ]]; then
   $LG simulate --world-sizes 64 --algorithms dpsgd adpsgd --topologies random_ring complete \
     --pairings random ring --steps 400 --lr 0.5 --no-overlap --eval-every 5 \
     --target-loss 0.2 --seed 0 --no-progress | tee "$RES/async_no_slow_learner.txt"
-  # What the one-step exchange delay costs AD-PSGD (table only).
+  # What the one-step exchange delay costs AD-PSGD (table only): an exchange in flight for
+  # 0 steps (atomic, --adpsgd-no-overlap) or 1 (overlapped with the next step, the default).
   for d in 0 1; do
+    overlap=(); [[ $d == 0 ]] && overlap=(--adpsgd-no-overlap)
     $LG simulate --world-sizes 64 --algorithms adpsgd --pairings random --steps 200 --lr 0.5 \
-      --eval-every 5 --target-loss 0.2 --seed 0 --delay $d --no-progress \
+      --eval-every 5 --target-loss 0.2 --seed 0 "${overlap[@]}" --no-progress \
       | tee "$RES/async_delay$d.txt"
   done
 fi
