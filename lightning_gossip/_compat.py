@@ -8,6 +8,9 @@ Torch names are imported eagerly (torch is always loaded). Lightning names are r
 the accessor, so that modules without Lightning glue (the gossip engines, the topology tools, the
 CLI) can use this module without importing Lightning.
 
+The strategies also override one protected Lightning hook, ``_configure_launcher``; the
+``@override`` check in ``tests/test_compat.py`` fails if it disappears from ``ParallelStrategy``.
+
 Checked against: lightning 2.6.6, torch 2.9.1.
 """
 
@@ -79,6 +82,20 @@ def foreach_add_(tensors: list[Tensor], others: list[Tensor]) -> None:
     torch._foreach_add_(tensors, others)
 
 
+def batch_norm_base() -> type:
+    """The common base class of every BatchNorm layer (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``
+    and the lazy ones), for ``isinstance`` checks.
+
+    torch 2.9.1: ``torch.nn.modules.batchnorm._BatchNorm``.
+
+    >>> isinstance(torch.nn.BatchNorm2d(3), batch_norm_base())
+    True
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return _BatchNorm
+
+
 # -- Lightning ------------------------------------------------------------------------------------
 def init_dist_connection(cluster_environment: Any, backend: str, **kwargs: Any) -> None:
     """Initialise the default process group from a cluster environment.
@@ -145,6 +162,24 @@ def subprocess_script_launcher() -> type:
     )
 
     return _SubprocessScriptLauncher
+
+
+def layer_sync(strategy: Any) -> Any | None:
+    """The strategy's ``LayerSync`` plugin (``SyncBatchNorm``), or ``None``.
+
+    lightning 2.6.6: the protected attribute ``Strategy._layer_sync`` (set by the Trainer from
+    ``sync_batchnorm=True``; Lightning's own strategies read it the same way).
+    """
+    return strategy._layer_sync
+
+
+def set_launcher(strategy: Any, launcher: Any) -> None:
+    """Install ``launcher`` as the strategy's launcher (what ``strategy.launcher`` returns).
+
+    lightning 2.6.6: the protected attribute ``Strategy._launcher``, set from the
+    ``_configure_launcher()`` hook.
+    """
+    strategy._launcher = launcher
 
 
 def update_dataloader(dataloader: Any, sampler: Any, mode: Any) -> Any:

@@ -198,7 +198,7 @@ class ADPSGDStrategy(GossipStrategy):
             trainer.callbacks.insert(0, _PhaseCallback())
 
     def _check_trainer(self, trainer: pl.Trainer) -> None:
-        if self._layer_sync is not None:
+        if _compat.layer_sync(self) is not None:
             raise ValueError(
                 "adpsgd does not support sync_batchnorm: ranks run different numbers of steps, "
                 "so a per-step collective would deadlock. BatchNorm statistics are gossiped "

@@ -162,9 +162,10 @@ class GossipStrategy(ParallelStrategy, ABC):
     @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
-        self._launcher = _compat.subprocess_script_launcher()(
+        launcher = _compat.subprocess_script_launcher()(
             self.cluster_environment, self.num_processes, self.num_nodes
         )
+        _compat.set_launcher(self, launcher)
 
     def set_world_ranks(self) -> None:
         """Tell the cluster environment this process's global rank and the world size."""
@@ -198,8 +199,9 @@ class GossipStrategy(ParallelStrategy, ABC):
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and self._layer_sync:
-            self.model = self._layer_sync.apply(self.model)
+        layer_sync = _compat.layer_sync(self)
+        if fitting and layer_sync:
+            self.model = layer_sync.apply(self.model)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:
