@@ -288,7 +288,7 @@ class EmulatedCluster:
             "subnet": f"{SUBNET}.{self.subnet_octet}.0/24",
             "members": [{"node": n.index, "netns": n.netns, "iface": n.iface,
                          "address": n.address} for n in self.members],
-            "bridge_netns": self.bridge_ns,
+            "bridge_netns": self.bridge_ns, "prefix": self.prefix, "suffix": self.suffix,
         }
 
     # -- tearing down ---------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""Smoke test of the emulated cluster (``benchmarks/cluster.py``): namespaces, links, counters.
+
+Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
+elsewhere. Checks that a 2-node x 1-process cluster trains ``dpsgd`` and ``ddp``, that the link
+counters moved as many bytes per step as the model's size implies, and that every namespace and
+link the run made is gone afterwards. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launch import ROOT, base_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cluster_net as N  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+PREFIX = "lgs"  # not the benchmark's default, so a concurrent benchmark run is left alone
+
+
+@pytest.fixture(scope="module")
+def netns_available() -> None:
+    reason = N.check_available(PREFIX)
+    if reason:
+        pytest.skip(f"emulated cluster unavailable here: {reason}")
+
+
+def _gone(described: dict) -> list[str]:
+    """Namespaces/links of the cluster ``described`` that still exist (should be none)."""
+    prefix, suffix = described["prefix"], described["suffix"]
+    return N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}")
+
+
+def test_links_carry_counted_bytes_and_cleanup(netns_available: None) -> None:
+    """Bytes sent between two nodes show in the counters; close() removes everything."""
+    cluster = N.EmulatedCluster(2, 100, prefix=PREFIX)
+    with cluster:
+        dst = cluster.members[1].address
+        server = subprocess.Popen(
+            [*cluster.exec_prefix(1), sys.executable, "-c",
+             "import socket\n"
+             f"s = socket.create_server(({dst!r}, 5001))\n"
+             "c, _ = s.accept()\n"
+             "n = 0\n"
+             "while (d := c.recv(1 << 20)):\n"
+             "    n += len(d)\n"
+             "print(n)\n"],
+            stdout=subprocess.PIPE, text=True)
+        before = cluster.all_counters()
+        payload = 2_000_000
+        subprocess.run(
+            [*cluster.exec_prefix(0), sys.executable, "-c",
+             "import socket, time\n"
+             "for _ in range(100):\n"
+             "    try:\n"
+             f"        s = socket.create_connection(({dst!r}, 5001)); break\n"
+             "    except OSError:\n"
+             "        time.sleep(0.1)\n"
+             f"s.sendall(b'x' * {payload}); s.close()\n"],
+            check=True, timeout=60)
+        received = int(server.communicate(timeout=60)[0])
+        after = cluster.all_counters()
+        described = cluster.describe()
+        # Nothing of the run is visible in this namespace: no link, no address.
+        root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True,
+                                    timeout=30).stdout
+        assert described["subnet"].rsplit(".", 1)[0] + "." not in root_addrs
+        assert N.leftovers(f"{PREFIX}{cluster.suffix}") == []
+    assert received == payload
+    sent = after[0]["tx_bytes"] - before[0]["tx_bytes"]
+    got = after[1]["rx_bytes"] - before[1]["rx_bytes"]
+    assert payload <= sent <= 1.1 * payload
+    assert payload <= got <= 1.1 * payload
+    assert _gone(described) == []
+
+
+def test_cleanup_on_exception(netns_available: None) -> None:
+    """An exception inside ``with`` still removes the namespaces and links."""
+    cluster = N.EmulatedCluster(2, 50, prefix=PREFIX)
+    with pytest.raises(KeyError), cluster:
+        assert len(N.leftovers(f"{PREFIX}-{cluster.suffix}-")) == 3
+        raise KeyError("boom")
+    assert _gone(cluster.describe()) == []
+
+
+def test_cluster_dpsgd_and_ddp(netns_available: None, tmp_path: Path) -> None:
+    """2 nodes x 1 process: both cases train; bytes per step match the model; nothing left."""
+    out = tmp_path / "cluster.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--nodes", "2", "--procs",
+           "1", "--rate", "100", "--model-mb", "0.5", "--epochs", "1", "--max-steps", "6",
+           "--cases", "dpsgd", "ddp", "--prefix", PREFIX, "--json", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=480)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    report = json.loads(out.read_text())
+    model_bytes = report["model_bytes"]
+    cases = {c["case"]: c for c in report["cases"]}
+    assert set(cases) == {"dpsgd", "ddp"}
+    for name, case in cases.items():
+        assert case["status"] == "ok", (name, case)
+        assert case["steps_per_rank"] == [6, 6], (name, case["steps_per_rank"])
+        # With 2 ranks every step crosses the link: dpsgd sends its replica to its one
+        # neighbour, ddp's all-reduce sends about one model; headers add a few per cent.
+        for k, sent in enumerate(case["tx_bytes_per_step_per_node"]):
+            assert 0.9 * model_bytes <= sent <= 3.0 * model_bytes, (name, k, sent, model_bytes)
+        for k, got in enumerate(case["rx_bytes_per_step_per_node"]):
+            assert 0.9 * model_bytes <= got <= 3.0 * model_bytes, (name, k, got, model_bytes)
+        assert 0.0 <= case["accuracy"] <= 1.0
+        assert case["samples_per_s"] > 0 and case["epoch_s"] > 0
+    assert _gone(report["cluster"]) == []
+
+
+def test_cleanup_flag_removes_leftovers(netns_available: None) -> None:
+    """``--cleanup`` removes namespaces left by a killed run (simulated: never closed)."""
+    cluster = N.EmulatedCluster(1, 50, prefix=PREFIX).build()
+    described = cluster.describe()
+    try:
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster.py"),
+                              "--cleanup", "--prefix", f"{PREFIX}-{cluster.suffix}"],
+                             cwd=ROOT, env=base_env(), text=True, capture_output=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert described["bridge_netns"] in out.stdout
+        assert _gone(described) == []
+    finally:
+        cluster.close()
