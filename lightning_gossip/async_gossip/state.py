@@ -1,0 +1,125 @@
+"""What the training thread and the gossip thread of one rank share, and how they wait.
+
+One lock (a condition variable) guards everything shared: the :class:`PhaseClock`, the
+:class:`DeltaMailbox`, the :class:`StreamHandoff` events, the stop flag, the gossip thread's
+error and the :class:`GossipStats`. The training thread waits with a deadline
+(:meth:`SharedState.wait_for`): it raises :class:`~lightning_gossip.exchange.GossipTimeout` or
+the gossip thread's error. The gossip thread idles without one (the training thread may be
+computing for a long time) until it is asked to stop (:meth:`SharedState.idle_until`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from lightning_gossip.async_gossip.cuda_handoff import StreamHandoff
+from lightning_gossip.async_gossip.mailbox import DeltaMailbox
+from lightning_gossip.async_gossip.phases import PhaseClock
+from lightning_gossip.exchange import GossipTimeout
+
+__all__ = ["GossipStats", "SharedState"]
+
+POLL_S = 0.05  # seconds between checks of the stop flag while the gossip thread idles
+
+
+@dataclass
+class GossipStats:
+    """Counters a run can report (per rank).
+
+    Attributes:
+        exchanges: pairwise averages this rank took part in (gossip thread, under the lock).
+        steps: step boundaries seen (training thread).
+        staleness_waits: times the training thread waited for gossip to catch up
+            (``max_staleness``; training thread).
+        staleness_wait_s: seconds spent in those waits (training thread).
+    """
+
+    exchanges: int = 0
+    steps: int = 0
+    staleness_waits: int = 0
+    staleness_wait_s: float = 0.0
+
+
+class SharedState:
+    """The lock and everything it guards, for one rank.
+
+    Args:
+        rank: this rank (for error messages).
+        mailbox: the delta and snapshot buffers.
+        timeout: the training thread's limit for every wait.
+
+    Attributes:
+        cv: the condition variable (lock) that guards every field below and those of
+            ``clock``, ``mailbox`` and ``handoff``; notified on every change.
+        clock: the :class:`PhaseClock`.
+        mailbox: the :class:`DeltaMailbox`.
+        handoff: the :class:`StreamHandoff` (CUDA events).
+        stats: the :class:`GossipStats`.
+        stop_requested: set by the training thread (:meth:`request_stop`); the gossip thread
+            returns at its next idle moment.
+        error: the exception that ended the gossip thread (written by it, once).
+    """
+
+    def __init__(self, rank: int, mailbox: DeltaMailbox, timeout: timedelta) -> None:
+        self.rank = rank
+        self.timeout = timeout
+        self.cv = threading.Condition()
+        self.clock = PhaseClock()
+        self.mailbox = mailbox
+        self.handoff = StreamHandoff(mailbox.view.device)
+        self.stats = GossipStats()
+        self.stop_requested = False
+        self.error: BaseException | None = None
+
+    # -- training thread (call with ``cv`` held) -------------------------------------------------
+    def raise_if_failed(self) -> None:
+        """Re-raise the gossip thread's error in the calling (training) thread."""
+        if self.error is not None:
+            raise RuntimeError(
+                f"rank {self.rank}: the gossip thread failed: {self.error}"
+            ) from self.error
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, count: bool = False) -> None:
+        """Wait on ``cv`` until ``predicate()``; raise on the thread's error or on timeout.
+
+        With ``count``, a wait that was needed is added to the staleness counters.
+        """
+        if predicate():
+            return
+        start = time.monotonic()
+        deadline = start + self.timeout.total_seconds()
+        while not predicate():
+            self.raise_if_failed()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise GossipTimeout(f"rank {self.rank}: {what} took longer than {self.timeout}")
+            self.cv.wait(min(remaining, 1.0))
+        if count:
+            self.stats.staleness_waits += 1
+            self.stats.staleness_wait_s += time.monotonic() - start
+
+    def request_stop(self) -> None:
+        """Ask the gossip thread to return (takes ``cv`` itself)."""
+        with self.cv:
+            self.stop_requested = True
+            self.cv.notify_all()
+
+    # -- gossip thread -------------------------------------------------------------------------
+    def idle_until(self, predicate: Callable[[], bool]) -> bool:
+        """Wait (no deadline) until ``predicate()``; False when asked to stop (takes ``cv``)."""
+        with self.cv:
+            while not predicate():
+                if self.stop_requested:
+                    return False
+                self.cv.wait(POLL_S)
+            return not self.stop_requested
+
+    def fail(self, error: BaseException) -> None:
+        """Record the error that ended the gossip thread and wake the training thread."""
+        with self.cv:
+            self.error = error
+            self.cv.notify_all()
