@@ -16,41 +16,30 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the launcher is shared with the tests
+    sys.path.insert(0, str(ROOT))
+
+from tests import launch as L  # noqa: E402
+
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free on 127.0.0.1 right now (the tests' launcher's)."""
+    return L.free_port()
 
 
 def worker_env() -> dict[str, str]:
     """Environment for the ranks: one thread per rank, the repository importable."""
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        PL_DISABLE_FORK="1",
-        PYTHONWARNINGS="ignore",
-    )
-    for key in ("MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(key, None)
-    return env
+    return L.base_env(PYTHONWARNINGS="ignore")
 
 
 def launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,
@@ -60,81 +49,40 @@ def launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,
     Worker progress lines (``[bench] ...``) are passed through to this process's stderr as
     they arrive; the whole output is kept in ``workdir/log.txt``. Every rank writes
     ``workdir/rank<r>.json``. A failed launch raises ``RuntimeError`` with the tail of the
-    output; on timeout every rank first dumps its threads' stacks (``SIGUSR1``, see
-    :func:`worker_init`) so a hang can be located, then the launch is killed.
+    output; on timeout every rank first dumps its threads' stacks (see
+    ``tests/launch.py``, the one launcher of tests and benchmarks) so a hang can be located,
+    then the launch is killed.
     """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the ranks get cleaned up
     workdir.mkdir(parents=True, exist_ok=True)
     for old in workdir.glob("rank*.json"):
         old.unlink()
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}",
-           "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-           str(script), "--worker", str(spec_path)]
-    proc = subprocess.Popen(cmd, env=worker_env(), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    timed_out = threading.Event()
+    cmd = L.torchrun_command(script, "--worker", str(spec_path), nprocs=nprocs,
+                             port=free_port())
 
-    def on_timeout() -> None:
-        timed_out.set()
-        _signal_all(_descendants(proc.pid), signal.SIGUSR1)  # the ranks dump their stacks
-        time.sleep(5)
-        _signal_all([*_descendants(proc.pid), proc.pid], signal.SIGKILL)
+    def forward(line: str) -> None:
+        if line.startswith("[bench]"):
+            print(line.rstrip(), file=sys.stderr, flush=True)
 
-    tail: list[str] = []
-    watchdog = threading.Timer(timeout, on_timeout)
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        with open(workdir / "log.txt", "w") as log:
-            for line in proc.stdout:
-                log.write(line)
-                tail = (tail + [line])[-120:]
-                if line.startswith("[bench]"):
-                    print(line.rstrip(), file=sys.stderr, flush=True)
-        rc = proc.wait()
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:  # interrupted: take the ranks down with us
-            _signal_all([*_descendants(proc.pid), proc.pid], signal.SIGKILL)
-    if timed_out.is_set():
+    with open(workdir / "log.txt", "w") as log:
+        launched = L.launch_processes([(cmd, worker_env())], timeout, log=log, on_line=forward)
+        log.write(launched.diagnostics)
+    tail = "".join(launched.stdout.splitlines(keepends=True)[-120:])
+    if launched.timed_out:
         raise RuntimeError(f"benchmark launch timed out after {timeout}s (stacks in "
-                           f"{workdir / 'log.txt'}):\n{''.join(tail)}")
-    if rc != 0:
-        raise RuntimeError(f"benchmark launch failed (exit code {rc}):\n{''.join(tail)}")
+                           f"{workdir / 'log.txt'}):\n{tail}")
+    if launched.returncode != 0:
+        raise RuntimeError(f"benchmark launch failed (exit code {launched.returncode}):\n{tail}")
     return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (torchrun starts its ranks in sessions of their own,
-    so signalling torchrun's process group would not reach them)."""
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parent[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, p in parent.items() if p in frontier]
-        found += kids
-        frontier = kids
-    return found
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def worker_init() -> None:
-    """Per-rank set-up: ``SIGUSR1`` dumps every thread's stack (how the driver shows hangs)."""
+    """Per-rank set-up: ``SIGUSR1`` dumps every thread's stack (for a look at a live run).
+
+    The launcher itself dumps the stacks on timeout (``SIGABRT`` with faulthandler on, or
+    ``py-spy``), so this is only for a person poking at a running benchmark.
+    """
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 

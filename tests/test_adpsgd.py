@@ -12,33 +12,38 @@ import os
 import pytest
 
 from tests.cases import (
+    AD_STRAGGLER,
     AD_STRESS,
+    AD_WS1,
+    Case,
+    adpsgd_lr0_cases,
     assert_conserved_and_contracting,
     assert_stress_ok,
     launch,
+    stress_repeats,
 )
-from tests.launch import read_rank_results
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 def test_sum_conserved_and_consensus_contracts(world_run, world):
     names = ["ad_ring_lr0"] + (["ad_random_lr0", "ad_delay_lr0"] if world in (4, 5) else [])
-    for name in names:
-        assert_conserved_and_contracting(world_run(world) / name, world)
+    assert [c.name for c in adpsgd_lr0_cases(world)] == names
+    for case in adpsgd_lr0_cases(world):
+        assert_conserved_and_contracting(world_run(world) / case.name, world)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 def test_no_deadlock_with_random_delays_validation_and_staleness(world_run, world):
-    assert_stress_ok(world_run(world) / "ad_stress", world)
+    assert_stress_ok(world_run(world) / AD_STRESS.name, world)
 
 
 def test_world_size_1_trains_locally(world_run):
-    r = read_rank_results(world_run(1) / "ad_ws1", 1)[0]
+    r = AD_WS1.results(world_run(1), 1)[0]
     assert r["global_step"] == 6
 
 
 def test_shared_cursor_fast_ranks_take_more_and_every_sample_once(world_run):
-    results = read_rank_results(world_run(4) / "ad_straggler", 4)
+    results = AD_STRAGGLER.results(world_run(4), 4)
     n = 12 * 4 * 4  # batches x batch size x world
     assert all(len(b) == 4 for r in results for b in r["indices"])
     seen = sorted(i for r in results for b in r["indices"] for i in b)
@@ -48,26 +53,29 @@ def test_shared_cursor_fast_ranks_take_more_and_every_sample_once(world_run):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_no_deadlock_soak(tmp_path):
     repeats = int(os.environ.get("LG_REPEATS", "5"))
     for world in (3, 4, 5):
-        cases = {f"stress{i}": {**AD_STRESS, "delay_seed": 100 + i} for i in range(repeats)}
+        cases = stress_repeats(repeats)
         launch(tmp_path / str(world), cases, nprocs=world, timeout=3600)
         for case in cases:
-            assert_stress_ok(tmp_path / str(world) / case, world)
+            assert_stress_ok(tmp_path / str(world) / case.name, world)
 
 
+@pytest.mark.multiprocess
 def test_a_rank_that_raises_fails_every_rank_with_the_message(tmp_path):
-    cases = {"fail": {"strategy": "adpsgd", "epochs": 5, "batches": 20, "lr": 0.1,
-                      "raise_at": {"rank": 2, "step": 4}, "strategy_kwargs": {"timeout": 60}}}
+    cases = [Case("fail", strategy="adpsgd", epochs=5, batches=20, lr=0.1,
+                  raise_at={"rank": 2, "step": 4}, strategy_kwargs={"timeout": 60})]
     result = launch(tmp_path, cases, nprocs=3, expect_ok=False, timeout=180)
     assert result.returncode != 0
     assert "injected failure on rank 2" in result.stdout
 
 
+@pytest.mark.multiprocess
 def test_non_finite_values_from_a_peer_are_reported_with_its_rank(tmp_path):
-    cases = {"nan": {"strategy": "adpsgd", "epochs": 3, "batches": 20, "lr": 0.1,
-                     "nan_at": {"rank": 1, "step": 3}, "strategy_kwargs": {"timeout": 60}}}
+    cases = [Case("nan", strategy="adpsgd", epochs=3, batches=20, lr=0.1,
+                  nan_at={"rank": 1, "step": 3}, strategy_kwargs={"timeout": 60})]
     result = launch(tmp_path, cases, nprocs=2, expect_ok=False, timeout=180)
     assert result.returncode != 0
     assert "received non-finite values (NaN/Inf) in the replica from rank 1" in result.stdout

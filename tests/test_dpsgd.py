@@ -7,50 +7,73 @@ compare it with NumPy computed from the same topology objects.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.cases import EXACT_TOPOLOGIES, assert_exact, expected_mixing, launch
+from tests.cases import (
+    CONV_ADPSGD,
+    CONV_DDP,
+    CONV_DPSGD,
+    DP_ACCUMULATE,
+    DP_BF16,
+    DP_DELAY_BY_ONE,
+    DP_FINAL_AVERAGE,
+    DP_LOGGING,
+    DP_MANUAL,
+    DP_RESUME,
+    DP_RING,
+    DP_TRAIN_CKPT,
+    DP_WS1,
+    EXACT_4,
+    EXACT_5,
+    SCRIPT,
+    Case,
+    assert_case_exact,
+    expected_mixing,
+    launch,
+    write_cases,
+)
 from tests.launch import check, read_rank_results, run_fake_slurm, run_lightning
 
 
-@pytest.mark.parametrize("topo", EXACT_TOPOLOGIES)
-@pytest.mark.parametrize("mode", ["overlap", "blocking"])
-def test_exact_mixing_4_ranks(world_run, topo, mode):
-    assert_exact(read_rank_results(world_run(4) / f"dp_{topo}_{mode}", 4), topo)
+def _ids(case: Case) -> str:
+    return case.name
 
 
-@pytest.mark.parametrize("case", [f"dp_{t}_overlap" for t in EXACT_TOPOLOGIES]
-                         + ["dp_random_ring_blocking"])
+@pytest.mark.parametrize("case", EXACT_4, ids=_ids)
+def test_exact_mixing_4_ranks(world_run, case):
+    assert_case_exact(case.results(world_run(4), 4), case)
+
+
+@pytest.mark.parametrize("case", EXACT_5, ids=_ids)
 def test_exact_mixing_5_ranks(world_run, case):
-    topo = case[3:].rsplit("_", 1)[0]
-    assert_exact(read_rank_results(world_run(5) / case, 5), topo)
+    assert_case_exact(case.results(world_run(5), 5), case)
 
 
 def test_delay_by_one_applies_the_previous_steps_exchange(world_run):
-    assert_exact(read_rank_results(world_run(4) / "dp_delay_by_one", 4), "random_ring",
-                 delay_by_one=True)
+    assert DP_DELAY_BY_ONE.exact_delay_by_one
+    assert_case_exact(DP_DELAY_BY_ONE.results(world_run(4), 4), DP_DELAY_BY_ONE)
 
 
-@pytest.mark.parametrize("case", ["dp_accumulate", "dp_manual", "dp_bf16"])
+@pytest.mark.parametrize("case", [DP_ACCUMULATE, DP_MANUAL, DP_BF16], ids=_ids)
 def test_mixing_is_exact_with_training_features(world_run, case):
-    results = read_rank_results(world_run(4) / case, 4)
-    if case == "dp_accumulate":  # 8 batches, accumulate 2: 4 optimizer steps, x_t fixed between
+    results = case.results(world_run(4), 4)
+    if case.accumulate > 1:  # 8 batches, accumulate 2: 4 optimizer steps, x_t fixed between
+        assert case.batches == 8 and case.accumulate == 2
         assert results[0]["global_step"] == 4 and results[0]["gossip_step"] == 4
         for r in results:
             r["steps"] = r["steps"][1::2]
-    assert_exact(results, "random_ring")
+    assert_case_exact(results, case)
 
 
 def test_consensus_distance_is_logged_and_exact(world_run):
-    run = world_run(4) / "dp_logging"
-    results = read_rank_results(run, 4)
+    run = world_run(4) / DP_LOGGING.name
+    results = DP_LOGGING.results(world_run(4), 4)
     x0 = np.array([r["x0"] for r in results], dtype=np.float64)
-    want = expected_mixing(x0, "random_ring", len(results[0]["steps"]), seed=5)
+    want = expected_mixing(x0, DP_LOGGING.exact_topology, len(results[0]["steps"]), seed=5)
     rows = list(csv.DictReader(open(run / "logs" / "version_0" / "metrics.csv")))
     logged = {int(r["step"]): float(r["gossip/consensus_distance"])
               for r in rows if r.get("gossip/consensus_distance")}
@@ -64,44 +87,47 @@ def test_consensus_distance_is_logged_and_exact(world_run):
 
 
 def test_checkpoint_holds_the_consensus_and_resume_restores_it_everywhere(world_run):
-    train = read_rank_results(world_run(4) / "dp_train_ckpt", 4)
+    train = DP_TRAIN_CKPT.results(world_run(4), 4)
     finals = np.array([r["final"] for r in train])
     assert np.abs(finals - finals.mean(0)).max() > 1e-4  # replicas differ (no final average)
     for r in train:  # saving did not touch the live replicas
         np.testing.assert_array_equal(r["after_save"], r["final"])
-    ckpt = torch.load(world_run(4) / "dp_train_ckpt" / "model.ckpt", weights_only=False)
+    ckpt = torch.load(world_run(4) / DP_TRAIN_CKPT.name / "model.ckpt", weights_only=False)
     sd = ckpt["state_dict"]
     names = ["net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias", "net.3.weight",
              "net.3.bias", "net.1.running_mean", "net.1.running_var"]
     flat = np.concatenate([sd[n].flatten().numpy() for n in names])
     np.testing.assert_allclose(flat, finals.mean(0), rtol=0, atol=1e-6)
-    for r in read_rank_results(world_run(4) / "dp_resume", 4):
+    assert DP_RESUME.resume_case == DP_TRAIN_CKPT.name
+    for r in DP_RESUME.results(world_run(4), 4):
         np.testing.assert_allclose(r["start_weights"], flat, rtol=0, atol=1e-7)
         assert r["global_step"] == 16 and r["gossip_step"] == 16
 
 
 def test_final_average_leaves_every_rank_with_the_same_model(world_run):
-    results = read_rank_results(world_run(4) / "dp_final_average", 4)
+    results = DP_FINAL_AVERAGE.results(world_run(4), 4)
     finals = np.array([r["final"] for r in results])
     np.testing.assert_allclose(finals, np.broadcast_to(finals[0], finals.shape), rtol=0, atol=1e-7)
     assert np.abs(finals[0] - np.array(results[0]["start_weights"])).max() > 1e-3  # it trained
 
 
 def test_convergence_close_to_ddp_on_real_digits(world_run):
-    acc = {k: read_rank_results(world_run(4) / f"conv_{k}", 4)[0]["val_acc"]
-           for k in ("ddp", "dpsgd", "adpsgd")}
+    acc = {k: case.results(world_run(4), 4)[0]["val_acc"]
+           for k, case in (("ddp", CONV_DDP), ("dpsgd", CONV_DPSGD), ("adpsgd", CONV_ADPSGD))}
     assert acc["ddp"] > 0.9, acc
     assert acc["dpsgd"] >= acc["ddp"] - 0.03, acc
     assert acc["adpsgd"] >= acc["ddp"] - 0.03, acc
 
 
 def test_world_sizes_1_2_3(world_run):
-    r = read_rank_results(world_run(1) / "dp_ws1", 1)[0]
+    r = DP_WS1.results(world_run(1), 1)[0]
     assert r["world_size"] == 1 and r["global_step"] == 6
+    assert DP_RING.exact_topology == "ring"
     for world in (2, 3):
-        assert_exact(read_rank_results(world_run(world) / "dp_ring", world), "ring")
+        assert_case_exact(DP_RING.results(world_run(world), world), DP_RING)
 
 
+@pytest.mark.multiprocess
 def test_popen_launcher_with_the_registered_strategy_name(tmp_path):
     script = Path(__file__).parent / "scripts" / "popen_dpsgd.py"
     out = check(run_lightning(script, str(tmp_path)))
@@ -113,35 +139,38 @@ def test_popen_launcher_with_the_registered_strategy_name(tmp_path):
     assert "DPSGDStrategy" in out
 
 
+@pytest.mark.multiprocess
 def test_two_nodes_of_two_processes_with_torchrun(tmp_path):
-    cases = {"nodes": {"strategy_kwargs": {"final_average": False, "seed": 5}, "offset": 1.0,
-                       "num_nodes": 2}}
-    launch(tmp_path, cases, nprocs=2, nnodes=2)
-    results = read_rank_results(tmp_path / "nodes", 4)
+    nodes = Case("nodes", strategy_kwargs={"final_average": False, "seed": 5}, offset=1.0,
+                 num_nodes=2, exact_topology="random_ring")  # the default topology
+    launch(tmp_path, [nodes], nprocs=2, nnodes=2)
+    results = nodes.results(tmp_path, 4)
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     assert {r["cluster_env"] for r in results} == {"TorchElasticEnvironment"}
-    assert_exact(results, "random_ring")
+    assert_case_exact(results, nodes)
 
 
+@pytest.mark.multiprocess
 def test_slurm_environment_gives_the_ranks(tmp_path):
-    cases = {"dp": {"strategy_kwargs": {"final_average": False, "topology": "ring"}, "offset": 1.0},
-             "ad": {"strategy": "adpsgd", "offset": 1.0, "epochs": 2,
-                    "strategy_kwargs": {"final_average": False, "timeout": 60}}}
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    script = Path(__file__).parent / "scripts" / "gossip_cases.py"
-    out = check(run_fake_slurm(script, str(tmp_path), str(tmp_path / "cases.json"), ntasks=3))
+    dp_case = Case("dp", strategy_kwargs={"final_average": False, "topology": "ring"},
+                   offset=1.0, exact_topology="ring")
+    ad_case = Case("ad", strategy="adpsgd", offset=1.0, epochs=2,
+                   strategy_kwargs={"final_average": False, "timeout": 60})
+    write_cases(tmp_path / "cases.json", [dp_case, ad_case])
+    out = check(run_fake_slurm(SCRIPT, str(tmp_path), str(tmp_path / "cases.json"), ntasks=3))
     assert "GLOBAL_RANK: 2" in out
-    dp = read_rank_results(tmp_path / "dp", 3)
+    dp = dp_case.results(tmp_path, 3)
     assert {r["cluster_env"] for r in dp} == {"SLURMEnvironment"}
-    assert_exact(dp, "ring")
-    ad = read_rank_results(tmp_path / "ad", 3)
+    assert_case_exact(dp, dp_case)
+    ad = ad_case.results(tmp_path, 3)
     x0, final = (np.array([r[k] for r in ad]) for k in ("x0", "final"))
     np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
 
 
+@pytest.mark.multiprocess
 def test_mismatched_replicas_fail_on_every_rank_naming_the_parameter(tmp_path):
-    result = launch(tmp_path, {"mismatch": {"strategy_kwargs": {}, "mismatch_rank": 1}}, nprocs=2,
-                    expect_ok=False, timeout=180)
+    result = launch(tmp_path, [Case("mismatch", mismatch_rank=1)], nprocs=2, expect_ok=False,
+                    timeout=180)
     assert result.returncode != 0
     msg = "model replicas differ between ranks: parameter/buffer 'net.0.weight'"
     assert result.stdout.count(msg) >= 2, result.stdout[-4000:]

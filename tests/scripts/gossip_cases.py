@@ -1,6 +1,7 @@
 """Rank script for the strategy tests: runs several small fits in one launch (start-up dominates).
 
-Launched by torchrun (every rank runs this file). Each case is a dict; results go to
+Launched by torchrun (every rank runs this file). Each case is a ``tests.cases.Case`` (the one
+definition the tests use too), read from the JSON file the test wrote; results go to
 ``OUT/<case>/rank<r>.json``. With ``lr = 0`` the recorded weights after every optimizer step
 let the test compare with the mixing-matrix product computed in NumPy.
 
@@ -24,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_gossip
 from lightning_gossip.flat import FlatState
+from tests.cases import Case, read_cases
 
 
 class Tiny(L.LightningModule):
@@ -67,23 +69,23 @@ class Indexed(TensorDataset):
 class Disturb(Callback):
     """Per-step delays (seeded, different on each rank), a slow rank, injected failures."""
 
-    def __init__(self, case: dict, rank: int):
+    def __init__(self, case: Case, rank: int):
         self.case, self.rank = case, rank
-        self.rng = random.Random(case.get("delay_seed", 0) * 100 + rank)
+        self.rng = random.Random(case.delay_seed * 100 + rank)
         self.indices: list[list[int]] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         c = self.case
         if len(batch) > 2:
             self.indices.append([int(i) for i in batch[2]])
-        if c.get("delay_ms"):
-            time.sleep(self.rng.uniform(0, c["delay_ms"]) / 1000)
-        if c.get("slow_rank") == self.rank:
-            time.sleep(c["slow_ms"] / 1000)
-        fail = c.get("raise_at")
+        if c.delay_ms:
+            time.sleep(self.rng.uniform(0, c.delay_ms) / 1000)
+        if c.slow_rank == self.rank:
+            time.sleep(c.slow_ms / 1000)
+        fail = c.raise_at
         if fail and fail["rank"] == self.rank and trainer.global_step >= fail["step"]:
             raise RuntimeError(f"injected failure on rank {self.rank}")
-        nan = c.get("nan_at")
+        nan = c.nan_at
         if nan and nan["rank"] == self.rank and trainer.global_step == nan["step"]:
             flat = FlatState(module)
             flat.copy_(torch.full((flat.numel,), float("nan")))
@@ -142,31 +144,30 @@ def digits_loaders(batch_size: int):
             DataLoader(TensorDataset(x[val], y[val]), batch_size=256))
 
 
-def run_case(name: str, case: dict, out: Path) -> None:
+def run_case(case: Case, out: Path) -> None:
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
-    nodes = int(case.get("num_nodes", 1))
-    torch.manual_seed(case.get("seed", 0) + (rank if case.get("different_init", True) else 0))
-    width = case.get("width", 3)
-    if case.get("mismatch_rank") == rank:
+    nodes = case.num_nodes
+    torch.manual_seed(case.seed + (rank if case.different_init else 0))
+    width = case.width
+    if case.mismatch_rank == rank:
         width += 1
-    if case.get("task") == "digits":
-        model = DigitsMLP(case.get("lr", 0.05))
-        loader, val_loader = digits_loaders(case.get("batch_size", 16))
+    if case.task == "digits":
+        model: L.LightningModule = DigitsMLP(case.lr)
+        loader, val_loader = digits_loaders(case.batch_size)
     else:
-        model = Tiny(case.get("lr", 0.0), case.get("manual", False), width, case.get("batchnorm", False))
+        model = Tiny(case.lr, case.manual, width, case.batchnorm)
         g = torch.Generator().manual_seed(rank)
-        n = case.get("batches", 6) * case.get("batch_size", 4)
+        n = case.batches * case.batch_size
         data = Indexed(torch.randn(n * world, 5, generator=g),
                        torch.randint(0, 2, (n * world,), generator=g))
-        loader = val_loader = DataLoader(data, batch_size=case.get("batch_size", 4))
-    strategy_kwargs = dict(case.get("strategy_kwargs", {}))
-    strategy = case.get("strategy", "dpsgd")
-    if strategy == "dpsgd":
-        strategy = lightning_gossip.DPSGDStrategy(**strategy_kwargs)
-    elif strategy == "adpsgd":
-        strategy = lightning_gossip.ADPSGDStrategy(**strategy_kwargs)
-    recorder = Recorder(case.get("offset", 0.0))
+        loader = val_loader = DataLoader(data, batch_size=case.batch_size)
+    strategy: str | L.pytorch.strategies.Strategy = case.strategy
+    if case.strategy == "dpsgd":
+        strategy = lightning_gossip.DPSGDStrategy(**case.strategy_kwargs)
+    elif case.strategy == "adpsgd":
+        strategy = lightning_gossip.ADPSGDStrategy(**case.strategy_kwargs)
+    recorder = Recorder(case.offset)
     disturb = Disturb(case, rank)
     if os.environ.get("LG_DEBUG"):  # LG_DEBUG=<seconds>: gossip debug log, then a stack dump
         import logging
@@ -174,16 +175,19 @@ def run_case(name: str, case: dict, out: Path) -> None:
         logging.getLogger("lightning_gossip").setLevel(logging.DEBUG)
         import faulthandler
         faulthandler.dump_traceback_later(int(os.environ["LG_DEBUG"]), exit=False)
-    logger = L.pytorch.loggers.CSVLogger(out / name, name="logs", version=0) if case.get("log") else False
+    name = case.name
+    logger = L.pytorch.loggers.CSVLogger(out / name, name="logs", version=0) if case.log else False
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=world // nodes, num_nodes=nodes,
-        max_epochs=case.get("epochs", 1), limit_val_batches=case.get("val_batches", 0),
-        accumulate_grad_batches=case.get("accumulate", 1), precision=case.get("precision", "32-true"),
-        callbacks=[recorder, disturb], logger=logger, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, log_every_n_steps=1, default_root_dir=out / name,
+        max_epochs=case.epochs, limit_val_batches=case.val_batches,
+        accumulate_grad_batches=case.accumulate, precision=case.precision,
+        callbacks=[recorder, disturb], logger=logger, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=1,
+        default_root_dir=out / name,
     )
-    trainer.fit(model, loader, val_loader if case.get("val_batches") else None,
-                ckpt_path=case.get("resume_from"))
+    resume = str(out / case.resume_case / "model.ckpt") if case.resume_case else None
+    trainer.fit(model, loader, val_loader if case.val_batches else None, ckpt_path=resume)
+    consensus = getattr(trainer.strategy, "last_consensus_distance", None)
     result = {
         "rank": trainer.global_rank, "world_size": trainer.world_size,
         "global_step": trainer.global_step,
@@ -191,12 +195,12 @@ def run_case(name: str, case: dict, out: Path) -> None:
         "gossip_step": getattr(trainer.strategy, "step", None),
         "x0": recorder.x0, "steps": recorder.steps, "start_weights": recorder.start_weights,
         "final": FlatState(model).pack().tolist(),
-        "consensus_distance": getattr(trainer.strategy, "consensus_distance", None),
+        "consensus_distance": consensus,
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "indices": disturb.indices,
         "gossip_stats": getattr(trainer.strategy, "gossip_stats", {}),
     }
-    if case.get("save_checkpoint"):
+    if case.save_checkpoint:
         ckpt = out / name / "model.ckpt"
         trainer.save_checkpoint(ckpt)
         result["after_save"] = FlatState(model).pack().tolist()
@@ -206,9 +210,8 @@ def run_case(name: str, case: dict, out: Path) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    cases = json.loads(Path(sys.argv[2]).read_text())
-    for name, case in cases.items():
-        run_case(name, case, out)
+    for case in read_cases(Path(sys.argv[2])):
+        run_case(case, out)
 
 
 if __name__ == "__main__":
