@@ -66,6 +66,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "cluster_worker.py"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "cluster.json"
 
+EXIT_GRACE_S = 60.0
+"""Seconds the ranks get to exit after the last case of a launch is done."""
+
 GLOBAL_AVERAGE_EVERY = 10
 """``global_average_every_n_steps`` of the ``*_hier_ga`` cases."""
 
@@ -171,7 +174,9 @@ def _launch(cluster: N.EmulatedCluster, cases: list[str], args: argparse.Namespa
             while len(done) < len(cases) and complete(cases[len(done)]):
                 done.append(cases[len(done)])
                 _progress(f"  {done[-1]} done")
-                deadline = time.monotonic() + args.case_timeout
+                # the next case, or (after the last one) the ranks' exit
+                deadline = time.monotonic() + (args.case_timeout if len(done) < len(cases)
+                                               else EXIT_GRACE_S)
             codes = [p.poll() for p in procs]
             current = cases[len(done)] if len(done) < len(cases) else None
             if all(c is not None for c in codes):
@@ -188,6 +193,9 @@ def _launch(cluster: N.EmulatedCluster, cases: list[str], args: argparse.Namespa
                 status = "failed"
                 detail = (f"node(s) {[k for k, c in enumerate(codes) if c not in (None, 0)]} "
                           "failed; the others did not exit within 30 s (killed)")
+                break
+            if now > deadline and current is None:
+                detail = "every case done, but the processes did not exit in time (killed)"
                 break
             if now > deadline:
                 status = "timeout"
@@ -327,7 +335,7 @@ def machine() -> dict[str, Any]:
 
 
 def _raise_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(f"signal {signal.Signals(signum).name}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -348,7 +356,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES),
-                   help="cases, run back to back in this order")
+                   metavar="CASE", help=f"cases, run back to back in this order; any of "
+                   f"{', '.join(CASES)}")
     p.add_argument("--case-timeout", type=float, default=600.0,
                    help="seconds before a case is killed (with all its processes)")
     p.add_argument("--startup-timeout", type=float, default=300.0,
@@ -393,7 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     _progress(f"{args.nodes} nodes x {args.procs} procs, {args.rate:g} Mbit/s links, MLP "
               f"{params / 1e6:.2f}M params ({params * 4 / 1e6:.1f} MB), {args.epochs} epoch(s), "
               f"cases {runnable}; {info_before['uptime']}")
-    old = {s: signal.signal(s, _raise_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below removes everything; a signal
+    # ignored when the run started (nohup, background job) stays ignored.
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s in old:
+        if old[s] is not signal.SIG_IGN:
+            signal.signal(s, _raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="lg-cluster-"))
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     t_start = time.time()
@@ -402,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster.build()
         ran, launches = run_cases(cluster, runnable, args, workdir)
         results += ran
+    except BaseException as e:
+        _progress(f"interrupted ({type(e).__name__}: {e}); removing the cluster")
+        raise
     finally:
         try:
             cluster.close()
