@@ -16,7 +16,7 @@ __all__ = ["DPSGDSimulator"]
 
 
 class DPSGDSimulator(Simulator):
-    """Synchronous D-PSGD over ``world_size`` virtual learners (see the module docstring).
+    """Synchronous D-PSGD over ``world_size`` virtual learners (see :mod:`lightning_gossip.sim`).
 
     Args:
         topology: a name from :data:`lightning_gossip.topology.TOPOLOGIES`, a

@@ -1,11 +1,13 @@
-"""Rank script for tests/test_sim_vs_strategy.py: real DPSGDStrategy runs to compare with the simulator.
+"""Rank script for tests/test_sim_vs_strategy.py: real DPSGDStrategy runs to compare with the
+simulator.
 
 Launched by torchrun (every rank runs this file); several small fits share one launch because
 process start-up dominates. For each case every rank writes ``OUT/<case>/rank<r>.json`` with its
 weights (named as in ``state_dict``) right after a rank-dependent offset is added at train start
 and after every optimizer step.
 
-    python -m torch.distributed.run --nproc-per-node 4 tests/scripts/sim_strategy_cases.py OUT CASES.json
+    python -m torch.distributed.run --nproc-per-node 4 \
+        tests/scripts/sim_strategy_cases.py OUT CASES.json
 
 The model, data and offsets are built by the functions below, which the test imports too.
 """
@@ -32,7 +34,10 @@ def make_net(seed: int) -> nn.Module:
 
 
 def rank_data(rank: int, steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s samples, in the order it consumes them: ``(steps * B, IN)``, ``(steps * B,)``."""
+    """Rank ``rank``'s samples, in the order it consumes them.
+
+    Returns ``(inputs (steps * B, IN), targets (steps * B,))``.
+    """
     g = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(steps * batch_size, IN, generator=g)
     y = torch.randint(0, OUT_FEATURES, (steps * batch_size,), generator=g)
