@@ -176,14 +176,14 @@ def assert_case_exact(results: list[dict], case: Case) -> None:
 AD_LR0 = dict(strategy="adpsgd", offset=1.0, epochs=3, log=True)
 AD_NO_AVG = {"final_average": False, "consensus_every_n_steps": 1, "timeout": 60}
 AD_WS1 = Case("ad_ws1", strategy="adpsgd", lr=0.1)
-AD_RING_LR0 = Case("ad_ring_lr0", strategy_kwargs={**AD_NO_AVG, "topology": "ring"}, **AD_LR0)
+AD_RING_LR0 = Case("ad_ring_lr0", strategy_kwargs={**AD_NO_AVG, "pairing": "ring"}, **AD_LR0)
 AD_RANDOM_LR0 = Case("ad_random_lr0",
-                     strategy_kwargs={**AD_NO_AVG, "topology": "random", "seed": 3}, **AD_LR0)
+                     strategy_kwargs={**AD_NO_AVG, "pairing": "random", "seed": 3}, **AD_LR0)
 AD_DELAY_LR0 = Case("ad_delay_lr0", strategy_kwargs={**AD_NO_AVG, "delay_by_one": True},
                     **AD_LR0)
 AD_STRESS = Case("ad_stress", strategy="adpsgd", lr=0.3, epochs=3, val_batches=2, delay_ms=15,
                  delay_seed=1, batches=10, batchnorm=True,
-                 strategy_kwargs={"max_staleness": 0, "timeout": 60, "topology": "random"})
+                 strategy_kwargs={"max_staleness": 0, "timeout": 60, "pairing": "random"})
 AD_STRAGGLER = Case("ad_straggler", strategy="adpsgd", epochs=2, batches=12, slow_rank=1,
                     slow_ms=60, strategy_kwargs={"timeout": 60})
 
