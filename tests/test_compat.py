@@ -217,7 +217,6 @@ def test_replace_sigterm_broadcast_replaces_the_per_batch_call():
 # Files whose owners are moving them onto _compat, with the private access still left there.
 # Each entry is temporary: remove it together with the access (this list should be empty).
 _MIGRATING: dict[str, set[str]] = {
-    "lightning_gossip/async_gossip.py": {"work._source_rank"},  # -> _compat.work_source_rank
     "lightning_gossip/sim/base.py": {"nn.modules.batchnorm._BatchNorm"},  # -> batch_norm_base
 }
 
