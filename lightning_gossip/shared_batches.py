@@ -68,7 +68,9 @@ class SharedBatchSampler(Sampler[list[int]]):
             waiting) and raise on the first rank whose list differs.
 
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
-    the epoch (then :attr:`claimed`). Lightning calls :meth:`set_epoch` every epoch through
+    the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
+    one and first hands out again the batches that one took (an abandoned iterator loses no
+    batches; Lightning abandons one, with a prefetched batch, whenever it reloads a loader). Lightning calls :meth:`set_epoch` every epoch through
     :attr:`sampler` (it calls ``set_epoch`` on ``loader.batch_sampler.sampler``); ``set_epoch``
     is passed on to ``source`` when it has one.
     """
@@ -87,6 +89,10 @@ class SharedBatchSampler(Sampler[list[int]]):
         self.claimed = 0
         #: batches in the last listed epoch (all ranks together)
         self.num_batches = 0
+        self._generation = 0  # only the newest iterator draws
+        self._taken: list[list[int]] = []  # what the newest iterator handed out
+        self._taken_epoch = -1
+        self._taken_done = False
 
     @property
     def sampler(self) -> SharedBatchSampler:
@@ -121,15 +127,32 @@ class SharedBatchSampler(Sampler[list[int]]):
             )
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._generation += 1
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation: int) -> Iterator[list[int]]:
         batches = self.batches()
         self.num_batches = len(batches)
-        self.claimed = 0
         if self.check:
             self._check_same_on_every_rank(batches)
+        # Batches an unfinished earlier iterator of this epoch took are handed out first:
+        # Lightning starts an iterator when it (re)loads a loader, then sets the epoch and
+        # starts another, and the first one's prefetched batch would otherwise be lost.
+        replay = self._taken if self._taken_epoch == self.epoch and not self._taken_done else []
+        self._taken, self._taken_epoch, self._taken_done = [], self.epoch, False
+        self.claimed = 0
         counter = f"{self.key}/epoch{self.epoch}"
-        while True:
+        for batch in replay:
+            if generation != self._generation:
+                return
+            self._taken.append(batch)
+            self.claimed += 1
+            yield batch
+        while generation == self._generation:
             index = int(self.store.add(counter, 1)) - 1
             if index >= len(batches):
+                self._taken_done = True
                 return
+            self._taken.append(batches[index])
             self.claimed += 1
             yield batches[index]

@@ -137,3 +137,21 @@ def test_shared_cursor_loader_picks_batches_samples_or_nothing() -> None:
         assert shared_cursor_loader(DataLoader(Stream(), batch_size=2), key="e",
                                     store=store) is None
     assert shared_cursor_loader([1, 2], key="f", store=store) is None
+
+
+def test_an_abandoned_iterator_loses_no_batches() -> None:
+    # Lightning starts an iterator (and prefetches a batch) when it reloads a loader, then sets
+    # the epoch and starts another one.
+    store = dist.HashStore()
+    ranks = [SharedBatchSampler(Listed(12, 2), store, key="r") for _ in range(2)]
+    ranks[0].set_epoch(1)
+    ranks[1].set_epoch(1)
+    first = iter(ranks[0])
+    prefetched = next(first)
+    second = iter(ranks[0])
+    assert next(second) == prefetched  # handed out again, not lost
+    assert next(first, None) is None  # the old iterator stops drawing
+    got = [prefetched, *second, *ranks[1]]
+    assert sorted(got) == sorted(Listed(12, 2).shared_batches(1))
+    ranks[0].set_epoch(2)  # a finished epoch is not replayed into the next one
+    assert sorted([*ranks[0], *ranks[1]]) == sorted(Listed(12, 2).shared_batches(2))

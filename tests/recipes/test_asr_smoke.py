@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import jiwer
@@ -30,6 +31,9 @@ def test_two_rank_fit_validates_tests_and_reports(
         strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     corpus = tiny_corpus_dir(tmp_path_factory)
     out = tmp_path / "run"
+    # Under adpsgd the two ranks share the batches (each takes about half of them), so smaller
+    # batches keep rank 0, which writes the log, at 8 or more steps over the two epochs.
+    batch_size = 3 if strategy == "adpsgd" else 6
     result = run_lightning(
         CLI, "fit", "--config", str(ROOT / "recipes/asr/configs/synth.yaml"),
         f"--trainer.strategy={strategy}", "--trainer.devices=2", "--trainer.max_epochs=2",
@@ -38,7 +42,7 @@ def test_two_rank_fit_validates_tests_and_reports(
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
         f"--trainer.logger.init_args.save_dir={out}",
         f"--data.train_dir={corpus / 'train'}", f"--data.val_dir={corpus / 'dev'}",
-        f"--data.test_dir={corpus / 'test'}", "--data.batch_size=6",
+        f"--data.test_dir={corpus / 'test'}", f"--data.batch_size={batch_size}",
         "--model.num_layers=1", "--model.hidden_size=32", "--model.lr=0.01",
         "--model.warmup_steps=0", f"--model.report_dir={out / 'report'}",
         "--test_after_fit=true", timeout=300)
@@ -56,6 +60,16 @@ def test_two_rank_fit_validates_tests_and_reports(
     reference_wer = jiwer.wer([refs[u] for u in ids], [hyps[u] for u in ids])
     report = json.loads((out / "report" / "wer.json").read_text())
     assert report["wer"] == pytest.approx(reference_wer, abs=1e-9)
+    # Training batches per rank in the last epoch (what the demo prints next to the WER):
+    # shared between the ranks under adpsgd (every utterance once), equal shards otherwise.
+    batches = report["train_batches_last_epoch"]
+    num_train = len(read_table(corpus / "train/text"))
+    assert len(batches) == 2 and min(batches) >= 1
+    if strategy == "adpsgd":
+        assert sum(batches) == math.ceil(num_train / batch_size)
+        assert "does not list its batches" not in log
+    else:
+        assert batches[0] == batches[1] == math.ceil(math.ceil(num_train / 2) / batch_size)
     metrics = list(csv.DictReader(open(next(out.rglob("metrics.csv")))))
     test_wer = [float(r["test_wer"]) for r in metrics if r.get("test_wer")]
     assert test_wer == [pytest.approx(reference_wer, abs=1e-6)]
