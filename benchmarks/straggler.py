@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         how = (f"sleeping {ranks[0]['sleep_s'] * 1e3:.1f} ms per step ({args.slowdown - 1:g}x "
                f"its calibrated local step of {calib * 1e3:.1f} ms)")
     md = [f"Digits MLP 64-{args.width}x{args.depth}-10, {args.ranks} ranks, per-rank batch "
-          f"{args.batch_size}, {args.epochs} epochs, median of {args.repeats} round(s); straggler = rank "
-          f"{args.straggler_rank} {how}.",
+          f"{args.batch_size}, {args.epochs} epochs, median of {args.repeats} round(s); "
+          f"straggler = rank {args.straggler_rank} {how}.",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}.", "",
           H.markdown_table(["strategy", "mode", "samples/s (median)", "rounds range",
                             "x ddp", "steps per rank", f"rank-{args.straggler_rank} step / others",

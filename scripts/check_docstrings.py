@@ -31,7 +31,10 @@ MODULES = (
     "lightning_gossip.exchange",
     "lightning_gossip.consensus",
     "lightning_gossip.shared_cursor",
+    "lightning_gossip.shared_batches",
+    "lightning_gossip.liveness",
     "lightning_gossip.async_gossip",
+    "lightning_gossip.mixing",
     "lightning_gossip.sim",
     "lightning_gossip.analysis",
 )
