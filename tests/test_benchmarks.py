@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launch import ROOT, base_env
+from tests.launch import ROOT, base_env, launch_processes
 
 pytestmark = pytest.mark.multiprocess
 
@@ -22,9 +21,11 @@ STEP_CASES = {"solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_
 
 
 def _run(script: str, *args: str, timeout: float = 240) -> str:
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
-                            cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, timeout=timeout)
+    # The launcher of the tests: on timeout the stacks of the driver and of its ranks are shown
+    # and the whole tree is killed (a plain subprocess timeout would leave the ranks running).
+    result = launch_processes([([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                                base_env())], timeout)
+    assert not result.timed_out, f"timed out after {timeout}s:\n{result.stdout[-12000:]}"
     assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
     return result.stdout
 
