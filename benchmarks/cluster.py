@@ -444,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                                            for k, v in vars(args).items()},
         "params": params, "model_bytes": params * 4, "cluster": cluster.describe(),
         "machine_before": info_before, "machine_after": info_after,
-        "wall_s": time.time() - t_start, "cases": results, "launches": launches, "markdown": header + "\n\n" + table,
+        "wall_s": time.time() - t_start, "cases": results, "launches": launches,
+        "markdown": header + "\n\n" + table,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=1) + "\n")
@@ -453,4 +454,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("cluster: interrupted; everything it made was removed", file=sys.stderr)
+        raise SystemExit(130) from None
