@@ -132,3 +132,15 @@ def test_cleanup_flag_removes_leftovers(netns_available: None) -> None:
         assert _gone(described) == []
     finally:
         cluster.close()
+
+
+def test_missing_options_are_reported_not_faked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case whose option the strategies lack is "not available", never run without it."""
+    import cluster
+
+    monkeypatch.setitem(cluster.CASES, "dpsgd_bogus", ("dpsgd", {"no_such_option": True}))
+    reason = cluster.unavailable_reason("dpsgd_bogus")
+    assert reason is not None and "not available in this version" in reason
+    assert "'no_such_option'" in reason and "DPSGDStrategy" in reason
+    assert cluster.unavailable_reason("ddp") is None
+    assert cluster.unavailable_reason("adpsgd") is None
