@@ -216,9 +216,7 @@ def test_replace_sigterm_broadcast_replaces_the_per_batch_call():
 # -- nothing else reaches a private Lightning/torch name ------------------------------------------
 # Files whose owners are moving them onto _compat, with the private access still left there.
 # Each entry is temporary: remove it together with the access (this list should be empty).
-_MIGRATING: dict[str, set[str]] = {
-    "lightning_gossip/sim/base.py": {"nn.modules.batchnorm._BatchNorm"},  # -> batch_norm_base
-}
+_MIGRATING: dict[str, set[str]] = {}
 
 
 def _private_accesses(path: Path) -> set[str]:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from lightning_gossip._compat import batch_norm_base
 from lightning_gossip.sim.workloads import LossFn
 from lightning_gossip.topology import check_world_size
 
@@ -80,7 +81,7 @@ class Simulator:
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError("lr, momentum and weight_decay must be >= 0")
         for mod in model.modules():
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.track_running_stats:
+            if isinstance(mod, batch_norm_base()) and mod.track_running_stats:
                 raise ValueError(
                     "the simulator does not support BatchNorm with running statistics (its "
                     "forward pass updates buffers); use track_running_stats=False or GroupNorm"
