@@ -57,6 +57,22 @@ def test_lightning_sets_the_epoch_of_the_bucket_sampler() -> None:
     assert sampler.epoch == 5
 
 
+def test_the_demo_prints_batches_per_rank_next_to_the_wer(tmp_path: Path) -> None:
+    from recipes.asr.demo import summary
+
+    numbers = {"wer": 0.0723, "substitutions": 120, "deletions": 7, "insertions": 1,
+               "reference_words": 1806, "utterances": 300,
+               "train_batches_last_epoch": [81, 52, 84, 83]}
+    lines = summary(numbers, tmp_path / "report", tmp_path / "logs", tmp_path, 6.0).splitlines()
+    wer = next(i for i, line in enumerate(lines) if line.startswith("test WER"))
+    assert "7.23%" in lines[wer]
+    assert lines[wer + 1] == ("batches in the last training epoch: rank 0: 81, rank 1: 52, "
+                              "rank 2: 84, rank 3: 83 (300)")
+    del numbers["train_batches_last_epoch"]  # e.g. a report written by an older version
+    assert not any("training epoch" in line for line in
+                   summary(numbers, tmp_path, tmp_path, tmp_path, 1.0).splitlines())
+
+
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[str]]:
     corpus = tiny_corpus_dir(tmp_path_factory)
