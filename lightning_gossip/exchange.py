@@ -22,13 +22,18 @@ Example (inside an initialised process group)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from lightning_gossip.topology import Peers
+
+if TYPE_CHECKING:
+    from lightning_gossip.liveness import Heartbeat
 
 __all__ = ["GossipTimeout", "NeighborExchange", "NonFiniteFromPeer", "check_finite",
            "pairwise_exchange", "wait_all"]
@@ -63,8 +68,21 @@ def check_finite(t: Tensor, peer: int, rank: int, what: str = "replica") -> None
         raise NonFiniteFromPeer(peer, rank, what)
 
 
-def wait_all(works: list, timeout: timedelta, what: str) -> None:
-    """Wait for every ``dist.Work``; raise :class:`GossipTimeout` naming ``what`` on timeout."""
+def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | None = None,
+             peers: Sequence[int] = ()) -> None:
+    """Wait for every ``dist.Work``; raise :class:`GossipTimeout` naming ``what`` on timeout.
+
+    With ``peers``, the wait fails as soon as one of them goes silent
+    (:func:`lightning_gossip.liveness.wait_for_peers`, which raises ``PeerSilent``), watching
+    ``heartbeat`` or else the process's running one (:func:`lightning_gossip.liveness.current`).
+    """
+    if peers:
+        from lightning_gossip import liveness
+
+        heartbeat = heartbeat if heartbeat is not None else liveness.current()
+        if heartbeat is not None:
+            liveness.wait_for_peers(works, peers, heartbeat, timeout, what)
+            return
     for w in works:
         try:
             ok = w.wait(timeout)
@@ -105,12 +123,17 @@ class NeighborExchange:
         self.recv = [(j, bufs[k]) for k, (j, _) in enumerate(peers.recv_from)]
         self._works = _post(send, peers.send_to, self.recv, group)
 
-    def wait(self, timeout: timedelta, step: int | None = None) -> None:
-        """Block until all messages of this round are sent and received, then check them."""
+    def wait(self, timeout: timedelta, step: int | None = None,
+             heartbeat: Heartbeat | None = None) -> None:
+        """Block until all messages of this round are sent and received, then check them.
+
+        With a ``heartbeat`` a silent peer fails the wait at once (``PeerSilent`` names it).
+        """
         at = f" at step {step}" if step is not None else ""
+        others = sorted(set(self.peers.send_to) | set(self.peers.recv_ranks))
         wait_all(self._works, timeout,
-                 f"gossip exchange of rank {self.peers.rank} with ranks "
-                 f"{sorted(set(self.peers.send_to) | set(self.peers.recv_ranks))}{at}")
+                 f"gossip exchange of rank {self.peers.rank} with ranks {others}{at}",
+                 heartbeat=heartbeat, peers=others)
         for j, buf in self.recv:
             check_finite(buf, peer=j, rank=self.peers.rank)
 
@@ -123,8 +146,10 @@ class NeighborExchange:
 
 
 def pairwise_exchange(mine: Tensor, theirs: Tensor, peer: int, group: dist.ProcessGroup,
-                      timeout: timedelta, rank: int) -> None:
-    """Swap ``mine`` for the peer's snapshot (into ``theirs``), blocking with a timeout."""
+                      timeout: timedelta, rank: int, heartbeat: Heartbeat | None = None) -> None:
+    """Swap ``mine`` for the peer's snapshot (into ``theirs``), blocking with a timeout (and
+    failing fast when the peer goes silent, given a ``heartbeat``)."""
     works = _post(mine, (peer,), [(peer, theirs)], group)
-    wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}")
+    wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}",
+             heartbeat=heartbeat, peers=(peer,))
     check_finite(theirs, peer=peer, rank=rank)

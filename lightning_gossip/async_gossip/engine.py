@@ -11,6 +11,7 @@ from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveL
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
 from lightning_gossip.async_gossip.state import GossipStats, SharedState
 from lightning_gossip.flat import FlatState
+from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.pairing import Pairing
 
 __all__ = ["AsyncGossip"]
@@ -30,6 +31,9 @@ class AsyncGossip:
             not yet gossiped. ``None`` never waits.
         delay_by_one: apply deltas one step boundary later than they arrive, so every
             exchange has a whole step to hide behind.
+        heartbeat: this rank's :class:`~lightning_gossip.liveness.Heartbeat`; every wait of the
+            gossip thread then fails fast, naming the peer, when a peer it waits on goes
+            silent. ``None``: waits end only at ``timeout``.
 
     Every method is called from the training thread. The state it shares with the gossip
     thread lives in a :class:`~lightning_gossip.async_gossip.state.SharedState`; the step
@@ -39,7 +43,7 @@ class AsyncGossip:
     def __init__(self, flat: FlatState, rank: int, pairing: Pairing,
                  control_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
                  timeout: timedelta, max_staleness: int | None = 4,
-                 delay_by_one: bool = False) -> None:
+                 delay_by_one: bool = False, heartbeat: Heartbeat | None = None) -> None:
         self.flat = flat
         self.rank = rank
         self.pairing = pairing
@@ -52,7 +56,7 @@ class AsyncGossip:
         self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one), timeout)
         loop = ActiveLoop if self.active else PassiveLoop
         self._loop: GossipLoop = loop(self._shared, rank, pairing, control_group, data_group,
-                                      timeout)
+                                      timeout, heartbeat)
         self._thread: threading.Thread | None = None
         self._steps = 0
 
@@ -102,7 +106,8 @@ class AsyncGossip:
                 # A passive whose actives have all ended the phase gets no more gossip: go on.
                 bound = self.max_staleness
                 shared.wait_for(lambda: self._steps - box.gossiped <= bound or clock.quiet,
-                                "waiting for gossip to catch up (max_staleness)", count=True)
+                                f"waiting for gossip to catch up (max_staleness={bound})",
+                                count=True)
 
     def quiesce(self) -> None:
         """End the current phase: finish in-flight gossip everywhere, apply every delta."""
@@ -113,7 +118,8 @@ class AsyncGossip:
                 return
             phase = clock.request_end()
             shared.cv.notify_all()
-            shared.wait_for(lambda: clock.is_ended(phase), "waiting for the gossip phase to end")
+            shared.wait_for(lambda: clock.is_ended(phase),
+                            f"waiting for the gossip phase {phase} to end")
             shared.handoff.wait_for_thread()
             shared.mailbox.apply_all(self._steps)
             clock.close()

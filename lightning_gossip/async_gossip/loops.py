@@ -18,6 +18,7 @@ import torch.distributed as dist
 from lightning_gossip._compat import work_source_rank
 from lightning_gossip.async_gossip.state import SharedState
 from lightning_gossip.exchange import pairwise_exchange, wait_all
+from lightning_gossip.liveness import Heartbeat, wait_for_peers
 from lightning_gossip.pairing import Pairing
 
 __all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
@@ -42,6 +43,8 @@ class GossipLoop:
         control_group: a gloo group for the control messages.
         data_group: the group that carries snapshots.
         timeout: limit for every blocking wait.
+        heartbeat: when given, every wait fails fast (``PeerSilent``) once a rank it depends
+            on goes silent.
 
     The loop runs in the gossip thread; its buffers ``theirs`` and ``delta`` and the
     control buffer are used by that thread only.
@@ -49,8 +52,9 @@ class GossipLoop:
 
     def __init__(self, shared: SharedState, rank: int, pairing: Pairing,
                  control_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
-                 timeout: timedelta) -> None:
+                 timeout: timedelta, heartbeat: Heartbeat | None = None) -> None:
         self.shared = shared
+        self.heartbeat = heartbeat
         self.rank = rank
         self.pairing = pairing
         self.control_group = control_group
@@ -74,7 +78,10 @@ class GossipLoop:
             if fresh:
                 shared.cv.notify_all()
         view = box.view  # only this thread swaps it
-        pairwise_exchange(view, self._theirs, peer, self.data_group, self.timeout, self.rank)
+        shared.waiting_on = f"the exchange of snapshots with rank {peer}"
+        pairwise_exchange(view, self._theirs, peer, self.data_group, self.timeout, self.rank,
+                          heartbeat=self.heartbeat)
+        shared.waiting_on = "nothing (idle)"
         torch.sub(self._theirs, view, out=self._delta).mul_(0.5)
         view.add_(self._delta)
         with shared.cv:
@@ -87,19 +94,36 @@ class GossipLoop:
         """Send ``[kind, phase]`` to ``dst`` on the control group (with the timeout)."""
         msg = torch.tensor([kind, phase], dtype=torch.int64)
         work = dist.isend(msg, dst, group=self.control_group)
-        what = "request" if kind == MessageKind.REQUEST else "end-of-phase message"
-        wait_all([work], self.timeout, f"rank {self.rank} sending a gossip {what} to rank {dst}")
+        what = "request" if kind == MessageKind.REQUEST else "end-of-phase message (BYE)"
+        what = f"rank {self.rank} sending a gossip {what} for phase {phase} to rank {dst}"
+        self.shared.waiting_on = what
+        wait_all([work], self.timeout, what, heartbeat=self.heartbeat, peers=(dst,))
+        self.shared.waiting_on = "nothing (idle)"
 
-    def receive_control(self) -> tuple[MessageKind, int, int]:
-        """Receive the next control message from any rank: ``(kind, phase, sender)``."""
+    def receive_control(self, phase: int = 0, missing: tuple[int, ...] = ()
+                        ) -> tuple[MessageKind, int, int] | None:
+        """Receive the next control message from any rank: ``(kind, phase, sender)``.
+
+        ``missing``: the actives whose BYE for ``phase`` has not come yet; the only ranks that
+        may still send, so their heartbeats are watched and they are named on failure.
+        Returns ``None`` when asked to stop meanwhile (the receive is left pending).
+        """
         work = dist.irecv(self._ctrl, group=self.control_group)
-        wait_all([work], self.timeout, f"passive rank {self.rank} waiting for a gossip request")
+        what = (f"passive rank {self.rank} waiting in phase {phase} for a gossip request or the "
+                f"end-of-phase message (BYE) of rank(s) {', '.join(map(str, missing))}")
+        self.shared.waiting_on = f"a request or BYE from rank(s) {', '.join(map(str, missing))}"
+        done = wait_for_peers([work], missing, self.heartbeat, self.timeout, what,
+                              should_stop=lambda: self.shared.stop_requested)
+        self.shared.waiting_on = "nothing (idle)"
+        if not done:
+            return None
         sender = dist.get_global_rank(self.control_group, work_source_rank(work))
         raw, phase = int(self._ctrl[0]), int(self._ctrl[1])
         try:
             kind = MessageKind(raw)
         except ValueError:
-            raise RuntimeError(f"unknown gossip control message {raw} from {sender}") from None
+            raise RuntimeError(f"rank {self.rank}: unknown gossip control message {raw} from "
+                               f"rank {sender}") from None
         log.debug("rank %d: got %s from rank %d (phase %d)", self.rank, kind.name, sender, phase)
         return kind, phase, sender
 
@@ -141,20 +165,24 @@ class PassiveLoop(GossipLoop):
     def run(self) -> None:
         """Serve requests phase after phase until asked to stop."""
         shared, clock = self.shared, self.shared.clock
-        byes: dict[int, int] = {}
-        expected = len(self.pairing.contacted_by(self.rank))
+        byes: dict[int, set[int]] = {}
+        actives = tuple(sorted(self.pairing.contacted_by(self.rank)))
         while True:
             phase = clock.thread_phase  # only this thread changes it
             # Listen only while the phase is open on this rank: between phases (evaluation,
             # checkpointing) nobody sends, and that may take longer than the timeout.
             if not shared.idle_until(lambda p=phase: clock.opened >= p):
                 return
-            while byes.get(phase, 0) < expected:
-                kind, msg_phase, sender = self.receive_control()
+            while len(byes.get(phase, ())) < len(actives):
+                missing = tuple(r for r in actives if r not in byes.get(phase, ()))
+                got = self.receive_control(phase, missing)
+                if got is None:
+                    return
+                kind, msg_phase, sender = got
                 if kind == MessageKind.REQUEST:
                     self.exchange(sender)
                 else:
-                    byes[msg_phase] = byes.get(msg_phase, 0) + 1
+                    byes.setdefault(msg_phase, set()).add(sender)
             with shared.cv:
                 clock.mark_ended(phase)
                 shared.cv.notify_all()

@@ -62,6 +62,8 @@ class SharedState:
         stop_requested: set by the training thread (:meth:`request_stop`); the gossip thread
             returns at its next idle moment.
         error: the exception that ended the gossip thread (written by it, once).
+        waiting_on: what the gossip thread waits for now, naming the rank(s) (written by it;
+            read for error messages only).
     """
 
     def __init__(self, rank: int, mailbox: DeltaMailbox, timeout: timedelta) -> None:
@@ -74,6 +76,7 @@ class SharedState:
         self.stats = GossipStats()
         self.stop_requested = False
         self.error: BaseException | None = None
+        self.waiting_on = "nothing (idle)"
 
     # -- training thread (call with ``cv`` held) -------------------------------------------------
     def raise_if_failed(self) -> None:
@@ -96,7 +99,9 @@ class SharedState:
             self.raise_if_failed()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise GossipTimeout(f"rank {self.rank}: {what} took longer than {self.timeout}")
+                raise GossipTimeout(
+                    f"rank {self.rank}: {what} took longer than {self.timeout}; the gossip "
+                    f"thread is waiting for {self.waiting_on}")
             self.cv.wait(min(remaining, 1.0))
         if count:
             self.stats.staleness_waits += 1

@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.liveness import make_sigterm_check_local, wait_for_peers
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.gossip import GossipStrategy
 
@@ -54,7 +55,8 @@ class ADPSGDStrategy(GossipStrategy):
             atomic counter, so faster ranks process more batches and every sample is used once
             per epoch. Needs a map-style dataset and a ``batch_size``; validation then runs at
             epoch ends only, and the training loader has no fixed length.
-        final_average, evaluate, consensus_every_n_steps, process_group_backend, timeout:
+        final_average, evaluate, consensus_every_n_steps, process_group_backend,
+            timeout, heartbeat_timeout:
             see :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus
             distance is measured at epoch ends (the only points where all ranks meet) when
             ``consensus_every_n_steps`` is not ``None``.
@@ -111,6 +113,7 @@ class ADPSGDStrategy(GossipStrategy):
         consensus_every_n_steps: int | None = 100,
         process_group_backend: str | None = None,
         timeout: timedelta | float = default_pg_timeout,
+        heartbeat_timeout: float | None = 60.0,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -123,6 +126,7 @@ class ADPSGDStrategy(GossipStrategy):
             consensus_every_n_steps=consensus_every_n_steps,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout,
         )
         if topology is not None:
             warnings.warn(
@@ -191,9 +195,10 @@ class ADPSGDStrategy(GossipStrategy):
             self._flat, self.global_rank, self.pairing,
             control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
             max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+            heartbeat=self.heartbeat,
         )
         self.engine.start()
-        _make_sigterm_check_local(trainer)
+        make_sigterm_check_local(trainer)
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback())
 
@@ -229,8 +234,8 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """Stop the gossip thread so the process can exit."""
-        self.teardown_gossip()
+        """Stop the gossip thread so the process can exit; tell the peers at once."""
+        super().on_exception(exception)
 
     # ------------------------------------------------------------------------------------------
     # Data
@@ -257,8 +262,15 @@ class ADPSGDStrategy(GossipStrategy):
     def begin_phase(self) -> None:
         """All ranks start training together (a barrier), then gossip may flow."""
         if self.engine is not None and not self.engine.in_phase:
-            self.barrier()
+            self._meet(dist.barrier(async_op=True), "the barrier that opens a gossip phase")
             self.engine.begin_phase()
+
+    def _meet(self, work: Any, what: str) -> None:
+        """Wait for a collective on the world group, failing fast (naming the ranks) when a
+        rank stops beating (the epoch-end meeting, the start of a phase)."""
+        others = [r for r in range(self.world_size) if r != self.global_rank]
+        wait_for_peers([work], others, self.heartbeat, self.timeout,
+                       f"rank {self.global_rank} waiting for every rank at {what}")
 
     @override
     def optimizer_step(
@@ -292,7 +304,8 @@ class ADPSGDStrategy(GossipStrategy):
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         stop = torch.tensor(float(local_stop), device=self.root_device)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
+                   "the epoch-end meeting (agreeing on whether to stop)")
         if stop.item() > 0:
             trainer.should_stop = True
         if self.consensus_every_n_steps is not None:
@@ -314,6 +327,19 @@ class ADPSGDStrategy(GossipStrategy):
                     "validation values are.")
             return tensor
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
+
+        Lightning's ``Timer`` (``Trainer(max_time=...)``) broadcasts its decision after every
+        batch. Mid-epoch the ranks are at different steps, so each rank decides on its own;
+        a rank that stops ends its epoch, and at the epoch-end meeting all ranks stop together
+        (see ``docs/faults.md``).
+        """
+        if self.engine is not None and self.engine.in_phase:
+            return obj
+        return super().broadcast(obj, src)
 
     @property
     def gossip_stats(self) -> dict[str, float]:
@@ -339,21 +365,3 @@ class _PhaseCallback(Callback):
         if isinstance(strategy, ADPSGDStrategy):
             strategy.end_epoch(trainer)
 
-
-def _make_sigterm_check_local(trainer: pl.Trainer) -> None:
-    """Stop Lightning from broadcasting its SIGTERM flag on the world group every batch.
-
-    Lightning 2.6's training loop calls ``torch.distributed.broadcast`` before every batch so
-    that all ranks stop together on SIGTERM. That is a per-step collective: it would make every
-    rank wait for the slowest one (no asynchrony) and, with a staleness bound, deadlock. Under
-    AD-PSGD a rank checks its own flag instead; the other ranks then fail on their gossip links
-    (or stop at the next epoch end).
-    """
-
-    def local_sigterm_check() -> None:
-        if getattr(trainer, "received_sigterm", False):
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-            raise SIGTERMException()
-
-    _compat.replace_sigterm_broadcast(trainer, local_sigterm_check)

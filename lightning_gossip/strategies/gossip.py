@@ -32,8 +32,10 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_gossip import _compat
+from lightning_gossip.agreement import check_agreement
 from lightning_gossip.consensus import all_average, consensus_distance
 from lightning_gossip.flat import FlatState
+from lightning_gossip.liveness import Heartbeat, make_sigterm_check_local
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class GossipStrategy(ParallelStrategy, ABC):
             steps (one all-reduce of the model each time); ``None`` disables it.
         process_group_backend: ``"gloo"`` or ``"nccl"``; default from the device.
         timeout: limit for every blocking wait (process-group set-up and gossip).
+        heartbeat_timeout: seconds without a heartbeat after which a peer that this rank waits
+            for counts as frozen, killed or cut off: the wait fails naming it (see
+            ``docs/faults.md``). ``None`` disables the heartbeat (waits then end only at
+            ``timeout``).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class GossipStrategy(ParallelStrategy, ABC):
         consensus_every_n_steps: int | None = 100,
         process_group_backend: str | None = None,
         timeout: timedelta | float = default_pg_timeout,
+        heartbeat_timeout: float | None = 60.0,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -77,6 +84,9 @@ class GossipStrategy(ParallelStrategy, ABC):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
+        if heartbeat_timeout is not None and not float(heartbeat_timeout) > 0:
+            raise ValueError(
+                f"heartbeat_timeout must be positive or None, got {heartbeat_timeout!r}")
         if evaluate not in EVALUATE_CHOICES:
             raise ValueError(f"evaluate must be one of {EVALUATE_CHOICES}, got {evaluate!r}")
         if consensus_every_n_steps is not None and (
@@ -100,6 +110,9 @@ class GossipStrategy(ParallelStrategy, ABC):
         self.consensus_every_n_steps = consensus_every_n_steps
         self._process_group_backend = process_group_backend
         self._timeout = timeout
+        self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
+        #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
+        self.heartbeat: Heartbeat | None = None
         self._num_nodes = 1
         self._flat: FlatState | None = None
         self._local_backup: Tensor | None = None
@@ -191,6 +204,50 @@ class GossipStrategy(ParallelStrategy, ABC):
         _compat.init_dist_connection(
             self.cluster_environment, self._process_group_backend, **kwargs
         )
+        self.start_heartbeat()
+
+    def start_heartbeat(self) -> None:
+        """Start this rank's :class:`~lightning_gossip.liveness.Heartbeat` (once per process
+        group; nothing with ``heartbeat_timeout=None`` or a single process)."""
+        if self.heartbeat_timeout is None or self.world_size <= 1:
+            return
+        if self.heartbeat is None:
+            self.heartbeat = Heartbeat.connect(self.global_rank, self.world_size,
+                                               self.heartbeat_timeout,
+                                               fallback=_compat.default_store())
+        self.heartbeat.start()
+
+    def stop_heartbeat(self, failed: bool = False) -> None:
+        """Stop beating; ``failed`` also tells the peers at once that this rank is gone."""
+        if self.heartbeat is not None:
+            self.heartbeat.leave(failed)
+
+    def gossip_config(self) -> dict[str, Any]:
+        """This rank's gossip configuration, compared between ranks at set-up
+        (:func:`~lightning_gossip.agreement.check_agreement`).
+
+        Every public attribute with a plain value (bool, int, float, str, None) and the
+        ``repr`` of a few others, plus the strategy, world and node sizes. Subclasses may add.
+        """
+        skip = {"step", "last_consensus_distance", "heartbeat"}
+        config: dict[str, Any] = {
+            "strategy": type(self).__name__,
+            "world_size": self.world_size,
+            "num_nodes": self.num_nodes,
+            "processes_per_node": self.num_processes,
+            "process_group_backend": self.process_group_backend,
+            "timeout_s": self.timeout.total_seconds(),
+        }
+        for name, value in vars(self).items():
+            if name.startswith("_") or name in skip:
+                continue
+            if value is None or isinstance(value, (bool, int, float, str)):
+                config[name] = value
+            elif isinstance(value, torch.dtype):
+                config[name] = str(value)
+            elif name.endswith("_spec") or isinstance(value, (tuple, list, dict)):
+                config[name] = _plain_repr(value)
+        return config
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
@@ -216,8 +273,10 @@ class GossipStrategy(ParallelStrategy, ABC):
                 "without gossip."
             )
             return
+        check_agreement(self.gossip_config(), self.global_rank, self.world_size)
         self._check_replicas_match()
         if fitting:
+            make_sigterm_check_local(trainer)  # a SIGTERM on any rank ends it (docs/faults.md)
             self._broadcast_initial_weights()
             self.setup_gossip(trainer)
 
@@ -408,10 +467,25 @@ class GossipStrategy(ParallelStrategy, ABC):
         return self.last_consensus_distance
 
     @override
-    def teardown(self) -> None:
-        """Stop gossip, then Lightning's own teardown."""
+    def on_exception(self, exception: BaseException) -> None:
+        """This rank failed: stop gossip and tell the peers at once (heartbeat ``leave``)."""
         self.teardown_gossip()
+        self.stop_heartbeat(failed=True)
+
+    @override
+    def teardown(self) -> None:
+        """Stop gossip and the heartbeat, then Lightning's own teardown."""
+        self.teardown_gossip()
+        self.stop_heartbeat()
         super().teardown()
+
+
+def _plain_repr(value: Any) -> str:
+    """``repr`` of a configuration value; arrays (explicit mixing matrices) by their contents."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    text = repr(value)
+    return type(value).__name__ if " at 0x" in text else text
 
 
 def _describe(sig: tuple[str, tuple[int, ...], str] | None) -> str:

@@ -1,0 +1,73 @@
+"""Configuration agreement: every rank must run the same gossip configuration.
+
+Two ranks given a different ``topology``, ``seed`` or ``pairing`` would mix with different
+matrices (or wait for partners that never call) and train wrong or hang, silently. At set-up
+every rank contributes its configuration (a flat dict of plain values, see
+:meth:`~lightning_gossip.strategies.gossip.GossipStrategy.gossip_config`) to one
+``all_gather_object``, and every rank fails with the same message listing each difference.
+
+Example::
+
+    >>> configs = [{"seed": 0, "topology": "ring"}, {"seed": 0, "topology": "ring"},
+    ...            {"seed": 5, "topology": "ring"}]
+    >>> config_differences(configs)
+    ['seed: 0 on rank(s) 0, 1; 5 on rank(s) 2']
+    >>> config_differences(configs[:2])
+    []
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["ConfigMismatch", "check_agreement", "config_differences"]
+
+
+class ConfigMismatch(ValueError):
+    """The ranks were given different gossip configurations.
+
+    Attributes:
+        differences: one line per differing key (see :func:`config_differences`).
+    """
+
+    def __init__(self, message: str, differences: Sequence[str]) -> None:
+        super().__init__(message)
+        self.differences = list(differences)
+
+
+def config_differences(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per key whose value is not the same on every rank (``configs[r]`` is rank r's).
+
+    A key missing on a rank counts as the value ``<missing>``. Values are compared by ``repr``.
+    """
+    keys = sorted({k for c in configs for k in c})
+    out = []
+    for key in keys:
+        by_value: dict[str, list[int]] = {}
+        for rank, config in enumerate(configs):
+            value = repr(config[key]) if key in config else "<missing>"
+            by_value.setdefault(value, []).append(rank)
+        if len(by_value) > 1:
+            parts = [f"{v} on rank(s) {', '.join(map(str, ranks))}"
+                     for v, ranks in by_value.items()]
+            out.append(f"{key}: {'; '.join(parts)}")
+    return out
+
+
+def check_agreement(config: dict[str, Any], rank: int, world_size: int,
+                    group: dist.ProcessGroup | None = None) -> None:
+    """Gather every rank's ``config`` (a collective) and raise :class:`ConfigMismatch` on every
+    rank when they differ, with one line per differing key."""
+    if world_size <= 1:
+        return
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, config, group=group)
+    diffs = config_differences(gathered)
+    if diffs:
+        lines = "\n  ".join(diffs)
+        raise ConfigMismatch(
+            f"rank {rank}: the gossip configuration differs between ranks (every rank must "
+            f"be given the same strategy arguments, world and node sizes):\n  {lines}", diffs)

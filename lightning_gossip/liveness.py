@@ -1,0 +1,358 @@
+"""Liveness: every rank beats in the c10d store, and every wait on a peer watches those beats.
+
+A gossip wait can only end three ways: the message arrives, the configured ``timeout`` passes
+(30 minutes by default), or the peer is found to be dead. :class:`Heartbeat` makes the third
+one fast and specific. A background thread of every rank increments a counter
+``heartbeat/<rank>`` in the store that the process group already has, every ``interval``
+seconds. A rank that waits on peers (:func:`wait_for_peers`) polls its works and, every so often,
+reads the peers' counters; a counter that has not moved for ``timeout`` seconds (as measured on
+the *reader's* clock, so clocks need not agree) means the peer is frozen, killed or cut off, and
+the wait fails with :class:`PeerSilent` naming it and what was being waited for.
+
+A rank that is merely slow (a long validation, a checkpoint write, a data stall) keeps beating:
+the beat comes from its own thread, not from its training loop. When the store itself becomes
+unreachable (its host process, rank 0 under Lightning's launcher, has died or is frozen), the
+reader fails with the same error type, naming the host.
+
+A rank that fails with an exception calls :meth:`Heartbeat.leave` (``failed=True``): its counter
+jumps by :data:`DOWN`, and every rank that waits on it fails at its next check instead of after
+``timeout`` seconds. :meth:`Heartbeat.connect` opens dedicated store clients (one for the beating
+thread, one for readers) whose operations time out after ``timeout`` seconds, so that neither a
+frozen store host nor a busy shared client can block a wait for longer.
+
+Example (inside an initialised process group)::
+
+    beat = Heartbeat(default_store(), rank, world_size, timeout=60.0)
+    beat.start()
+    works = [dist.irecv(buf, src=peer, group=side_group)]
+    wait_for_peers(works, [peer], beat, timeout=timedelta(minutes=30),
+                   what=f"rank {rank} receiving the replica of rank {peer}")
+    beat.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from lightning_gossip.exchange import GossipTimeout
+
+__all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "make_sigterm_check_local",
+           "wait_for_peers"]
+
+#: added to a rank's counter when it leaves after an error: readers see it at once
+DOWN = 1 << 40
+#: seconds a wait still gives its works once a peer is found silent (its last message may be
+#: on its way)
+GRACE_S = 1.0
+
+
+_current: Heartbeat | None = None
+
+
+def current() -> Heartbeat | None:
+    """The heartbeat this process runs (the last one started and not stopped), or ``None``.
+
+    The exchange primitives (:mod:`lightning_gossip.exchange`) watch it when no heartbeat is
+    passed to them, so every gossip wait of a strategy is covered.
+    """
+    return _current
+
+
+def _key(rank: int) -> str:
+    # torchrun's agent keeps its store across restarts: one key space per restart round
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"lightning_gossip/heartbeat/{restart}/{rank}"
+
+
+class PeerSilent(GossipTimeout):
+    """A rank that others wait on stopped beating (frozen, killed or cut off).
+
+    Attributes:
+        ranks: the silent ranks.
+    """
+
+    def __init__(self, message: str, ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class Heartbeat:
+    """Publishes this rank's beat in a c10d store and tells which peers went silent.
+
+    Args:
+        store: a store shared by all ranks (the default group's, or a prefixed one).
+        rank: this rank.
+        world_size: number of ranks.
+        timeout: seconds without a beat after which a peer counts as silent.
+        interval: seconds between this rank's beats; default ``timeout / 10`` within
+            [0.2, 5] s.
+        writer_store: the store the beating thread writes to (default ``store``); a separate
+            client keeps a slow write from delaying the readers.
+        store_host: the rank that hosts the store (``0`` under Lightning's launcher), named
+            when the store cannot be reached; ``None`` when it is a launcher (torchrun's agent).
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float = 60.0,
+                 interval: float | None = None, writer_store: dist.Store | None = None,
+                 store_host: int | None = None) -> None:
+        if timeout <= 0:
+            raise ValueError(f"heartbeat timeout must be positive, got {timeout}")
+        self.store = store
+        self.writer_store = writer_store if writer_store is not None else store
+        self.store_host = store_host
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.interval = float(interval) if interval is not None else min(
+            5.0, max(0.2, self.timeout / 10))
+        # reader side (any thread that waits): last counter seen and when it last moved
+        self._seen: dict[int, tuple[int, float]] = {}
+        self._seen_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store_error: BaseException | None = None
+        self._down: set[int] = set()
+
+    @classmethod
+    def connect(cls, rank: int, world_size: int, timeout: float = 60.0,
+                fallback: dist.Store | None = None) -> Heartbeat:
+        """A heartbeat on dedicated clients of the rendezvous store (``MASTER_ADDR/PORT``).
+
+        Their operations time out after ``timeout`` seconds, so a frozen store host is reported
+        within about ``timeout`` too. Without ``MASTER_ADDR``/``MASTER_PORT`` (or when the
+        connection fails) ``fallback`` (e.g. the default group's store) is used for both.
+        """
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        host = None if "TORCHELASTIC_RUN_ID" in os.environ else 0
+        clients: list[dist.Store] = []
+        if addr and port:
+            try:
+                for _ in range(2):
+                    clients.append(dist.TCPStore(
+                        addr, int(port), world_size, is_master=False,
+                        timeout=timedelta(seconds=timeout), wait_for_workers=False))
+            except Exception:  # noqa: BLE001 - fall back to the shared client
+                clients = []
+        if not clients:
+            if fallback is None:
+                raise RuntimeError("Heartbeat.connect: no MASTER_ADDR/MASTER_PORT and no store")
+            clients = [fallback, fallback]
+        return cls(clients[0], rank, world_size, timeout, writer_store=clients[1],
+                   store_host=host)
+
+    # -- writer -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Beat once now, then every ``interval`` seconds from a daemon thread (idempotent)."""
+        global _current
+        if self._thread is not None:
+            return
+        self._beat()
+        _current = self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"lightning-gossip-heartbeat-{self.rank}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating (idempotent). Peers that still wait on this rank will see it silent."""
+        global _current
+        if _current is self:
+            _current = None
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval + 1.0)
+        self._thread = None
+
+    def leave(self, failed: bool) -> None:
+        """Stop beating; with ``failed`` also tell every reader at once that this rank is gone.
+
+        Called when this rank ends with an error: its peers fail at their next check (well
+        under a second) instead of after ``timeout``. Never raises.
+        """
+        self.stop()
+        if failed:
+            try:
+                self.writer_store.add(_key(self.rank), DOWN)
+            except Exception:  # noqa: BLE001, S110 - the store is gone: readers notice that too
+                pass
+
+    @property
+    def running(self) -> bool:
+        """Whether the beating thread runs."""
+        return self._thread is not None
+
+    def _beat(self) -> None:
+        self.writer_store.add(_key(self.rank), 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+            except Exception as e:  # noqa: BLE001 - the store host is gone; readers report it
+                self._store_error = e
+                return
+
+    # -- reader -----------------------------------------------------------------------------------
+    def silent(self, ranks: Iterable[int]) -> list[int]:
+        """The ranks among ``ranks`` whose beat has not moved for ``timeout`` seconds, and
+        those that left after an error (:meth:`leave`).
+
+        The first call for a rank starts its clock. Raises :class:`PeerSilent` (naming the
+        store's host, or all of ``ranks``) when the store cannot be reached.
+        """
+        ranks = list(ranks)
+        now = time.monotonic()
+        out = []
+        for r in ranks:
+            if r == self.rank:
+                continue
+            try:
+                count = int(self.store.add(_key(r), 0))
+            except Exception as e:  # noqa: BLE001
+                host = (f"rank {self.store_host}" if self.store_host is not None
+                        else "the launcher (torchrun's agent)")
+                culprits = [self.store_host] if self.store_host is not None else ranks
+                raise PeerSilent(
+                    f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
+                    f"({e}); that process has exited or is frozen", culprits) from e
+            if count >= DOWN:
+                with self._seen_lock:
+                    self._down.add(r)
+                out.append(r)
+                continue
+            with self._seen_lock:
+                last = self._seen.get(r)
+                if last is None or last[0] != count:
+                    self._seen[r] = (count, now)
+                elif now - last[1] > self.timeout:
+                    out.append(r)
+        return out
+
+    def describe(self, silent: Sequence[int]) -> str:
+        """Why ``silent`` (from :meth:`silent`) count as silent, naming them."""
+        with self._seen_lock:
+            down = [r for r in silent if r in self._down]
+        quiet = [r for r in silent if r not in down]
+        parts = []
+        if down:
+            parts.append(f"rank(s) {_ranks(down)} failed with an error and left the run")
+        if quiet:
+            parts.append(f"rank(s) {_ranks(quiet)} sent no heartbeat for more than "
+                         f"{self.timeout:g} s (frozen, killed or cut off)")
+        return "; ".join(parts)
+
+    def seconds_since_beat(self, rank: int) -> float | None:
+        """Seconds since this reader last saw ``rank``'s counter move (None if never read)."""
+        with self._seen_lock:
+            last = self._seen.get(rank)
+        return None if last is None else time.monotonic() - last[1]
+
+
+def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: Heartbeat | None,
+                   timeout: timedelta, what: str,
+                   should_stop: Callable[[], bool] | None = None) -> bool:
+    """Wait for every work to complete, failing fast if a peer it depends on goes silent.
+
+    Args:
+        works: the pending ``dist.Work`` objects (sends and receives).
+        peers: the ranks these works depend on (checked for liveness).
+        heartbeat: the rank's :class:`Heartbeat`; ``None`` disables the liveness check (then
+            this is a plain wait with a timeout).
+        timeout: overall limit; then :class:`GossipTimeout` naming ``what`` and ``peers``.
+        what: what is being waited for, for error messages ("rank 3 receiving ...").
+        should_stop: polled too; when it returns ``True`` the wait is abandoned and ``False``
+            is returned (the works are left pending).
+
+    Returns:
+        ``True`` when every work completed.
+    """
+    peers = sorted(set(peers))
+    deadline = time.monotonic() + timeout.total_seconds()
+    if (heartbeat is None and should_stop is None) or all(w.is_completed() for w in works):
+        _wait_blocking(works, timeout, what, peers)
+        return True
+    # gloo's send/recv works complete only inside ``wait()`` (``is_completed`` stays False), so
+    # a helper thread waits and this thread watches it, the deadline, the stop flag and the
+    # heartbeats. An abandoned helper ends with its works (or at ``timeout``).
+    waiter = _Waiter(works, timeout, what, peers)
+    # a wait that ends within a beat costs no store read
+    next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
+    while not waiter.done.wait(0.005 if heartbeat is None else min(0.05, heartbeat.interval)):
+        now = time.monotonic()
+        if now >= deadline:
+            raise GossipTimeout(f"{what} did not complete within {timeout} "
+                                f"(waiting on rank(s) {_ranks(peers)})")
+        if should_stop is not None and should_stop():
+            return False
+        if heartbeat is not None and now >= next_check:
+            next_check = now + min(1.0, heartbeat.interval)
+            silent = heartbeat.silent(peers)
+            if silent and not waiter.done.wait(GRACE_S):
+                raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
+    if waiter.error is not None:
+        raise waiter.error
+    return True
+
+
+class _Waiter:
+    """A daemon thread that waits for ``works`` (blocking) and records the outcome."""
+
+    def __init__(self, works: Sequence[dist.Work], timeout: timedelta, what: str,
+                 peers: Sequence[int]) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        args = (list(works), timeout, what, list(peers))
+        threading.Thread(target=self._run, args=args, daemon=True,
+                         name="lightning-gossip-wait").start()
+
+    def _run(self, works: list, timeout: timedelta, what: str, peers: list[int]) -> None:
+        try:
+            _wait_blocking(works, timeout, what, peers)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.error = e
+        finally:
+            self.done.set()
+
+
+def make_sigterm_check_local(trainer: Any) -> None:
+    """Make a SIGTERM end the rank that received it, at its next batch, on its own.
+
+    Lightning 2.6 broadcasts rank 0's SIGTERM flag before every batch: a per-step collective
+    (under AD-PSGD it would force lockstep and can deadlock), and a SIGTERM sent to any other
+    rank is ignored. Here each rank checks its own flag and raises ``SIGTERMException``; the
+    strategy's ``on_exception`` then tells its peers (:meth:`Heartbeat.leave`), which fail
+    within about a second naming it. Under SLURM or torchrun every rank gets the signal anyway.
+    """
+    from lightning_gossip import _compat
+
+    def local_sigterm_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            raise SIGTERMException()
+
+    _compat.replace_sigterm_broadcast(trainer, local_sigterm_check)
+
+
+def _wait_blocking(works: Sequence[dist.Work], timeout: timedelta, what: str,
+                   peers: Sequence[int]) -> None:
+    for w in works:
+        try:
+            ok = w.wait(timeout)
+        except RuntimeError as e:  # gloo raises on timeout or when a peer went away
+            raise GossipTimeout(f"{what} failed or timed out after {timeout} "
+                                f"(waiting on rank(s) {_ranks(peers)}): {e}") from e
+        if ok is False:
+            raise GossipTimeout(f"{what} did not complete within {timeout} "
+                                f"(waiting on rank(s) {_ranks(peers)})")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks) if ranks else "none"

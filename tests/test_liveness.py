@@ -1,0 +1,85 @@
+"""Heartbeats on real processes: a slow peer is tolerated, a failed or frozen one is named."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from lightning_gossip.liveness import DOWN, Heartbeat, PeerSilent, wait_for_peers
+from tests.launch import ROOT, free_port, run_torchrun
+from tests.scripts import liveness_ranks
+
+
+@pytest.mark.multiprocess
+def test_slow_peer_tolerated_failed_and_frozen_peers_named():
+    out = run_torchrun(ROOT / "tests/scripts/liveness_ranks.py", nprocs=3, timeout=300).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, out[-6000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    # the late message arrived: a live but slow rank is no false alarm
+    assert result["slow_sum"] == 4.0
+    assert result["slow_s"] >= liveness_ranks.SLOW_SEND_S - 0.5
+    ranks, message, seconds = result["left"]
+    assert ranks == [1]
+    assert "rank 0 receiving the replica of rank 1" in message
+    assert "rank(s) 1 failed with an error" in message
+    ranks, message, seconds = result["frozen"]
+    assert ranks == [2], message
+    assert "rank 0 receiving the replica of rank 2" in message
+    assert "rank(s) 2 sent no heartbeat" in message
+    # named after about the heartbeat timeout, far below the 120 s wait limit
+    assert seconds < liveness_ranks.HB_TIMEOUT + 30
+    print(f"frozen rank named after {seconds:.1f} s (heartbeat_timeout "
+          f"{liveness_ranks.HB_TIMEOUT} s); failed rank named after {result['left'][2]:.2f} s")
+
+
+def test_unreachable_store_is_reported_as_silence():
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=5))
+    client = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=5))
+    beat = Heartbeat(client, 1, 2, timeout=1.0, store_host=0)
+    assert beat.silent([0]) == []  # first read starts the clock
+    del server  # the host of the store goes away
+    with pytest.raises(PeerSilent, match="store hosted by rank 0 is unreachable") as info:
+        for _ in range(50):
+            beat.silent([0])
+            time.sleep(0.1)
+    assert info.value.ranks == (0,)
+
+
+def test_left_rank_is_seen_at_once_and_counts_move():
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    a = Heartbeat(store, 0, 2, timeout=30.0, interval=0.2)
+    b = Heartbeat(store, 1, 2, timeout=30.0, interval=0.2)
+    b.start()
+    assert b.running and a.silent([1]) == []
+    time.sleep(0.5)
+    assert a.silent([1]) == [] and a.seconds_since_beat(1) < 1.0
+    b.leave(failed=True)
+    assert not b.running
+    assert a.silent([1]) == [1]  # no need to wait for the 30 s timeout
+    assert "rank(s) 1 failed with an error" in a.describe([1])
+    assert int(store.add("lightning_gossip/heartbeat/0/1", 0)) >= DOWN
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="heartbeat timeout must be positive"):
+        Heartbeat(None, 0, 2, timeout=0)
+
+
+def test_plain_wait_without_heartbeat_completes():
+    class Done:
+        def is_completed(self):
+            return True
+
+        def wait(self, timeout=None):
+            return True
+
+    assert wait_for_peers([Done()], [1], None, timedelta(seconds=1), "nothing")
