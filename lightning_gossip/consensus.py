@@ -17,6 +17,10 @@ The per-rank term needs no process group:
     0.25
     >>> float(relative_distance(torch.tensor([1.0]), torch.tensor([0.0])))  # zero mean
     1.0
+    >>> check_every("global_average_every_n_steps", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: global_average_every_n_steps must be a positive integer or None, got 0
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_average", "consensus_distance", "relative_distance"]
+__all__ = ["all_average", "check_every", "consensus_distance", "relative_distance"]
 
 
 def all_average(flat: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
@@ -49,3 +53,13 @@ def consensus_distance(flat: Tensor, group: dist.ProcessGroup | None = None) -> 
     local = relative_distance(flat, mean).to(flat.device)
     dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
     return float(local) / dist.get_world_size(group)
+
+
+def check_every(name: str, value: int | None) -> int | None:
+    """``value`` if it is a positive integer or ``None`` (an "every n steps" option), else
+    ``ValueError`` naming the option ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return value

@@ -1,0 +1,188 @@
+"""Nodes as super-learners: the rank layout, its process groups, and sharded inter-node gossip.
+
+With ``DPSGDStrategy(hierarchical=True)`` the ranks of a node (the same ``node_rank``) act as
+one learner: gradients are averaged inside the node every step, so the node's ranks hold
+bit-identical weights, and gossip runs between nodes only. Lightning numbers ranks
+``global_rank = node_rank * devices + local_rank``; :class:`NodeLayout` holds that numbering.
+
+The inter-node exchange is sharded: the flat replica is cut into ``devices`` equal slices
+(zero-padded), local rank ``l`` exchanges slice ``l`` with local rank ``l`` of the peer nodes
+on its *column* group (the ranks with local rank ``l`` on every node), and the node then
+all-gathers the mixed slices on its *node* group. Every inter-node link carries ``1/devices``
+of the replica.
+
+Example::
+
+    >>> layout = NodeLayout(num_nodes=2, devices=2, node=1, local=0)
+    >>> layout.rank, layout.node_ranks(1), layout.column_ranks(0)
+    (2, [2, 3], [0, 2])
+    >>> layout.shard_size(5)  # 5 values in 2 slices of 3 (one padding value)
+    3
+    >>> check_layout([(0, 0, 0), (1, 0, 1), (2, 1, 0)], num_nodes=2, devices=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: hierarchical gossip needs 2 nodes of 2 ranks each, but node 1 has 1 rank(s) \
+(global ranks [2]); every node must run the same number of processes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_gossip.compression import pairwise_delta, quantize
+from lightning_gossip.exchange import NeighborExchange
+from lightning_gossip.topology import Peers
+
+__all__ = ["NodeGroups", "NodeLayout", "ShardedExchange", "check_layout", "make_node_groups"]
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where this rank sits: ``num_nodes`` nodes of ``devices`` ranks, this rank's node and
+    local rank."""
+
+    num_nodes: int
+    devices: int
+    node: int
+    local: int
+
+    @property
+    def rank(self) -> int:
+        """This rank's global rank, ``node * devices + local``."""
+        return self.node * self.devices + self.local
+
+    def node_ranks(self, node: int) -> list[int]:
+        """The global ranks of ``node``."""
+        return [node * self.devices + k for k in range(self.devices)]
+
+    def column_ranks(self, local: int) -> list[int]:
+        """The global ranks with local rank ``local`` (one per node)."""
+        return [n * self.devices + local for n in range(self.num_nodes)]
+
+    def shard_size(self, numel: int) -> int:
+        """Length of one slice when ``numel`` values are cut into ``devices`` equal slices."""
+        return -(-numel // self.devices)
+
+    def column_peers(self, node_peers: Peers) -> Peers:
+        """This rank's peers in its column, from its node's peers in the topology over nodes."""
+        col = self.local
+        return Peers(
+            rank=self.rank,
+            self_weight=node_peers.self_weight,
+            recv_from=tuple((j * self.devices + col, w) for j, w in node_peers.recv_from),
+            send_to=tuple(r * self.devices + col for r in node_peers.send_to),
+        )
+
+
+def check_layout(entries: list[tuple[int, int, int]], num_nodes: int, devices: int) -> None:
+    """Check ``(global_rank, node_rank, local_rank)`` of every rank against the node layout.
+
+    Raises ``ValueError`` (the same on every rank, since every rank checks the same gathered
+    list) when the nodes differ in size or a rank is not numbered
+    ``node_rank * devices + local_rank``.
+    """
+    by_node: dict[int, list[int]] = {}
+    for rank, node, _local in sorted(entries):
+        by_node.setdefault(node, []).append(rank)
+    for node in sorted(by_node):
+        ranks = by_node[node]
+        if len(ranks) != devices or not 0 <= node < num_nodes:
+            raise ValueError(
+                f"hierarchical gossip needs {num_nodes} nodes of {devices} ranks each, but node "
+                f"{node} has {len(ranks)} rank(s) (global ranks {ranks}); every node must run "
+                "the same number of processes"
+            )
+    if len(by_node) != num_nodes:
+        raise ValueError(
+            f"hierarchical gossip needs {num_nodes} nodes, found ranks on nodes "
+            f"{sorted(by_node)}"
+        )
+    for rank, node, local in entries:
+        if rank != node * devices + local:
+            raise ValueError(
+                f"rank {rank} is on node {node} with local rank {local}, but hierarchical gossip "
+                f"needs global rank = node_rank * {devices} + local_rank = "
+                f"{node * devices + local}"
+            )
+
+
+@dataclass
+class NodeGroups:
+    """This rank's process groups: its node (all-reduce, all-gather) and its column (gossip)."""
+
+    node: dist.ProcessGroup
+    column: dist.ProcessGroup
+
+
+def make_node_groups(layout: NodeLayout, backend: str | None,
+                     timeout: timedelta) -> NodeGroups:
+    """Create every node group, then every column group, on every rank in the same order
+    (``dist.new_group`` is collective over the default group), and return this rank's."""
+    node_group = column_group = None
+    for n in range(layout.num_nodes):
+        g = dist.new_group(layout.node_ranks(n), backend=backend, timeout=timeout)
+        if n == layout.node:
+            node_group = g
+    for k in range(layout.devices):
+        g = dist.new_group(layout.column_ranks(k), backend=backend, timeout=timeout)
+        if k == layout.local:
+            column_group = g
+    assert node_group is not None and column_group is not None
+    return NodeGroups(node_group, column_group)
+
+
+class ShardedExchange:
+    """One round of gossip between nodes: this rank's slice with its column, then the node's
+    all-gather of the mixing change.
+
+    Args:
+        snapshot: the node replica ``x_t`` (fp32, ``devices * shard`` long, zero-padded); must
+            not change until :meth:`delta` returns.
+        layout: the node layout.
+        node_peers: this node's peers at this step, in the topology over nodes.
+        groups: this rank's node and column groups.
+        wire_dtype: what is sent (``torch.float32``, ``bfloat16`` or ``float16``).
+        buffers: reusable wire buffers (``[send, recv...]``) of an earlier round, or ``None``.
+    """
+
+    def __init__(self, snapshot: Tensor, layout: NodeLayout, node_peers: Peers,
+                 groups: NodeGroups, wire_dtype: torch.dtype,
+                 buffers: list[Tensor] | None = None) -> None:
+        self.snapshot = snapshot
+        self.layout = layout
+        self.groups = groups
+        size = snapshot.numel() // layout.devices
+        self.shard = snapshot[layout.local * size:(layout.local + 1) * size]
+        bufs = list(buffers or [])
+        send = bufs.pop(0) if bufs else torch.empty(size, dtype=wire_dtype,
+                                                    device=snapshot.device)
+        if wire_dtype == torch.float32:
+            send.copy_(self.shard)
+        else:
+            quantize(self.shard, wire_dtype, out=send)
+        self.exchange = NeighborExchange(send, layout.column_peers(node_peers), groups.column,
+                                         recv_buffers=bufs)
+
+    @property
+    def buffers(self) -> list[Tensor]:
+        """The wire buffers ``[send, recv...]``, for reuse by a later round."""
+        return [self.exchange.send] + [b for _, b in self.exchange.recv]
+
+    def delta(self, timeout: timedelta, step: int, out: Tensor) -> Tensor:
+        """Wait, then ``out`` (like ``snapshot``) = ``sum_j W_ij (x_j - x_i)`` for the whole node
+        replica (each slice computed by its local rank and all-gathered on the node group)."""
+        ex = self.exchange
+        ex.wait(timeout, step=step)
+        size = self.shard.numel()
+        slices = list(out.split(size))
+        mine = slices[self.layout.local]
+        theirs = [(buf, w) for (_, buf), (_, w) in zip(ex.recv, ex.peers.recv_from)]
+        pairwise_delta(ex.send, theirs, out=mine)
+        if self.layout.devices > 1:
+            dist.all_gather(slices, mine.clone(), group=self.groups.node)
+        return out
