@@ -43,16 +43,23 @@ GA_FLAT = Case("ga_flat", batches=7, strategy_kwargs={
     "final_average": False, "topology": "ring", "global_average_every_n_steps": EVERY}, **_BASE)
 GA_HIER = Case("ga_hier", batches=7, lr=0.5, strategy_kwargs={
     **_H, "global_average_every_n_steps": EVERY}, **_BASE)
+AD_GA = Case("ad_ga", strategy="adpsgd", epochs=2, strategy_kwargs={
+    "final_average": False, "global_average_every_n_steps": 4, "timeout": 60,
+    "consensus_every_n_steps": 1}, log=True, **_BASE)
 _DIGITS = dict(task="digits", lr=0.05, epochs=4, val_batches=1.0, different_init=False,
                batch_size=16, num_nodes=NODES)
 CONV_HIER = Case("conv_hier", strategy_kwargs={"hierarchical": True}, **_DIGITS)
 CONV_HIER_BF16 = Case("conv_hier_bf16",
                       strategy_kwargs={"hierarchical": True, "wire_dtype": "bf16"}, **_DIGITS)
 TORCHRUN_CASES = [HIER_EXACT, HIER_BLOCKING, HIER_DELAY, HIER_TRAIN, HIER_BF16, BF16_RING,
-                  BF16_RANDOM_RING, FP16_RING, GA_FLAT, GA_HIER, CONV_HIER, CONV_HIER_BF16]
+                  BF16_RANDOM_RING, FP16_RING, GA_FLAT, GA_HIER, AD_GA, CONV_HIER, CONV_HIER_BF16]
 
 SLURM_TRAIN = replace(HIER_TRAIN, name="slurm_hier_train")
-SLURM_CASES = [SLURM_TRAIN]
+SLURM_BF16 = replace(HIER_TRAIN, name="slurm_hier_bf16",
+                     strategy_kwargs={**HIER_TRAIN.strategy_kwargs, "wire_dtype": "bf16"})
+SLURM_FLAT = replace(HIER_TRAIN, name="slurm_flat",
+                     strategy_kwargs={**HIER_TRAIN.strategy_kwargs, "hierarchical": False})
+SLURM_CASES = [SLURM_TRAIN, SLURM_BF16, SLURM_FLAT]
 
 _done: dict[str, Path] = {}
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from lightning_gossip.hierarchy import NodeLayout, check_layout
-from lightning_gossip.strategies import DPSGDStrategy
+from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
 from tests import multinode as M
+from tests.cases import consensus_by_epoch
 
-pytestmark = pytest.mark.multiprocess
+multiprocess = pytest.mark.multiprocess
 FP32 = dict(rtol=0, atol=2e-6)
 
 
@@ -44,6 +45,7 @@ def _node_rows(x: np.ndarray) -> np.ndarray:
     return x[:: M.DEVICES]
 
 
+@multiprocess
 @pytest.mark.parametrize("case", [M.HIER_EXACT, M.HIER_BLOCKING, M.HIER_DELAY],
                          ids=lambda c: c.name)
 def test_node_replicas_follow_the_node_mixing_matrix(run, case):
@@ -61,6 +63,7 @@ def test_node_replicas_follow_the_node_mixing_matrix(run, case):
     assert np.abs(x0[0] - x0[1]).max() > 0.1 and np.abs(want[-1] - x0).max() > 1e-3
 
 
+@multiprocess
 def test_training_keeps_node_ranks_bit_identical(run):
     results = M.results(run, M.HIER_TRAIN)
     assert results[0]["global_step"] == M.HIER_TRAIN.batches
@@ -70,6 +73,7 @@ def test_training_keeps_node_ranks_bit_identical(run):
     assert np.abs(finals[0] - np.array(results[0]["start_weights"])).max() > 1e-3  # it trained
 
 
+@multiprocess
 @pytest.mark.parametrize("case", [M.BF16_RING, M.BF16_RANDOM_RING, M.FP16_RING, M.HIER_BF16],
                          ids=lambda c: c.name)
 def test_compressed_wire_keeps_the_mean_and_reaches_consensus(run, case):
@@ -91,6 +95,7 @@ def test_compressed_wire_keeps_the_mean_and_reaches_consensus(run, case):
     assert dists[len(dists) // 2] < 1e-2 * d0, dists  # it got there by contracting
 
 
+@multiprocess
 @pytest.mark.parametrize("case", [M.GA_FLAT, M.GA_HIER], ids=lambda c: c.name)
 def test_global_average_makes_replicas_equal(run, case):
     results = M.results(run, case)
@@ -103,6 +108,19 @@ def test_global_average_makes_replicas_equal(run, case):
             assert spread > 1e-3, f"replicas already equal at step {t + 1}"
 
 
+@multiprocess
+def test_adpsgd_global_average_at_epoch_end(run):
+    results = M.results(run, M.AD_GA)
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)
+    final = np.array([r["final"] for r in results], dtype=np.float64)
+    assert np.abs(x0 - x0[0]).max() > 0.1
+    assert (final == final[0]).all()  # averaged at the last epoch end
+    np.testing.assert_allclose(final[0], x0.mean(0), rtol=0, atol=1e-5)  # lr = 0: the mean
+    dists = consensus_by_epoch(run / M.AD_GA.name)
+    assert dists == [0.0, 0.0], dists  # logged after the average at both epoch ends
+
+
+@multiprocess
 def test_hierarchical_digits_converges(run):
     acc = {c.name: M.results(run, c)[0]["val_acc"] for c in (M.CONV_HIER, M.CONV_HIER_BF16)}
     print("digits held-out accuracy (2 nodes x 2):", acc)
@@ -110,12 +128,23 @@ def test_hierarchical_digits_converges(run):
     assert acc["conv_hier_bf16"] > 0.9, acc
 
 
+@multiprocess
 def test_fake_slurm_two_nodes_hierarchical_fit(tmp_path_factory):
     folder = M.slurm_run(tmp_path_factory)
     results = M.results(folder, M.SLURM_TRAIN)
     assert {r["cluster_env"] for r in results} == {"SLURMEnvironment"}
     assert [r["rank"] for r in results] == list(range(M.WORLD))
     _assert_identical_in_nodes(results)
+    _assert_identical_in_nodes(M.results(folder, M.SLURM_BF16))
+    # bytes each rank sends per step: hierarchical = flat / devices; bf16 = fp32 / 2
+    per_step = {c.name: [r["gossip_stats"]["sent_bytes"] / r["gossip_stats"]["exchanges"]
+                         for r in M.results(folder, c)]
+                for c in (M.SLURM_TRAIN, M.SLURM_BF16, M.SLURM_FLAT)}
+    print("gossip bytes per rank per step:", per_step)
+    hier, bf16, flat = (per_step[c.name] for c in (M.SLURM_TRAIN, M.SLURM_BF16, M.SLURM_FLAT))
+    assert all(b == h / 2 for b, h in zip(bf16, hier))
+    # a ring of 2 nodes: one peer node; the flat random ring of 4 ranks: two peers
+    assert all(h <= f / M.DEVICES for h, f in zip(hier, flat))
 
 
 # -- set-up checks (no processes) ---------------------------------------------------------------
@@ -146,6 +175,11 @@ def test_constructor_rejects_bad_options():
         DPSGDStrategy(global_average_every_n_steps=0)
     s = DPSGDStrategy(hierarchical=True, wire_dtype="bf16", global_average_every_n_steps=5)
     assert s.hierarchical and s.wire_dtype == "bf16" and s.global_average_every_n_steps == 5
+    assert ADPSGDStrategy(global_average_every_n_steps=2).global_average_every_n_steps == 2
+    with pytest.raises(ValueError, match="global_average_every_n_steps"):
+        ADPSGDStrategy(global_average_every_n_steps=-1)
+    with pytest.raises(TypeError):  # not faked: adpsgd has no hierarchical mode (yet)
+        ADPSGDStrategy(hierarchical=True)
 
 
 def test_a_topology_over_more_nodes_than_exist_is_an_error():

@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.consensus import check_every
 from lightning_gossip.liveness import make_sigterm_check_local, wait_for_peers
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -55,6 +56,10 @@ class ADPSGDStrategy(GossipStrategy):
             atomic counter, so faster ranks process more batches and every sample is used once
             per epoch. Needs a map-style dataset and a ``batch_size``; validation then runs at
             epoch ends only, and the training loader has no fixed length.
+        global_average_every_n_steps: replace every replica by the exact average of all
+            replicas (one all-reduce) at the first epoch end (the next point where all ranks
+            meet) after any rank passed a multiple of this many optimizer steps; ``None``
+            (default) never.
         final_average, evaluate, consensus_every_n_steps, process_group_backend,
             timeout, heartbeat_timeout:
             see :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus
@@ -111,6 +116,7 @@ class ADPSGDStrategy(GossipStrategy):
         final_average: bool = True,
         evaluate: str = "consensus",
         consensus_every_n_steps: int | None = 100,
+        global_average_every_n_steps: int | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
@@ -142,6 +148,9 @@ class ADPSGDStrategy(GossipStrategy):
                 )
             pairing = topology
         check_pairing_name(pairing)
+        self.global_average_every_n_steps = check_every(
+            "global_average_every_n_steps", global_average_every_n_steps)
+        self._global_averages = 0  # multiples of global_average_every_n_steps averaged so far
         if max_staleness is not None and (
             not isinstance(max_staleness, int) or max_staleness < 0
         ):
@@ -303,11 +312,19 @@ class ADPSGDStrategy(GossipStrategy):
         self.quiesce()
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        stop = torch.tensor(float(local_stop), device=self.root_device)
+        # [stop?, steps]: the max of both (the steps decide the global average below)
+        stop = torch.tensor([float(local_stop), float(self.step)], device=self.root_device)
         self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
                    "the epoch-end meeting (agreeing on whether to stop)")
-        if stop.item() > 0:
+        if stop[0].item() > 0:
             trainer.should_stop = True
+        n = self.global_average_every_n_steps
+        if n is not None and int(stop[1].item()) // n > self._global_averages:
+            # Gossip-PGA at the next meeting: some rank passed a multiple of n since the last
+            # global average, so every replica becomes the exact average (one all-reduce).
+            self._global_averages = int(stop[1].item()) // n
+            assert self._flat is not None
+            self._flat.copy_(self.average_replicas())
         if self.consensus_every_n_steps is not None:
             self.log_consensus_distance()
 

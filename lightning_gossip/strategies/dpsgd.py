@@ -159,6 +159,9 @@ class DPSGDStrategy(GossipStrategy):
         self._node_group: dist.ProcessGroup | None = None  # gradients averaged here
         self._buffers: list[Tensor] = []  # floating buffers, averaged in the node
         self._exchanging = True  # False: one node of several ranks (plain data parallelism)
+        self._sent_bytes = 0
+        self._messages = 0
+        self._exchanges = 0
         self._group: dist.ProcessGroup | None = None
         self._pending: list[_Round] = []  # started, not yet applied (oldest first)
         self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
@@ -357,6 +360,7 @@ class DPSGDStrategy(GossipStrategy):
         bufs = self._spare.pop() if self._spare else [self._flat.empty()]
         send = self._flat.pack(out=bufs[0])
         exchange = NeighborExchange(send, peers, self._group, recv_buffers=bufs[1:])
+        self._count(exchange)
         rnd = _Round(step, exchange)
         if self.overlap:
             self._pending.append(rnd)
@@ -377,10 +381,25 @@ class DPSGDStrategy(GossipStrategy):
         exchange = ShardedExchange(snapshot, self.layout,
                                    self.topology.peers(self.layout.node, step), self._groups,
                                    self._wire, buffers=bufs[1:])
+        self._count(exchange.exchange)
         rnd = _Round(step, exchange)
         if self.overlap:
             self._pending.append(rnd)
         return rnd
+
+    def _count(self, exchange: NeighborExchange) -> None:
+        sends = len(exchange.peers.send_to)
+        self._exchanges += 1
+        self._messages += sends
+        self._sent_bytes += sends * exchange.send.numel() * exchange.send.element_size()
+
+    @property
+    def gossip_stats(self) -> dict[str, float]:
+        """What this rank's gossip sent so far (this process): ``sent_bytes`` (payload of the
+        replica messages, without the node's all-reduce and all-gather), ``messages`` and
+        ``exchanges`` (rounds started)."""
+        return {"sent_bytes": float(self._sent_bytes), "messages": float(self._messages),
+                "exchanges": float(self._exchanges)}
 
     def _recycle(self, rnd: _Round) -> None:
         ex = rnd.exchange
