@@ -1,7 +1,32 @@
-"""Lightning strategies for decentralized data-parallel training."""
+"""Lightning strategies for decentralized data-parallel training.
+
+Importing this package registers the strategy names ``"dpsgd"``, ``"adpsgd"`` and
+``"adpsgd_random"`` with Lightning's ``StrategyRegistry`` (see :func:`register_all`); the
+top-level :mod:`lightning_gossip` arranges for that to happen as soon as ``lightning.pytorch``
+is imported, without importing it itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from lightning_gossip.strategies.adpsgd import ADPSGDStrategy
 from lightning_gossip.strategies.dpsgd import DPSGDStrategy
 from lightning_gossip.strategies.gossip import GossipStrategy
 
-__all__ = ["ADPSGDStrategy", "DPSGDStrategy", "GossipStrategy"]
+__all__ = ["ADPSGDStrategy", "DPSGDStrategy", "GossipStrategy", "register_all"]
+
+
+def register_all(strategy_registry: Any = None) -> None:
+    """Register every strategy name of the package in ``strategy_registry`` (default:
+    Lightning's ``StrategyRegistry``) through the classes' ``register_strategies``.
+    Idempotent: registering again replaces the entries with the same ones."""
+    if strategy_registry is None:
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        strategy_registry = StrategyRegistry
+    for cls in (DPSGDStrategy, ADPSGDStrategy):
+        cls.register_strategies(strategy_registry)
+
+
+register_all()
