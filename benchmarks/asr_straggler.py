@@ -39,7 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
 
-STRATEGIES = ("ddp", "dpsgd", "adpsgd")
+DEFAULT_STRATEGIES = ("ddp", "dpsgd", "adpsgd")
+#: adpsgd variants that can be added to a run (remedies tried when adpsgd falls short)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "adpsgd_nowait": {"max_staleness": None},
+    "adpsgd_delay": {"delay_by_one": True},
+    "adpsgd_random": {"pairing": "random"},
+}
+STRATEGIES = DEFAULT_STRATEGIES + tuple(VARIANTS)
 MODES = ("equal", "straggler")
 DEFAULT_OUT = H.RESULTS_DIR / "asr_straggler.json"
 DEFAULT_CORPUS = H.ROOT / "data" / "asr-bench"
@@ -120,6 +127,7 @@ def _worker(spec_path: Path) -> None:
         if name == "dpsgd":
             return lightning_gossip.DPSGDStrategy(**kwargs)
         kwargs.update(spec.get("adpsgd_kwargs") or {})
+        kwargs.update(VARIANTS.get(name, {}))
         return lightning_gossip.ADPSGDStrategy(**kwargs)
 
     common = dict(accelerator="cpu", logger=False, enable_progress_bar=False,
@@ -148,7 +156,8 @@ def _worker(spec_path: Path) -> None:
         steps = [b - a for a, b in zip(meter.ends[:-1], meter.ends[1:])]
         return {"t_start": meter.t_start, "t_end": meter.t_end, "samples": meter.samples,
                 "steps": meter.steps, "epoch_steps": meter.epoch_steps,
-                "median_step_s": H.median(steps[2:] or steps), "test_wer": wer}
+                "median_step_s": H.median(steps[2:] or steps), "test_wer": wer,
+                "gossip_stats": dict(getattr(trainer.strategy, "gossip_stats", {}) or {})}
 
     dist.barrier()
     slow_rank = spec["straggler_rank"]
@@ -194,6 +203,8 @@ def summarise(per: list[dict[str, Any]], slow_rank: int, epochs: int) -> dict[st
         "last_epoch_steps_per_rank": [p["epoch_steps"][-1] for p in per],
         "median_step_s_per_rank": steps,
         "straggler_step_ratio": steps[slow_rank] / H.median(others) if others else 1.0,
+        # adpsgd: exchanges and seconds the training thread waited for gossip (max_staleness)
+        "gossip_stats_per_rank": [p.get("gossip_stats", {}) for p in per],
     }
 
 
@@ -204,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         "dpsgd and adpsgd on N CPU ranks, with equal ranks and with one rank 2x slower.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ranks", type=int, default=4, help="world size")
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    p.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES),
+                   choices=STRATEGIES, help="adpsgd_nowait: max_staleness=None; adpsgd_delay: "
+                   "delay_by_one=True; adpsgd_random: random pairing")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--slowdown", type=float, default=2.0,
                    help="the straggler sleeps (slowdown - 1) x the calibrated local step")
@@ -280,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, mode, s["samples_per_s"], s["over_ddp"] or float("nan"),
                      s["epoch_s"], f"{100 * s['test_wer']:.2f}%",
                      "/".join(str(n) for n in s["last_epoch_steps_per_rank"]),
-                     s["straggler_step_ratio"]])
+                     s["straggler_step_ratio"],
+                     "/".join(f"{g.get('staleness_wait_s', 0):.0f}"
+                              for g in s["gossip_stats_per_rank"]) if name != "ddp" and
+                     name != "dpsgd" else "-"])
     calib = ranks[args.straggler_rank]["calibration"]["median_step_s"]
     md = [f"ASR recipe (BLSTM {args.layers}x{args.hidden}, CTC), synthetic corpus "
           f"({args.num_train} train / {args.num_test} test utterances, test voices unseen), "
@@ -291,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}.", "",
           H.markdown_table(["strategy", "mode", "utterances/s", "x ddp", "s per epoch",
                             "test WER", "batches per rank (last epoch)",
-                            f"rank-{args.straggler_rank} step / others"], rows)]
+                            f"rank-{args.straggler_rank} step / others", "staleness wait s"],
+                           rows)]
     text = "\n".join(md)
     print(text)
     H.write_json(args.out, {

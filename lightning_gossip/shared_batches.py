@@ -70,9 +70,10 @@ class SharedBatchSampler(Sampler[list[int]]):
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
     the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
     one and first hands out again the batches that one took (an abandoned iterator loses no
-    batches; Lightning abandons one, with a prefetched batch, whenever it reloads a loader). Lightning calls :meth:`set_epoch` every epoch through
-    :attr:`sampler` (it calls ``set_epoch`` on ``loader.batch_sampler.sampler``); ``set_epoch``
-    is passed on to ``source`` when it has one.
+    batches; Lightning abandons one, with a prefetched batch, whenever it reloads a loader).
+    Lightning calls :meth:`set_epoch` every epoch through :attr:`sampler` (it calls
+    ``set_epoch`` on ``loader.batch_sampler.sampler``); ``set_epoch`` is passed on to
+    ``source`` when it has one.
     """
 
     def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],

@@ -23,7 +23,8 @@ class KaldiDataModule(LightningDataModule):
 
     Batches are made by :class:`~recipes.asr.bucketing.LengthBucketBatchSampler`, which shards
     over ranks itself, so the trainer runs with ``use_distributed_sampler=False`` (the CLI sets
-    this default).
+    this default). Under ``adpsgd`` the training batches are shared instead: the strategy
+    hands the sampler's ``shared_batches(epoch)`` out one at a time, so faster ranks take more.
 
     Args:
         train_dir, val_dir, test_dir, predict_dir: Kaldi data directories.
@@ -32,7 +33,8 @@ class KaldiDataModule(LightningDataModule):
         train_alignments, val_alignments, test_alignments: Kaldi text alignments
             (``utt-id pdf pdf ...``) for ``frame_ce``.
         num_pdfs: number of senones for ``frame_ce``.
-        num_mel_bins, deltas, sample_rate: features (see :func:`~recipes.asr.features.compute_fbank`).
+        num_mel_bins, deltas, sample_rate: features (see
+            :func:`~recipes.asr.features.compute_fbank`).
         allow_pipes: run ``wav.scp`` pipe commands (off unless asked for).
         batch_size: utterances per batch and rank; ``eval_batch_size`` for evaluation.
         batch_size_warmup_epochs, initial_batch_size: grow the batch size linearly from

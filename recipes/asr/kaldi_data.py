@@ -1,4 +1,4 @@
-"""Read Kaldi data directories (``wav.scp``, ``text``, optional ``segments``/``utt2spk``/``utt2dur``).
+"""Read Kaldi data directories (``wav.scp``, ``text``; ``segments``/``utt2spk``/``utt2dur``).
 
 Every problem with the input is reported with the file and line it comes from. Problems that
 make the whole directory suspect (a missing audio file, a transcript for an unknown utterance,

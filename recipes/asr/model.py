@@ -52,7 +52,8 @@ class BLSTMAcousticModel(nn.Module):
     def forward(self, feats: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """``(B, T, input_dim)`` features -> ``(B, T', num_targets)`` logits and their lengths."""
         frames = feats.shape[1]
-        valid = (torch.arange(frames, device=feats.device) < lengths.to(feats.device)[:, None]).unsqueeze(-1)
+        positions = torch.arange(frames, device=feats.device)
+        valid = (positions < lengths.to(feats.device)[:, None]).unsqueeze(-1)
         x = self.cmvn(feats) * valid
         if self.spec_augment is not None:
             x = self.spec_augment(x, lengths)

@@ -95,7 +95,8 @@ def test_bad_inputs_raise_errors_naming_file_and_line(tmp_path: Path,
     # sample-rate mismatch
     write_wav(tmp_path / "8k.wav", 1.0, rate=8000)
     d = make_dir(tmp_path / "rate", f"a {a}\nb {tmp_path / '8k.wav'}\n", "a x\nb y\n")
-    with pytest.raises(DataDirError, match=error_at(d / "wav.scp", 2) + ".*8000 Hz, expected 16000"):
+    with pytest.raises(DataDirError,
+                       match=error_at(d / "wav.scp", 2) + ".*8000 Hz, expected 16000"):
         load_data_dir(d)
     # pipe command without permission
     d = make_dir(tmp_path / "pipe", f"a cat {a} |\n", "a x\n")

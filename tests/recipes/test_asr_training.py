@@ -1,4 +1,4 @@
-"""In-process training: the frame-CE target on a tiny alignment file, CTC learning, the CLI configs."""
+"""In-process training: frame CE on a tiny alignment file, CTC learning, the CLI configs."""
 
 from __future__ import annotations
 
