@@ -28,6 +28,7 @@ from lightning_gossip.topology import check_world_size
 __all__ = ["PAIRINGS", "Pairing", "check_pairing_name", "is_active"]
 
 PAIRINGS = ("ring", "random")
+"""The AD-PSGD pairings: ``"ring"`` (alternate ring neighbours) and ``"random"``."""
 
 
 def check_pairing_name(name: object) -> None:

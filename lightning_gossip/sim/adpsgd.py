@@ -17,6 +17,7 @@ __all__ = ["ADPSGDSimulator", "BatchFn", "steps_in_flight_from_delay"]
 
 #: ``batches(ranks, local_steps) -> (x, y)``: one minibatch per rank, stacked
 BatchFn = Callable[[np.ndarray, np.ndarray], tuple[torch.Tensor, torch.Tensor]]
+"""``batches(ranks, steps) -> (x, y)``: one batch per learner, stacked on dimension 0."""
 
 
 class ADPSGDSimulator(Simulator):

@@ -19,6 +19,7 @@ __all__ = ["ComputeModel", "DataShards", "LossFn", "digits_problem"]
 
 #: ``loss_fn(model_output, targets) -> scalar``
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss(outputs, targets) -> scalar``: the loss the simulated learners minimise."""
 
 
 def _hash_uniform(*keys: np.ndarray | int) -> np.ndarray:

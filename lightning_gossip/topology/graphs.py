@@ -219,6 +219,7 @@ TOPOLOGIES: dict[str, Callable[[int, int], Topology]] = {
     "torus": TorusTopology,
     "complete": CompleteTopology,
 }
+"""Built-in topologies by name: ``TOPOLOGIES[name](world_size, seed)`` builds one."""
 
 
 def build(name: str, world_size: int, seed: int = 0) -> Topology:

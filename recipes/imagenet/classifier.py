@@ -105,7 +105,9 @@ class ImageClassifier(pl.LightningModule):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.hparams.bf16_autocast):
             return self.model(images).float()
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         """Label-smoothed cross-entropy on one batch."""
         images, targets = batch
         logits = self(images)
@@ -129,7 +131,8 @@ class ImageClassifier(pl.LightningModule):
     def global_batch_size(self) -> int:
         """Samples per optimizer step over all ranks."""
         trainer = self.trainer
-        return self.hparams.batch_size_per_device * trainer.world_size * trainer.accumulate_grad_batches
+        per_step = self.hparams.batch_size_per_device * trainer.world_size
+        return per_step * trainer.accumulate_grad_batches
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps per epoch on this rank, to place warmup and decay epochs.
@@ -181,4 +184,5 @@ class ImageClassifier(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, **schedule)
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedule = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

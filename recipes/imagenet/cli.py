@@ -27,7 +27,7 @@ class ImageNetCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True) -> ImageNetCLI:
-    """Build the CLI from ``args`` (``sys.argv`` if ``None``) and, if ``run``, run the subcommand."""
+    """Build the CLI from ``args`` (``sys.argv`` if ``None``); if ``run``, run the subcommand."""
     return ImageNetCLI(
         ImageClassifier,
         ImageFolderDataModule,

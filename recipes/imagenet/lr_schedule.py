@@ -12,7 +12,9 @@ from typing import Literal
 Decay = Literal["cosine", "step"]
 
 
-def scaled_learning_rate(base_lr: float, global_batch_size: int, base_batch_size: int = 256) -> float:
+def scaled_learning_rate(
+    base_lr: float, global_batch_size: int, base_batch_size: int = 256
+) -> float:
     """Linear scaling rule: ``base_lr`` is the rate for ``base_batch_size`` samples per step."""
     return base_lr * global_batch_size / base_batch_size
 

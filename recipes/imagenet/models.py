@@ -29,6 +29,7 @@ def build_model(arch: str, num_classes: int, **kwargs: Any) -> nn.Module:
     known = torchvision.models.list_models(module=torchvision.models)
     if arch not in known:
         raise ValueError(
-            f"unknown architecture {arch!r}; choose one of: {', '.join(classification_architectures())}"
+            f"unknown architecture {arch!r}; choose one of: "
+            f"{', '.join(classification_architectures())}"
         )
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **kwargs)

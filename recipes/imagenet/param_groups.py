@@ -8,7 +8,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 #: Layers whose affine parameters are not decayed (BatchNorm/InstanceNorm share ``_NormBase``).
-NORM_LAYERS: tuple[type[nn.Module], ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
+NORM_LAYERS: tuple[type[nn.Module], ...] = (
+    _NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm
+)
 
 
 def weight_decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

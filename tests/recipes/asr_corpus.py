@@ -11,8 +11,10 @@ from recipes.asr.synth import CorpusConfig, generate_corpus
 
 TINY = CorpusConfig(seed=7, num_train=48, num_dev=8, num_test=8)
 
-needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None,
-                                  reason="espeak-ng is not installed (scripts/setup.sh installs it)")
+needs_espeak = pytest.mark.skipif(
+    shutil.which("espeak-ng") is None,
+    reason="espeak-ng is not installed (scripts/setup.sh installs it)",
+)
 
 
 def tiny_corpus_dir(factory: pytest.TempPathFactory) -> Path:

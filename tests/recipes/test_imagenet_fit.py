@@ -37,7 +37,9 @@ class RankProbe(pl.Callback):
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.counts = dict.fromkeys(self.counts, 0)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
         images, targets = batch
         with torch.no_grad():
             ranked = pl_module(images).topk(5, dim=1).indices

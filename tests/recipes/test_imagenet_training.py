@@ -141,8 +141,8 @@ def test_trainer_applies_the_schedule_per_optimizer_step(
     )
     data = ImageFolderDataModule(str(digits), **DIGITS_DATA)
     record = RecordLR()
-    trainer = quiet_trainer(max_epochs=3, limit_train_batches=batches, limit_val_batches=0, accumulate_grad_batches=accumulate,
-                            callbacks=[record])
+    trainer = quiet_trainer(max_epochs=3, limit_train_batches=batches, limit_val_batches=0,
+                            accumulate_grad_batches=accumulate, callbacks=[record])
     trainer.fit(module, data)
     peak = 0.2 * 16 * accumulate / 8
     expected = [peak * lr_multiplier(s, **expected_schedule)
@@ -156,7 +156,8 @@ def test_trainer_applies_the_schedule_per_optimizer_step(
 def test_digits_config_parses_and_builds(digits: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "argv", ["recipes.imagenet"])
     cli = cli_main(["--config", str(CONFIGS / "digits.yaml"), f"--data.root={digits}"], run=False)
-    assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, ImageFolderDataModule)
+    assert isinstance(cli.model, ImageClassifier)
+    assert isinstance(cli.datamodule, ImageFolderDataModule)
     assert cli.model.hparams.arch == "small_resnet"
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes == 10  # linked
     assert cli.model.hparams.batch_size_per_device == cli.datamodule.batch_size == 32
