@@ -33,6 +33,7 @@ Example (inside an initialised process group)::
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -324,16 +325,33 @@ class _Waiter:
 def make_sigterm_check_local(trainer: Any) -> None:
     """Make a SIGTERM end the rank that received it, at its next batch, on its own.
 
-    Lightning 2.6 broadcasts rank 0's SIGTERM flag before every batch: a per-step collective
-    (under AD-PSGD it would force lockstep and can deadlock), and a SIGTERM sent to any other
-    rank is ignored. Here each rank checks its own flag and raises ``SIGTERMException``; the
-    strategy's ``on_exception`` then tells its peers (:meth:`Heartbeat.leave`), which fail
-    within about a second naming it. Under SLURM or torchrun every rank gets the signal anyway.
+    Lightning 2.6 handles SIGTERM with collectives: its signal handler broadcasts from rank 0
+    (a rank other than 0 blocks there, inside the handler, until rank 0 joins: a SIGTERM to
+    one rank hangs it for the whole ``timeout``), and the training loop broadcasts rank 0's flag
+    before every batch (a per-step collective: under AD-PSGD it forces lockstep and can
+    deadlock). Here, called from the main thread during set-up, the SIGTERM handler only
+    records the signal and forwards it to the launcher's children (as Lightning's does); the
+    per-batch broadcast becomes a local check that raises ``SIGTERMException``. The strategy's
+    ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
+    second, naming this rank. Lightning restores the previous handlers at teardown.
     """
     from lightning_gossip import _compat
 
+    received = threading.Event()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if not received.is_set():
+            launcher = getattr(trainer.strategy, "launcher", None)
+            kill = getattr(launcher, "kill", None)
+            if kill is not None:
+                kill(signum)
+        received.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
     def local_sigterm_check() -> None:
-        if getattr(trainer, "received_sigterm", False):
+        if received.is_set() or getattr(trainer, "received_sigterm", False):
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             raise SIGTERMException()

@@ -271,7 +271,11 @@ class ADPSGDStrategy(GossipStrategy):
     def begin_phase(self) -> None:
         """All ranks start training together (a barrier), then gossip may flow."""
         if self.engine is not None and not self.engine.in_phase:
-            self._meet(dist.barrier(async_op=True), "the barrier that opens a gossip phase")
+            kwargs: dict[str, Any] = {}
+            if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+                kwargs["device_ids"] = [self.root_device.index]
+            self._meet(dist.barrier(async_op=True, **kwargs),
+                       "the barrier that opens a gossip phase")
             self.engine.begin_phase()
 
     def _meet(self, work: Any, what: str) -> None:
