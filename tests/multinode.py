@@ -61,7 +61,30 @@ SLURM_FLAT = replace(HIER_TRAIN, name="slurm_flat",
                      strategy_kwargs={**HIER_TRAIN.strategy_kwargs, "hierarchical": False})
 SLURM_CASES = [SLURM_TRAIN, SLURM_BF16, SLURM_FLAT]
 
+# one node of 2 processes (plain data parallelism), and 2 nodes of one process (= flat)
+ONE_NODE = Case("one_node_dp", lr=0.5, batchnorm=True, offset=1.0, num_nodes=1,
+                strategy_kwargs={"final_average": False, "hierarchical": True})
+ONE_PROC_HIER = Case("one_proc_hier", lr=0.5, batchnorm=True, offset=1.0, num_nodes=2,
+                     strategy_kwargs={"final_average": False, "hierarchical": True})
+ONE_PROC_FLAT = replace(ONE_PROC_HIER, name="one_proc_flat",
+                        strategy_kwargs={"final_average": False, "hierarchical": False})
+
 _done: dict[str, Path] = {}
+_outputs: dict[str, str] = {}
+
+
+def small_layout_run(tmp_factory, nodes: int, devices: int) -> tuple[Path, str]:
+    """Launch the cases of the ``nodes x devices`` layout (1 x 2: :data:`ONE_NODE`; 2 x 1:
+    :data:`ONE_PROC_HIER` and :data:`ONE_PROC_FLAT`) once; their folder and the output."""
+    key = f"{nodes}x{devices}"
+    if key not in _done:
+        cases = [ONE_NODE] if nodes == 1 else [ONE_PROC_HIER, ONE_PROC_FLAT]
+        tmp = tmp_factory.mktemp(f"multinode_{key}")
+        write_cases(tmp / "cases.json", cases)
+        _outputs[key] = check(run_torchrun(SCRIPT, str(tmp), str(tmp / "cases.json"),
+                                           nprocs=devices, nnodes=nodes, timeout=900))
+        _done[key] = tmp
+    return _done[key], _outputs[key]
 
 
 def torchrun_run(tmp_factory) -> Path:
@@ -101,9 +124,9 @@ def slurm_run(tmp_factory) -> Path:
     return _done["slurm"]
 
 
-def results(folder: Path, case: Case) -> list[dict]:
+def results(folder: Path, case: Case, world: int = WORLD) -> list[dict]:
     """Every rank's JSON of ``case``, in global-rank order."""
-    return read_rank_results(folder / case.name, WORLD)
+    return read_rank_results(folder / case.name, world)
 
 
 def node_mixing(x0: np.ndarray, w: np.ndarray, steps: int,

@@ -147,6 +147,27 @@ def test_fake_slurm_two_nodes_hierarchical_fit(tmp_path_factory):
     assert all(h <= f / M.DEVICES for h, f in zip(hier, flat))
 
 
+@multiprocess
+def test_one_node_is_plain_data_parallelism(tmp_path_factory):
+    folder, output = M.small_layout_run(tmp_path_factory, nodes=1, devices=2)
+    results = M.results(folder, M.ONE_NODE, world=2)
+    steps = _steps(results)
+    assert len(steps) == M.ONE_NODE.batches
+    assert all((x == x[0]).all() for x in steps)  # one replica, as with DDP
+    assert np.abs(steps[-1][0] - np.array(results[0]["x0"])).max() > 1e-3  # it trained
+    assert "plain data parallelism" in output  # the warning (rank 0 only)
+
+
+@multiprocess
+def test_one_process_per_node_is_the_flat_strategy(tmp_path_factory):
+    folder, _ = M.small_layout_run(tmp_path_factory, nodes=2, devices=1)
+    hier = M.results(folder, M.ONE_PROC_HIER, world=2)
+    flat = M.results(folder, M.ONE_PROC_FLAT, world=2)
+    assert np.abs(np.array(hier[0]["x0"]) - np.array(hier[1]["x0"])).max() > 0.1
+    for h, f in zip(hier, flat):
+        assert h["x0"] == f["x0"] and h["steps"] == f["steps"] and h["final"] == f["final"]
+
+
 # -- set-up checks (no processes) ---------------------------------------------------------------
 @pytest.mark.parametrize("entries, match", [
     ([(0, 0, 0), (1, 0, 1), (2, 1, 0)], "node 1 has 1 rank"),
