@@ -81,6 +81,8 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of check
         print(f"[gpu_check] rank {rank} {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
     # -- can two ranks on this device talk through this backend? -------------------------------
+    # Two phases, each result written before the next starts, so a crash in the second (gloo
+    # has been seen to fault on point-to-point CUDA tensors) still leaves the first on disk.
     try:
         if on_cuda:
             torch.cuda.set_device(device)
@@ -88,18 +90,10 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of check
         t = torch.full((4,), float(rank + 1), device=device)
         dist.all_reduce(t)
         assert float(t[0]) == 3.0, f"all_reduce gave {float(t[0])}, expected 3.0"
-        buf = torch.full((4,), float(rank), device=device)
-        if rank == 0:
-            dist.send(buf, dst=1)
-        else:
-            dist.recv(buf, src=0)
-            assert float(buf[0]) == 0.0, "send/recv delivered the wrong value"
-        if on_cuda:
-            torch.cuda.synchronize()
         result["probe_ok"] = True
         if on_cuda:
             result["gpu"] = torch.cuda.get_device_name(device)
-        say(f"backend {backend} works with {device.type} tensors")
+        say(f"backend {backend}: all_reduce works with {device.type} tensors")
     except Exception as e:  # noqa: BLE001 - reported to the driver, which tries the next one
         result["probe_ok"] = False
         result["probe_error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -107,6 +101,23 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of check
         say(f"backend {backend} refused: {result['probe_error'][:300]}")
         return
     write()
+    if not spec.get("skip_p2p_probe"):
+        result["p2p"] = "crashed or hung (no result)"
+        write()
+        try:
+            buf = torch.full((4,), float(rank), device=device)
+            if rank == 0:
+                dist.send(buf, dst=1)
+            else:
+                dist.recv(buf, src=0)
+                assert float(buf[0]) == 0.0, "send/recv delivered the wrong value"
+            if on_cuda:
+                torch.cuda.synchronize()
+            result["p2p"] = "ok"
+        except Exception as e:  # noqa: BLE001 - reported; the checks show the consequences
+            result["p2p"] = f"{type(e).__name__}: {e}"[:2000]
+        say(f"backend {backend}: send/recv with {device.type} tensors: {result['p2p'][:200]}")
+        write()
     if spec.get("probe_only"):
         dist.destroy_process_group()
         return
@@ -210,6 +221,8 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of check
 
     def check(name: str, body: Any) -> None:
         say(f"{name} ...")
+        result["running"] = name  # left behind if the process dies in this check
+        write()
         t0 = time.perf_counter()
         try:
             detail = body()
@@ -219,6 +232,7 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of check
                                       "traceback": traceback.format_exc()[-4000:]}
         result["checks"][name]["seconds"] = round(time.perf_counter() - t0, 2)
         say(f"{name}: {'ok' if result['checks'][name]['ok'] else 'FAILED'}")
+        result.pop("running")
         write()
 
     def dpsgd_exact() -> dict[str, Any]:
@@ -387,6 +401,12 @@ def summarise(attempt: dict[str, Any]) -> dict[str, Any]:
         per_rank = [r.get("checks", {}).get(name) for r in ranks]
         if any(c is None for c in per_rank):
             missing = [r for r, c in enumerate(per_rank) if c is None]
+            died = [r for r in missing if ranks[r].get("running") == name]
+            if died:
+                how = "timed out" if attempt["timed_out"] else "died"
+                summary[name] = {"status": "crashed", "detail": f"rank(s) {died} {how} in this "
+                                 "check (log tail in the JSON)"}
+                continue
             summary[name] = {"status": "not run", "detail": f"no result from rank(s) {missing}"
                              + (" (launch timed out)" if attempt["timed_out"] else "")}
             continue
@@ -450,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     attempts = []
     chosen = None
     for i, backend in enumerate(backends):
-        # With a fallback left, only probe first (short timeout: a refusing NCCL may hang).
-        probe_first = i + 1 < len(backends)
+        # With a fallback left, or on a GPU, probe first in a launch of its own (short timeout:
+        # a refusing NCCL may hang; a faulting point-to-point send must not cost the checks).
+        probe_first = i + 1 < len(backends) or args.device == "cuda"
         timeout = min(args.timeout, PROBE_TIMEOUT_S) if probe_first else args.timeout
         print(f"gpu_check: launching 2 ranks on {args.device} with backend {backend}"
               f"{' (probe)' if probe_first else ''}, timeout {timeout:.0f}s",
@@ -462,10 +483,12 @@ def main(argv: list[str] | None = None) -> int:
         attempts.append(attempt)
         if all(r.get("probe_ok") for r in attempt["ranks"]):
             if probe_first:
-                print(f"gpu_check: backend {backend} works; launching the checks, timeout "
-                      f"{args.timeout:.0f}s", file=sys.stderr, flush=True)
-                attempt = launch({**spec, "backend": backend}, root / f"{backend}_run",
-                                 args.timeout)
+                p2p = [r.get("p2p") for r in attempt["ranks"]]
+                print(f"gpu_check: backend {backend} works (send/recv: {p2p}); launching the "
+                      f"checks, timeout {args.timeout:.0f}s", file=sys.stderr, flush=True)
+                attempt = launch({**spec, "backend": backend, "skip_p2p_probe": True},
+                                 root / f"{backend}_run", args.timeout)
+                attempt["p2p"] = p2p
                 attempt["backend"], attempt["probe_only"] = backend, False
                 attempts.append(attempt)
             chosen = attempt
@@ -498,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                       "timed_out": a["timed_out"],
                       "probe_errors": [r.get("probe_error") for r in a["ranks"]]}
                      for a in attempts],
+        "p2p": (chosen.get("p2p") or [r.get("p2p") for r in chosen["ranks"]]) if chosen
+        else None,
         "params": chosen["ranks"][0].get("params") if chosen else None,
         "checks": summary,
         "step_ms": times,
@@ -508,6 +533,13 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(r[0]) for r in rows)
     print(f"\ngpu_check on {args.device} ({payload['gpu'] or 'no GPU'}), backend "
           f"{payload['backend'] or 'none'}, model {payload['params'] or '?'} parameters")
+    for a in attempts:
+        errors = [e for e in (r.get("probe_error") for r in a["ranks"]) if e]
+        print(f"  launch {a['backend']}{' probe' if a['probe_only'] else ''}: "
+              f"{a['seconds']} s" + (", timed out" if a["timed_out"] else "")
+              + (f", refused: {errors[0][:80]}" if errors else ""))
+    if payload["p2p"]:
+        print(f"  send/recv with {args.device} tensors (rank 0, rank 1): {payload['p2p']}")
     for name, status, detail in rows:
         print(f"  {name:<{width}}  {status:<8}  {detail}")
     if times:
@@ -522,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
     if chosen is None:
         return 1
-    return 1 if any(s["status"] in ("failed", "not run") for s in summary.values()) else 0
+    return 1 if any(s["status"] in ("failed", "not run", "crashed")
+                    for s in summary.values()) else 0
 
 
 if __name__ == "__main__":
