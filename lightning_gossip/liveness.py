@@ -329,9 +329,10 @@ def make_sigterm_check_local(trainer: Any) -> None:
     (a rank other than 0 blocks there, inside the handler, until rank 0 joins: a SIGTERM to
     one rank hangs it for the whole ``timeout``), and the training loop broadcasts rank 0's flag
     before every batch (a per-step collective: under AD-PSGD it forces lockstep and can
-    deadlock). Here, called from the main thread during set-up, the SIGTERM handler only
-    records the signal and forwards it to the launcher's children (as Lightning's does); the
-    per-batch broadcast becomes a local check that raises ``SIGTERMException``. The strategy's
+    deadlock). Here the per-batch broadcast becomes a local check that raises
+    ``SIGTERMException``; its first call (before the first batch, after Lightning registered
+    its handlers) replaces the SIGTERM handler by one that only records the signal and
+    forwards it to the launcher's children (as Lightning's does). The strategy's
     ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
     second, naming this rank. Lightning restores the previous handlers at teardown.
     """
@@ -347,10 +348,11 @@ def make_sigterm_check_local(trainer: Any) -> None:
                 kill(signum)
         received.set()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)
+    installed = []
 
     def local_sigterm_check() -> None:
+        if not installed and threading.current_thread() is threading.main_thread():
+            installed.append(signal.signal(signal.SIGTERM, on_sigterm))
         if received.is_set() or getattr(trainer, "received_sigterm", False):
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
