@@ -154,7 +154,9 @@ class Heartbeat:
         global _current
         if self._thread is not None:
             return
-        self._beat()
+        if int(self.writer_store.add(_key(self.rank), 1)) >= DOWN:
+            # this process left an earlier fit after an error: it is back
+            self.writer_store.add(_key(self.rank), -DOWN)
         _current = self
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -228,6 +230,8 @@ class Heartbeat:
                     self._down.add(r)
                 out.append(r)
                 continue
+            with self._seen_lock:
+                self._down.discard(r)
             with self._seen_lock:
                 last = self._seen.get(r)
                 if last is None or last[0] != count:

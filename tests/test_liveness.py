@@ -67,6 +67,9 @@ def test_left_rank_is_seen_at_once_and_counts_move():
     assert a.silent([1]) == [1]  # no need to wait for the 30 s timeout
     assert "rank(s) 1 failed with an error" in a.describe([1])
     assert int(store.add("lightning_gossip/heartbeat/0/1", 0)) >= DOWN
+    b.start()  # the same process in a later fit: beating again, no longer counted as gone
+    assert a.silent([1]) == [] and int(store.add("lightning_gossip/heartbeat/0/1", 0)) < DOWN
+    b.stop()
 
 
 def test_arguments_are_checked():
