@@ -299,13 +299,14 @@ def summarise(ranks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """The per-case table (time, throughput, inter-node bytes per step, accuracy)."""
     ddp = next((r for r in results if r["case"] == "ddp" and r["status"] == "ok"), None)
-    headers = ["case", "s / epoch", "x ddp", "samples/s", "MB sent / step / node",
-               "MB / step / rank", "held-out acc %", "replicas' acc %"]
+    headers = ["case", "s/epoch", "x ddp", "samples/s", "MB/step/node", "MB/step/rank",
+               "held-out acc %", "replicas' acc %"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in results:
         if r["status"] != "ok":
-            lines.append(f"| {r['case']} | {r['status']}: {r['detail']} |"
-                         + " |" * (len(headers) - 2))
+            what = ("not available in this version" if r["status"] == "unavailable"
+                    else f"{r['status']}: {r['detail']}")
+            lines.append(f"| {r['case']} | {what} |" + " |" * (len(headers) - 2))
             continue
         node_mb = sum(r["tx_bytes_per_step_per_node"]) / len(r["tx_bytes_per_step_per_node"])
         rank_mb = sum(r["tx_bytes_per_step_per_rank"]) / len(r["tx_bytes_per_step_per_rank"])
@@ -321,6 +322,16 @@ def machine() -> dict[str, Any]:
     """Load, cores, kernel, versions."""
     info: dict[str, Any] = {"loadavg_1_5_15": list(os.getloadavg()), "cpus": os.cpu_count(),
                             "kernel": platform.release(), "python": platform.python_version()}
+    try:
+        git = ["git", "-C", str(ROOT)]
+        info["git_head"] = subprocess.run([*git, "rev-parse", "--short", "HEAD"],
+                                          capture_output=True, text=True,
+                                          timeout=10).stdout.strip()
+        info["git_dirty_library"] = bool(subprocess.run(
+            [*git, "status", "--porcelain", "lightning_gossip"], capture_output=True, text=True,
+            timeout=10).stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        info["git_head"] = None
     for dist in ("torch", "lightning"):
         try:
             info[dist] = importlib.metadata.version(dist)
