@@ -300,7 +300,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     """The per-case table (time, throughput, inter-node bytes per step, accuracy)."""
     ddp = next((r for r in results if r["case"] == "ddp" and r["status"] == "ok"), None)
     headers = ["case", "s/epoch", "x ddp", "samples/s", "MB/step/node", "MB/step/rank",
-               "held-out acc %", "replicas' acc %"]
+               "acc %", "replicas' acc %"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in results:
         if r["status"] != "ok":
