@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in (topologies, inspect, simulate):
+    from lightning_gossip.cli import plan  # cost model: pure Python/NumPy
+
+    for command in (topologies, inspect, simulate, plan):
         command.add_parser(sub)
     return parser
 

@@ -1,0 +1,216 @@
+"""The cost model (:mod:`lightning_gossip.plan`) against hand-computed cases, and the
+``lightning-gossip plan`` command: its table, its errors, its imports. No wall-time asserts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lightning_gossip import plan, topology
+from lightning_gossip.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# 2 nodes x 2 GPUs, a 25 MB/s network, an intra-node link so fast it costs nothing
+C22 = plan.Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e15)
+W1M = plan.Workload(params=1_000_000, compute_s=0.1)  # 4 MB fp32
+
+
+def test_link_and_collectives_by_hand() -> None:
+    assert plan.link_time(0, 1.0, 5.0) == 0.0
+    assert plan.link_time(1e6, 1e6, 0.5) == pytest.approx(1.5)
+    # ring: 2 (n - 1) rounds of nbytes / n: 8 rounds of 1 MB at 1 MB/s + 8 x 0.1 s
+    assert plan.ring_allreduce_time(5e6, 5, 1e6, 0.1) == pytest.approx(8 * 1.1)
+    assert plan.ring_allreduce_time(5e6, 1, 1e6, 0.1) == 0.0
+    # tree over 5 ranks: depth 3, 2 x 3 latencies + 2 x 5 s
+    assert plan.tree_allreduce_time(5e6, 5, 1e6, 0.1) == pytest.approx(10.6)
+    # hierarchical, 2 nodes x 4 GPUs, 8 MB: intra reduce-scatter + all-gather, 2 x 3 rounds of
+    # 2 MB at 1 GB/s = 12 ms; inter: four 2 MB shards over 2 nodes through one 100 MB/s
+    # interface (25 MB/s each): 2 rounds of 1 MB = 80 ms
+    c = plan.Cluster(nodes=2, gpus_per_node=4, inter_bandwidth=100e6, intra_bandwidth=1e9)
+    assert plan.hierarchical_allreduce_time(8e6, c) == pytest.approx(0.012 + 0.08)
+
+
+def test_step_time_modes() -> None:
+    assert plan.step_time(1.0, 3.0, 0.5, "blocking") == 4.5
+    assert plan.step_time(1.0, 3.0, 0.5, "overlap") == 3.5
+    assert plan.step_time(1.0, 0.2, 0.5, "overlap") == 1.5  # fully hidden
+    assert plan.step_time(1.0, 3.0, 0.5, "delay_by_one") == 3.0
+    assert plan.step_time(1.0, 1.2, 0.5, "delay_by_one") == 1.5
+    with pytest.raises(ValueError, match="mode must be one of overlap"):
+        plan.step_time(1.0, 1.0, 0.0, "sometimes")
+
+
+def test_cross_node_sends() -> None:
+    # complete over 2 x 2: each rank sends to the 2 ranks of the other node: 4 per node
+    assert plan.cross_node_sends(topology.build("complete", 4), 2) == (4.0, 3)
+    # one node: nothing crosses
+    assert plan.cross_node_sends(topology.build("ring", 4), 4)[0] == 0.0
+
+
+def test_ddp_by_hand() -> None:
+    ring = plan.predict_ddp(C22, W1M, "ring")  # 6 rounds of 1 MB at 25 MB/s
+    assert ring.step_s == pytest.approx(0.1 + 0.24)
+    assert ring.exposed_s == pytest.approx(0.24)
+    assert ring.inter_bytes_per_node == pytest.approx(1.5 * 4e6)
+    assert ring.inter_bytes_per_rank == pytest.approx(0.75 * 4e6)
+    assert ring.consensus_steps == 0
+    hier = plan.predict_ddp(C22, W1M, "hierarchical")  # 2 shards of 2 MB, 1 round each
+    assert hier.step_s == pytest.approx(0.1 + 2 * 2e6 / 25e6)
+    tree = plan.predict_ddp(C22, W1M, "tree")
+    assert tree.step_s == pytest.approx(0.1 + 2 * 4e6 / 25e6)
+    slow = plan.predict_ddp(C22, W1M, "ring", stragglers=[1.0, 1.0, 2.0, 1.0])
+    assert slow.step_s == pytest.approx(0.2 + 0.24)
+    with pytest.raises(ValueError, match="algorithm must be"):
+        plan.predict_ddp(C22, W1M, "butterfly")
+
+
+def test_dpsgd_by_hand() -> None:
+    # flat ring over 0-1-2-3: the busiest node sends 2 replicas off-node: 8 MB at 25 MB/s
+    flat = plan.predict_dpsgd(C22, W1M, "ring", mode="blocking", tolerance=None)
+    assert flat.step_s == pytest.approx(0.1 + 0.32)
+    assert flat.inter_bytes_per_node == pytest.approx(8e6)
+    assert flat.consensus_steps is None
+    assert plan.predict_dpsgd(C22, W1M, "ring", mode="overlap").step_s == pytest.approx(0.32)
+    # hierarchical: one peer node, a node sends one replica (2 MB per rank), bf16 halves it
+    hier = plan.predict_dpsgd(C22, W1M, "ring", hierarchical=True, mode="overlap")
+    assert hier.step_s == pytest.approx(0.16)
+    assert hier.inter_bytes_per_rank == pytest.approx(2e6)
+    assert hier.consensus_steps == 1  # 2 nodes: one exact average per step
+    bf16 = plan.Workload(params=1_000_000, compute_s=0.1, wire_bytes=2)
+    h16 = plan.predict_dpsgd(C22, bf16, "ring", hierarchical=True, mode="delay_by_one")
+    assert h16.step_s == pytest.approx(0.1)  # 80 ms hidden behind the step
+    assert h16.exposed_s == pytest.approx(0.0, abs=1e-6)  # intra link ~free
+    assert h16.inter_bytes_per_rank == pytest.approx(1e6)
+    # consensus steps are those of `topologies` (analysis.predicted_consensus_steps)
+    c = plan.Cluster(nodes=8, gpus_per_node=1, inter_bandwidth=1e9)
+    p = plan.predict_dpsgd(c, W1M, "ring")
+    ms_gap = topology.build("ring", 8).mean_square_gap()
+    from lightning_gossip.analysis import predicted_consensus_steps
+
+    assert p.consensus_steps == pytest.approx(predicted_consensus_steps(ms_gap))
+
+
+def test_adpsgd_by_hand() -> None:
+    # ring pairing on 2 x 2: half the exchanges cross, both ranks of a node swap 4 MB at once
+    assert plan.adpsgd_exchange_time(C22, W1M) == (pytest.approx(0.16), 0.5)
+    p = plan.predict_adpsgd(C22, W1M)  # 0.16 s / max_staleness 4 < 0.1 s: compute-bound
+    assert p.step_s == pytest.approx(0.1)
+    assert p.exposed_s == pytest.approx(0.0)
+    assert p.inter_bytes_per_rank == pytest.approx(0.1 / 0.16 * 0.5 * 4e6)
+    assert plan.predict_adpsgd(C22, W1M, max_staleness=1).step_s == pytest.approx(0.16)
+    assert plan.predict_adpsgd(C22, W1M, max_staleness=0).step_s == pytest.approx(0.26)
+    # random pairing: 2 of the 3 other ranks are on the other node
+    assert plan.adpsgd_exchange_time(C22, W1M, "random")[1] == pytest.approx(2 / 3)
+    # stragglers: the rates add up: 4 / (3 / 0.1 + 1 / 0.4)
+    f = [1.0, 1.0, 1.0, 4.0]
+    assert plan.predict_adpsgd(C22, W1M, stragglers=f).step_s == pytest.approx(4 / 32.5)
+    # hierarchical: the node is the unit: node 1 runs at its slowest GPU (0.4 s)
+    h = plan.predict_adpsgd(C22, W1M, hierarchical=True, stragglers=f)
+    assert h.step_s == pytest.approx(2 / (1 / 0.1 + 1 / 0.4))
+    with pytest.raises(ValueError, match="one factor per rank"):
+        plan.predict_adpsgd(C22, W1M, stragglers=[1.0])
+
+
+def test_straggler_factors_and_bad_input() -> None:
+    # ranks 0 and 3 (local rank 0 of each node) first, then rank 1
+    assert plan.straggler_factors(6, 3, 0.5, 2.0).tolist() == [2.0, 2.0, 1, 2.0, 1, 1]
+    with pytest.raises(ValueError, match="nodes must be an integer >= 1, got 0"):
+        plan.Cluster(nodes=0, gpus_per_node=1, inter_bandwidth=1e9)
+    with pytest.raises(ValueError, match=r"inter_bandwidth \(bytes/s\) must be a finite"):
+        plan.Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=-1.0)
+    with pytest.raises(ValueError, match="params must be"):
+        plan.Workload(params=0, compute_s=0.1)
+    with pytest.raises(ValueError, match="wire_bytes must be"):
+        plan.Workload(params=10, compute_s=0.1, wire_bytes=3)
+    with pytest.raises(ValueError, match="straggler fraction"):
+        plan.straggler_factors(4, 2, 1.5, 2.0)
+
+
+def test_predict_all_rows() -> None:
+    rows = plan.predict_all(C22, W1M, topology="ring")
+    assert [r.strategy for r in rows] == [
+        "ddp (ring)", "ddp (tree)", "ddp (hierarchical)", "dpsgd (ring, overlap)",
+        "dpsgd hier (ring, overlap)", "adpsgd (ring)", "adpsgd hier"]
+    assert all(r.step_s >= W1M.compute_s - 1e-12 for r in rows)
+    json.dumps([r.as_dict() for r in rows])
+
+
+SMALL = ["plan", "--nodes", "2", "--gpus-per-node", "2", "--params", "1M", "--compute-ms",
+         "100", "--inter-gbit", "0.2", "--inter-latency-us", "0", "--intra-gbyte", "1e6",
+         "--intra-latency-us", "0", "--topology", "ring"]
+
+
+def test_cli_small_case(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "plan.json"
+    assert main([*SMALL, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    assert "340.0" in lines["ddp (ring)"]  # 100 ms + 6 x 1 MB at 25 MB/s
+    assert "3.0 MB" in lines["ddp (ring)"]
+    assert "160.0" in lines["dpsgd hier (ring, overlap)"]
+    assert "2.0 MB" in lines["dpsgd hier (ring, overlap)"]
+    assert "adpsgd hier" in lines
+    rows = json.loads(out_json.read_text())["rows"]
+    assert rows[0]["step_s"] == pytest.approx(0.34)
+
+
+def test_cli_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes: 2\ngpus_per_node: 2\nparams: 1000000\ncompute_ms: 100\n"
+                   "inter_gbit: 0.2\ninter_latency_us: 0\nintra_gbyte: 1.0e+6\n"
+                   "intra_latency_us: 0\n")
+    assert main(["plan", "--config", str(cfg), "--compute-ms", "0"]) == 0  # the flag wins
+    out = capsys.readouterr().out
+    assert "240.0" in out  # ddp ring with no compute
+    cfg.write_text("nodes: 2\nbandwidth: 3\n")
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--config", str(cfg)])
+    assert e.value.code == 2
+    assert "unknown option(s) bandwidth" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nodes", "0"], "--nodes: expected a positive integer, got 0"),
+    (["--inter-gbit", "-25"], "--inter-gbit: expected a positive number, got -25"),
+    (["--stragglers", "half"], "--stragglers: expected FRACTION:SLOWDOWN"),
+    (["--stragglers", "0.1:0.5"], "straggler slowdown must be a finite number >= 1"),
+])
+def test_cli_bad_input(argv: list[str], message: str,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_config_bad_value(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes: 0\n")
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg)])
+    assert "nodes must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_cli_imports_neither_torch_nor_lightning() -> None:
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, json, sys
+        from lightning_gossip.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main({SMALL!r})
+        heavy = sorted({{m.split(".")[0] for m in sys.modules}}
+                       & {{"torch", "lightning", "pytorch_lightning", "matplotlib"}})
+        print(json.dumps({{"rc": rc, "heavy": heavy}}))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"rc": 0, "heavy": []}
