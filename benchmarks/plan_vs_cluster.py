@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,11 +109,16 @@ def compare(path: Path, intra_gbyte: float) -> tuple[list[list[str]], list[str]]
 
 def render(rows: list[list[str]], notes: list[str]) -> str:
     """The comparison as Markdown."""
-    head = ["run", "case", "measured ms/step", "predicted (mode)", "error",
-            "predicted (blocking)", "error", "MB/rank/step measured", "predicted"]
+    head = ["run", "case", "ms/step", "model", "error", "blocking", "error",
+            "MB/rank", "model"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines + [""] + [f"* {n}" for n in notes])
+    legend = ("ms/step: measured; model: predicted in the strategy's mode; blocking: "
+              "predicted with\nno overlap; MB/rank: measured inter-node MB per rank per step "
+              "(headers included).")
+    bullets = [textwrap.fill(n, 100, initial_indent="* ", subsequent_indent="  ")
+               for n in notes]
+    return "\n".join(lines + ["", legend, ""] + bullets)
 
 
 def main(argv: list[str] | None = None) -> int:
