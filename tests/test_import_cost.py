@@ -94,12 +94,6 @@ def test_topologies_without_measuring_imports_no_lightning():
     assert "lightning" not in got["heavy"]
 
 
-@pytest.mark.xfail(
-    reason="lightning_gossip/analysis.py imports torch (module level, and Mixer for the "
-           "measured steps); the topologies command stays torch-free once it measures with "
-           "NumPy (issue 11, deliverable 4)",
-    strict=False,
-)
 def test_topologies_imports_neither_torch_nor_lightning():
     got = cli_modules("topologies", "--world-sizes", "8", "--no-progress")
     assert got["code"] == 0 and "ring" in got["out"]
