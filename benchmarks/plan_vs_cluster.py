@@ -69,7 +69,8 @@ def compare(path: Path, intra_gbyte: float) -> tuple[list[list[str]], list[str]]
     cluster = plan.Cluster(nodes=cfg["nodes"], gpus_per_node=cfg["procs"],
                            inter_bandwidth=cfg["rate"] * 1e6 / 8 / HEADERS,
                            intra_bandwidth=intra_gbyte * 1e9)
-    notes = [f"`{path.relative_to(ROOT)}`: {cfg['nodes']} nodes x {cfg['procs']} processes, "
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    notes = [f"`{shown}`: {cfg['nodes']} nodes x {cfg['procs']} processes, "
              f"{cfg['rate']:g} Mbit/s, {params:,} parameters, load average "
              f"{d['machine_before']['loadavg_1_5_15'][0]:.1f} before the run"]
     if "ddp" not in cases:

@@ -214,3 +214,39 @@ def test_cli_imports_neither_torch_nor_lightning() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"rc": 0, "heavy": []}
+
+
+def test_cli_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "steps.png"
+    argv = [*SMALL, "--gpus-per-node", "1", "--plot", str(png)]
+    assert main(argv) == 0
+    assert png.stat().st_size > 0
+    assert f"wrote {png}" in capsys.readouterr().out
+
+
+def test_plan_vs_cluster_script(tmp_path: Path) -> None:
+    results = {
+        "config": {"nodes": 2, "procs": 2, "rate": 200.0},
+        "params": 1_000_000,
+        "machine_before": {"loadavg_1_5_15": [1.0, 1.0, 1.0]},
+        "cases": [
+            {"case": name, "strategy": strategy, "kwargs": kwargs, "status": "ok",
+             "steps_per_rank": [20] * 4, "epochs": 2, "epoch_s": 10 * step,
+             "tx_bytes_per_step_per_rank": [2e6] * 2}
+            for name, strategy, kwargs, step in [
+                ("ddp", "ddp", {}, 0.34), ("dpsgd_hier", "dpsgd", {"hierarchical": True}, 0.2),
+                ("adpsgd", "adpsgd", {}, 0.1)]
+        ] + [{"case": "adpsgd_hier", "status": "unavailable"}],
+    }
+    path = tmp_path / "cluster_test.json"
+    path.write_text(json.dumps(results))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "plan_vs_cluster.py"), "--results", str(path),
+         "--intra-gbyte", "1e6"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {line.split(" | ")[1]: line for line in proc.stdout.splitlines()
+            if line.startswith("| 2x2@200")}
+    assert set(rows) == {"ddp", "dpsgd_hier", "adpsgd"}
+    assert "| 340 | +0% |" in rows["ddp"]  # ddp calibrates the compute time
+    assert "ranking, measured (fastest first): adpsgd, dpsgd_hier, ddp" in proc.stdout
