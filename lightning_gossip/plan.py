@@ -468,7 +468,8 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     Ranks do not wait for each other: the step rate is the **sum of the ranks' rates**, and
     ``step_s`` is ``world_size`` over that sum (synchronous strategies: the slowest rank's).
     With ``hierarchical``, the unit is the node: every step is the node's blocking gradient
-    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU.
+    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU (a form that
+    :class:`~lightning_gossip.ADPSGDStrategy` does not offer yet).
 
     Bytes per step: ``min(1, steps per exchange)`` exchanges, ``cross`` of them across nodes.
 
