@@ -246,10 +246,11 @@ def step_time(compute_s: float, gossip_s: float, fixed_s: float = 0.0,
 
 
 def cross_node_sends(topo: _topology.Topology, gpus_per_node: int,
-                     steps: int = 16) -> tuple[float, int]:
+                     steps: int | None = None) -> tuple[float, int]:
     """``(cross, peers)`` of a topology over ranks numbered ``node * gpus_per_node + local``:
     ``cross`` the messages per step the busiest node sends to other nodes (mean over ``steps``
-    steps of a time-varying topology), ``peers`` the most ranks any rank sends to per step.
+    steps of a time-varying topology; default 16, 4 above 256 ranks, where one step's count is
+    already close to its mean), ``peers`` the most ranks any rank sends to per step.
 
     >>> cross_node_sends(_topology.build("ring", 4), 2)  # ring 0-1-2-3-0: 1-2 and 3-0 cross
     (2.0, 2)
@@ -257,6 +258,8 @@ def cross_node_sends(topo: _topology.Topology, gpus_per_node: int,
     n = topo.world_size
     if n <= 1:
         return 0.0, 0
+    if steps is None:
+        steps = 16 if n <= 256 else 4
     node = np.arange(n) // gpus_per_node
     other = node[:, None] != node[None, :]
     eye = np.eye(n, dtype=bool)
