@@ -178,6 +178,8 @@ def _worker(spec_path: Path) -> None:
             slow = mode == "straggler" and rank == slow_rank
             res = fit(name, spec["epochs"], sleep_s=sleep_s if slow else 0.0)
             runs[f"{name}/{mode}"] = res
+            (out / f"partial_rank{rank}.json").write_text(json.dumps(
+                {"rank": rank, "calibration": calib, "sleep_s": sleep_s, "runs": runs}))
             dist.barrier()
             H.progress(f"  done: steps per epoch on rank 0 {res['epoch_steps']}, "
                        f"test WER {100 * res['test_wer']:.2f}%")
