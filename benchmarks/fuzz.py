@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import signal
@@ -164,13 +165,18 @@ def judge(spec: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
         if result["returncode"] != 0 or len(done) != spec["devices"]:
             return "wrong", f"no fault, exit {result['returncode']}, {len(done)} ranks done"
         sums = [d["checksum"] for d in done.values()]
-        if max(sums) - min(sums) > 1e-4 * max(1.0, abs(sums[0])):
-            return "wrong", f"final replicas differ: {sums}"
+        if not all(math.isfinite(x) for x in sums) or max(sums) - min(sums) > 1e-4 * max(
+                1.0, abs(sums[0])):
+            return "wrong", f"final replicas differ or are not finite: {sums}"
         return "ok", f"{len(done)} ranks done"
     fault = fired[0]
     culprit = fault["rank"]
     if len(done) == spec["devices"] and result["returncode"] == 0:
-        return "ok", "the fault fired but the run completed"  # e.g. NaN at the very end
+        sums = [d["checksum"] for d in done.values()]
+        if not all(math.isfinite(x) for x in sums) or max(sums) - min(sums) > 1e-4 * max(
+                1.0, abs(sums[0])):
+            return "wrong", f"completed after a {fault.get('kind')} with replicas {sums}"
+        return "ok", "the fault fired but the run completed"  # e.g. a freeze after the end
     names = (f"rank {culprit}", f"rank(s) {culprit}", f"ranks [{culprit}", f" {culprit}]",
              f"rank {culprit}:")
     named = [e for e in errors if e["rank"] != culprit and any(n in e["message"] for n in names)]

@@ -316,10 +316,21 @@ class ADPSGDStrategy(GossipStrategy):
         self.quiesce()
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        # [stop?, steps]: the max of both (the steps decide the global average below)
-        stop = torch.tensor([float(local_stop), float(self.step)], device=self.root_device)
+        # [stop?, steps, non-finite replica on rank r...]: the max of each (the steps decide
+        # the global average below)
+        assert self._flat is not None
+        stop = torch.zeros(2 + self.world_size, device=self.root_device)
+        stop[0], stop[1] = float(local_stop), float(self.step)
+        stop[2 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
         self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
                    "the epoch-end meeting (agreeing on whether to stop)")
+        bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
+        if bad:
+            raise FloatingPointError(
+                f"rank {self.global_rank}: at the end of the epoch the replica of rank(s) "
+                f"{', '.join(map(str, bad))} holds NaN/Inf (its training diverged: check its "
+                "learning rate, loss scaling and data); stopping every rank before it is "
+                "averaged in")
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps
