@@ -138,8 +138,9 @@ def main() -> None:
     if spec.get("checkpoint_dir"):
         from lightning.pytorch.callbacks import ModelCheckpoint
 
+        # not save_top_k=0: Lightning 2.6 then writes last.ckpt only at the end of fit
         callbacks.append(ModelCheckpoint(dirpath=spec["checkpoint_dir"], save_last=True,
-                                         save_top_k=0))
+                                         every_n_epochs=1))
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=spec.get("devices", 2),
         max_epochs=spec.get("epochs", 2), max_time=spec.get("max_time"),
