@@ -47,8 +47,8 @@ from lightning_gossip.exchange import GossipTimeout
 __all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "make_sigterm_check_local",
            "wait_for_peers"]
 
-#: added to a rank's counter when it leaves after an error: readers see it at once
 DOWN = 1 << 40
+"""Added to a rank's counter when it leaves after an error: readers see it at once."""
 #: seconds a wait still gives its works once a peer is found silent (its last message may be
 #: on its way)
 GRACE_S = 1.0
