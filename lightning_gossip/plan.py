@@ -276,21 +276,16 @@ def cross_node_sends(topo: _topology.Topology, gpus_per_node: int,
 
 
 def consensus_steps(topo: _topology.Topology, tolerance: float = 1e-3) -> float:
-    """Mixing steps for the RMS consensus error to fall by ``tolerance``:
-    ``2 ln(1 / tolerance) / -ln(1 - ms_gap)`` from the topology's mean-square gap, the
-    prediction of ``lightning-gossip topologies``
-    (:func:`lightning_gossip.analysis.predicted_consensus_steps`, restated here because
-    :mod:`lightning_gossip.analysis` imports torch).
+    """Mixing steps for the RMS consensus error to fall by ``tolerance``, predicted from the
+    topology's mean-square gap exactly as ``lightning-gossip topologies`` does
+    (:func:`lightning_gossip.analysis.predicted_consensus_steps`).
 
     >>> round(consensus_steps(_topology.build("complete", 8)))
     1
     """
-    ms_gap = max(topo.mean_square_gap(), 0.0)
-    if ms_gap >= 1.0 - 1e-12:
-        return 1.0
-    if ms_gap <= 0.0:
-        return math.inf
-    return 2.0 * math.log(1.0 / tolerance) / -math.log1p(-ms_gap)
+    from lightning_gossip.analysis import predicted_consensus_steps
+
+    return predicted_consensus_steps(max(topo.mean_square_gap(), 0.0), tolerance)
 
 
 def _consensus(topo: _topology.Topology, tolerance: float | None) -> float | None:
