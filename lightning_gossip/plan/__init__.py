@@ -1,0 +1,70 @@
+"""A communication cost model: predicted time per optimizer step of ``ddp``, ``dpsgd`` and
+``adpsgd`` (flat and hierarchical) on a cluster described by a handful of numbers.
+
+Pure Python and NumPy (no torch, no Lightning): it backs ``lightning-gossip plan`` and starts in
+a fraction of a second. Every formula is a small function below with its assumptions.
+
+**The link model (alpha-beta).** Sending ``m`` bytes over a link costs ``alpha + m / beta``:
+``alpha`` the per-message latency (s), ``beta`` the bandwidth (bytes/s). There are two kinds of
+links, described by :class:`Cluster`:
+
+* *intra-node* (NVLink, PCIe, loopback): every GPU has its own ``intra_bandwidth``;
+* *inter-node*: every node has **one** network interface of ``inter_bandwidth`` per direction,
+  shared by all its GPUs (full duplex; a non-blocking switch: no oversubscribed core).
+
+**Step time.** A step is ``compute_s`` of forward/backward/optimizer (:class:`Workload`) plus
+communication. Communication that the strategy posts before forward/backward (``overlap``) is
+hidden behind compute up to the compute time; ``delay_by_one`` gives it a whole step;
+``blocking`` adds it. "Exposed communication" is step time minus compute time.
+
+Example: 2 nodes of 2 GPUs, 1M parameters, 0.1 s of compute, a 25 MB/s network::
+
+    >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e12)
+    >>> w = Workload(params=1_000_000, compute_s=0.1)
+    >>> round(predict_ddp(c, w).step_s, 3)  # ring all-reduce: each node sends 1.5 x 4 MB
+    0.34
+    >>> p = predict_dpsgd(c, w, topology="ring", hierarchical=True, mode="blocking")
+    >>> round(p.step_s, 3), p.inter_bytes_per_rank  # 4 MB to the one peer node, 2 MB per rank
+    (0.26, 2000000.0)
+"""
+
+from __future__ import annotations
+
+from lightning_gossip.plan.blocks import (
+    consensus_steps,
+    cross_node_sends,
+    hierarchical_allreduce_time,
+    link_time,
+    ring_allreduce_time,
+    step_time,
+    straggler_factors,
+    tree_allreduce_time,
+)
+from lightning_gossip.plan.model import MODES, Cluster, Prediction, Workload
+from lightning_gossip.plan.predict import (
+    adpsgd_exchange_time,
+    predict_adpsgd,
+    predict_all,
+    predict_ddp,
+    predict_dpsgd,
+)
+
+__all__ = [
+    "MODES",
+    "Cluster",
+    "Prediction",
+    "Workload",
+    "adpsgd_exchange_time",
+    "consensus_steps",
+    "cross_node_sends",
+    "hierarchical_allreduce_time",
+    "link_time",
+    "predict_adpsgd",
+    "predict_all",
+    "predict_ddp",
+    "predict_dpsgd",
+    "ring_allreduce_time",
+    "step_time",
+    "straggler_factors",
+    "tree_allreduce_time",
+]

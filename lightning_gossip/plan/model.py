@@ -1,0 +1,105 @@
+"""The cost model's inputs and outputs: the :class:`Cluster` and :class:`Workload` it is given,
+the :class:`Prediction` row it returns, and the scheduling :data:`MODES`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+#: how gossip is scheduled against compute: ``overlap`` (posted before forward/backward, the
+#: strategy's default), ``delay_by_one`` (applied a step later), ``blocking`` (neither)
+MODES = ("overlap", "delay_by_one", "blocking")
+
+
+def _check(name: str, value: float, minimum: float = 0.0, strict: bool = True) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is finite and > (or >=) ``minimum``."""
+    ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines: ``nodes`` x ``gpus_per_node`` ranks, bandwidths in bytes/s, latencies in s.
+
+    ``inter_bandwidth`` is one node's network interface, each direction, shared by its GPUs;
+    ``intra_bandwidth`` is one GPU's link inside the node.
+
+    >>> Cluster(nodes=0, gpus_per_node=8, inter_bandwidth=1e9)
+    Traceback (most recent call last):
+    ...
+    ValueError: nodes must be an integer >= 1, got 0
+    """
+
+    nodes: int
+    gpus_per_node: int
+    inter_bandwidth: float
+    inter_latency: float = 0.0
+    intra_bandwidth: float = 150e9
+    intra_latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        _check("inter_bandwidth (bytes/s)", self.inter_bandwidth)
+        _check("intra_bandwidth (bytes/s)", self.intra_bandwidth)
+        _check("inter_latency (s)", self.inter_latency, strict=False)
+        _check("intra_latency (s)", self.intra_latency, strict=False)
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks, ``nodes * gpus_per_node``."""
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and its step: ``params`` values, ``compute_s`` seconds of forward, backward and
+    optimizer step per rank, ``wire_bytes`` per value sent by gossip (4 fp32, 2 bf16/fp16),
+    ``grad_bytes`` per value of an all-reduced gradient (4: gradients are reduced in fp32).
+
+    >>> Workload(params=10, compute_s=-1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: compute_s must be a finite number >= 0, got -1.0
+    """
+
+    params: int
+    compute_s: float
+    wire_bytes: int = 4
+    grad_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, (int, np.integer)) or self.params < 1:
+            raise ValueError(f"params must be an integer >= 1, got {self.params!r}")
+        _check("compute_s", self.compute_s, strict=False)
+        if self.wire_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"wire_bytes must be 1, 2, 4 or 8, got {self.wire_bytes!r}")
+        if self.grad_bytes not in (2, 4, 8):
+            raise ValueError(f"grad_bytes must be 2, 4 or 8, got {self.grad_bytes!r}")
+
+
+@dataclass
+class Prediction:
+    """One row of ``lightning-gossip plan``: the predicted time per optimizer step (``step_s``;
+    for ``adpsgd`` the mean over ranks, ``world_size / sum of the ranks' step rates``), the
+    communication not hidden behind compute (``exposed_s``), bytes sent per step on inter-node
+    links per rank and per node, and mixing steps to consensus (``None``: not applicable)."""
+
+    strategy: str
+    step_s: float
+    exposed_s: float
+    inter_bytes_per_rank: float
+    inter_bytes_per_node: float
+    consensus_steps: float | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        """The row as a JSON-ready dict."""
+        return asdict(self)
+

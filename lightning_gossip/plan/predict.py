@@ -1,0 +1,241 @@
+"""The per-strategy predictions of the cost model: ``ddp``, ``dpsgd`` and ``adpsgd`` (flat and
+hierarchical), and :func:`predict_all` (the table of ``lightning-gossip plan``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from lightning_gossip import topology as _topology
+from lightning_gossip.plan.blocks import (
+    _consensus,
+    cross_node_sends,
+    hierarchical_allreduce_time,
+    link_time,
+    ring_allreduce_time,
+    step_time,
+    tree_allreduce_time,
+)
+from lightning_gossip.plan.model import MODES, Cluster, Prediction, Workload
+
+
+def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
+                stragglers: Sequence[float] | None = None) -> Prediction:
+    """Data parallelism: an all-reduce of the gradients, blocking (``compute + all-reduce``; the
+    bucketed overlap of DDP with backward is ignored, so this is an upper bound).
+
+    * ``ring``: one ring over all ranks, numbered node by node; one rank per node sends to the
+      next node, so the inter-node hop is the slowest link and each node sends
+      ``2 (n - 1) / n`` gradients per step;
+    * ``tree``: :func:`tree_allreduce_time` with the inter-node link;
+    * ``hierarchical``: :func:`hierarchical_allreduce_time` (NCCL's choice on many nodes).
+
+    Every rank waits for the slowest (``compute_s * max(stragglers)``).
+
+    >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
+    >>> predict_ddp(c, Workload(params=1_000_000, compute_s=0.01)).step_s  # 0.01 + 2 x 2 ms
+    0.014
+    """
+    n, N, L = cluster.world_size, cluster.nodes, cluster.gpus_per_node
+    g = workload.params * workload.grad_bytes
+    slow = max(stragglers) if stragglers is not None and len(stragglers) else 1.0
+    if algorithm == "hierarchical":
+        comm = hierarchical_allreduce_time(g, cluster)
+        per_node = 2 * (N - 1) / N * g if N > 1 else 0.0
+    else:
+        bw, lat = ((cluster.inter_bandwidth, cluster.inter_latency) if N > 1
+                   else (cluster.intra_bandwidth, cluster.intra_latency))
+        if algorithm == "ring":
+            comm = ring_allreduce_time(g, n, bw, lat)
+            per_node = 2 * (n - 1) / n * g if N > 1 else 0.0
+        elif algorithm == "tree":
+            comm = tree_allreduce_time(g, n, bw, lat)
+            per_node = 2 * g if N > 1 else 0.0
+        else:
+            raise ValueError(f"algorithm must be ring, tree or hierarchical, got {algorithm!r}")
+    compute = workload.compute_s * slow
+    return Prediction(f"ddp ({algorithm})", compute + comm, comm, per_node / L, per_node, 0,
+                      "exact average every step")
+
+
+def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_ring",
+                  hierarchical: bool = False, mode: str = "overlap", seed: int = 0,
+                  stragglers: Sequence[float] | None = None,
+                  tolerance: float | None = 1e-3) -> Prediction:
+    """Synchronous gossip (D-PSGD) with ``topology`` and the scheduling ``mode``
+    (:func:`step_time`).
+
+    * flat: every rank sends its replica (``params * wire_bytes``) to each of its peers; the
+      messages that cross nodes share the node's interface (:func:`cross_node_sends` counts
+      them for ranks numbered node by node), the others go over the GPU's intra-node link;
+      the gossip time is the slower of the two.
+    * ``hierarchical``: the topology is over nodes; a node's ``L`` GPUs each send their ``1/L``
+      shard to each of the ``k`` peer nodes, so a node sends ``k`` replicas per step (``k/L``
+      per rank). Inside the node, blocking: a ring all-reduce of the gradients
+      (``grad_bytes``) before the optimizer step and an all-gather of the fp32 mixing change.
+
+    Every rank waits for the slowest (``compute_s * max(stragglers)``). Steps to consensus
+    from the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
+
+    >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
+    >>> w = Workload(params=1_000_000, compute_s=0.01)
+    >>> predict_dpsgd(c, w, "ring", mode="blocking").step_s  # 0.01 + 4 MB at 1 GB/s
+    0.014
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    N, L = cluster.nodes, cluster.gpus_per_node
+    replica = workload.params * workload.wire_bytes
+    slow = max(stragglers) if stragglers is not None and len(stragglers) else 1.0
+    compute = workload.compute_s * slow
+    if hierarchical:
+        name = f"dpsgd hier ({topology}, {mode})"
+        fixed = 0.0
+        if L > 1:
+            fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
+                                         cluster.intra_bandwidth, cluster.intra_latency)
+                     + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
+                                           cluster.intra_latency))
+        if N == 1:
+            return Prediction(name, compute + fixed, fixed, 0.0, 0.0, 0,
+                              "one node: plain data parallelism")
+        topo = _topology.build(topology, N, seed)
+        cross, peers = cross_node_sends(topo, 1)
+        per_node = cross * replica
+        gossip = link_time(per_node, cluster.inter_bandwidth, peers * cluster.inter_latency)
+        step = step_time(compute, gossip, fixed, mode)
+        return Prediction(name, step, step - compute, per_node / L, per_node,
+                          _consensus(topo, tolerance), f"{peers} peer node(s)/step")
+    name = f"dpsgd ({topology}, {mode})"
+    n = cluster.world_size
+    if n == 1:
+        return Prediction(name, compute, 0.0, 0.0, 0.0, 0, "one rank")
+    topo = _topology.build(topology, n, seed)
+    cross, peers = cross_node_sends(topo, L) if N > 1 else (0.0, topo.degree(0))
+    per_node = cross * replica
+    inter = link_time(per_node, cluster.inter_bandwidth,
+                      math.ceil(cross / L) * cluster.inter_latency)
+    local_msgs = max(peers - (cross / L), 0.0)
+    intra = link_time(local_msgs * replica, cluster.intra_bandwidth,
+                      math.ceil(local_msgs) * cluster.intra_latency)
+    gossip = max(inter, intra)
+    step = step_time(compute, gossip, 0.0, mode)
+    return Prediction(name, step, step - compute, per_node / L, per_node,
+                      _consensus(topo, tolerance), f"{peers} peers/step")
+
+
+def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "ring",
+                         hierarchical: bool = False) -> tuple[float, float]:
+    """``(seconds, cross)`` of one exchange round of AD-PSGD, ``cross`` the fraction of the
+    ranks' exchanges that cross nodes. An exchange swaps replicas with one partner (each side
+    sends ``params * wire_bytes``); all ranks exchange at once.
+
+    * flat, ``pairing="ring"`` (ranks in order, a partner next to it): ``1 / L`` of the pairs
+      cross nodes (``0`` on one node); ``"random"``: a random other rank, ``(n - L) / (n - 1)``.
+      The crossing exchanges of a node share its interface; the others use the intra link.
+    * ``hierarchical``: nodes pair up; each GPU swaps its ``1/L`` shard, so a node sends one
+      replica per exchange through its interface.
+
+    >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e12)
+    >>> adpsgd_exchange_time(c, Workload(params=1_000_000, compute_s=0.1))  # 2 x 1/2 x 4 MB
+    (0.16, 0.5)
+    """
+    N, L, n = cluster.nodes, cluster.gpus_per_node, cluster.world_size
+    replica = workload.params * workload.wire_bytes
+    if hierarchical:
+        if N == 1:
+            return 0.0, 0.0
+        return link_time(replica, cluster.inter_bandwidth, cluster.inter_latency), 1.0
+    if n == 1:
+        return 0.0, 0.0
+    if pairing == "ring":
+        cross = 1.0 / L if N > 1 else 0.0
+    elif pairing == "random":
+        cross = (n - L) / (n - 1)
+    else:
+        raise ValueError(f"pairing must be ring or random, got {pairing!r}")
+    inter = link_time(L * cross * replica, cluster.inter_bandwidth, cluster.inter_latency)
+    intra = link_time(replica, cluster.intra_bandwidth, cluster.intra_latency)
+    return max(inter if cross > 0 else 0.0, intra if cross < 1 else 0.0), cross
+
+
+def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
+                   hierarchical: bool = False, max_staleness: int | None = 4,
+                   stragglers: Sequence[float] | None = None) -> Prediction:
+    """Asynchronous gossip (AD-PSGD): the compute step never waits for gossip unless the
+    exchanges cannot keep up. An exchange takes ``t_x`` (:func:`adpsgd_exchange_time`) and
+    covers every step made before it started, so a rank whose compute step is ``c`` runs at
+    ``max(c, t_x / max_staleness)`` (``c + t_x`` with ``max_staleness=0``, ``c`` with ``None``).
+    Ranks do not wait for each other: the step rate is the **sum of the ranks' rates**, and
+    ``step_s`` is ``world_size`` over that sum (synchronous strategies: the slowest rank's).
+    With ``hierarchical``, the unit is the node: every step is the node's blocking gradient
+    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU (a form that
+    :class:`~lightning_gossip.ADPSGDStrategy` does not offer yet).
+
+    Bytes per step: ``min(1, steps per exchange)`` exchanges, ``cross`` of them across nodes.
+
+    >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
+    >>> w = Workload(params=1_000_000, compute_s=0.01)
+    >>> predict_adpsgd(c, w, max_staleness=0).step_s  # blocking: 0.01 + 4 ms
+    0.014
+    >>> predict_adpsgd(c, w, stragglers=[1.0, 3.0]).step_s  # 2 / (1/0.01 + 1/0.03)
+    0.015
+    """
+    N, L, n = cluster.nodes, cluster.gpus_per_node, cluster.world_size
+    f = np.ones(n) if stragglers is None else np.asarray(stragglers, dtype=float)
+    if f.shape != (n,):
+        raise ValueError(f"stragglers must have one factor per rank ({n}), got {f.shape}")
+    t_x, cross = adpsgd_exchange_time(cluster, workload, hierarchical=hierarchical,
+                                      pairing=pairing)
+    fixed = 0.0
+    if hierarchical:
+        name = "adpsgd hier"
+        if L > 1:
+            fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
+                                         cluster.intra_bandwidth, cluster.intra_latency)
+                     + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
+                                           cluster.intra_latency))
+        compute = workload.compute_s * f.reshape(N, L).max(axis=1) + fixed  # per node
+        units = L
+    else:
+        name = f"adpsgd ({pairing})"
+        compute = workload.compute_s * f
+        units = 1
+    if max_staleness is None:
+        steps = compute
+    elif max_staleness == 0:
+        steps = compute + t_x
+    else:
+        steps = np.maximum(compute, t_x / max_staleness)
+    with np.errstate(divide="ignore"):  # a step of 0 s: an infinite rate, a mean of 0
+        step = float(n / (units * (1.0 / steps).sum()))
+        mean_compute = float(n / (units * (1.0 / compute).sum())) - fixed
+    exchanges = float(min(1.0, step / t_x)) if t_x > 0 else 0.0
+    replica = workload.params * workload.wire_bytes
+    per_rank = exchanges * cross * replica / (L if hierarchical else 1)
+    return Prediction(name, step, step - mean_compute, per_rank, per_rank * L, None,
+                      f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes")
+
+
+def predict_all(cluster: Cluster, workload: Workload, topology: str = "random_ring",
+                mode: str = "overlap", pairing: str = "ring", max_staleness: int | None = 4,
+                stragglers: Sequence[float] | None = None, seed: int = 0,
+                tolerance: float | None = 1e-3) -> list[Prediction]:
+    """Every strategy on one cluster: ddp (ring, tree, hierarchical), dpsgd and adpsgd (flat
+    and hierarchical).
+
+    >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e12)
+    >>> [p.strategy for p in predict_all(c, Workload(params=1000, compute_s=0.1))][:3]
+    ['ddp (ring)', 'ddp (tree)', 'ddp (hierarchical)']
+    """
+    rows = [predict_ddp(cluster, workload, a, stragglers) for a in ("ring", "tree",
+                                                                    "hierarchical")]
+    for hier in (False, True):
+        rows.append(predict_dpsgd(cluster, workload, topology, hier, mode, seed, stragglers,
+                                  tolerance))
+    for hier in (False, True):
+        rows.append(predict_adpsgd(cluster, workload, pairing, hier, max_staleness,
+                                   stragglers))
+    return rows
