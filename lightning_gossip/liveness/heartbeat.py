@@ -1,57 +1,21 @@
-"""Liveness: every rank beats in the c10d store, and every wait on a peer watches those beats.
-
-A gossip wait can only end three ways: the message arrives, the configured ``timeout`` passes
-(30 minutes by default), or the peer is found to be dead. :class:`Heartbeat` makes the third
-one fast and specific. A background thread of every rank increments a counter
-``heartbeat/<rank>`` in the store that the process group already has, every ``interval``
-seconds. A rank that waits on peers (:func:`wait_for_peers`) polls its works and, every so often,
-reads the peers' counters; a counter that has not moved for ``timeout`` seconds (as measured on
-the *reader's* clock, so clocks need not agree) means the peer is frozen, killed or cut off, and
-the wait fails with :class:`PeerSilent` naming it and what was being waited for.
-
-A rank that is merely slow (a long validation, a checkpoint write, a data stall) keeps beating:
-the beat comes from its own thread, not from its training loop. When the store itself becomes
-unreachable (its host process, rank 0 under Lightning's launcher, has died or is frozen), the
-reader fails with the same error type, naming the host.
-
-A rank that fails with an exception calls :meth:`Heartbeat.leave` (``failed=True``): its counter
-jumps by :data:`DOWN`, and every rank that waits on it fails at its next check instead of after
-``timeout`` seconds. :meth:`Heartbeat.connect` opens dedicated store clients (one for the beating
-thread, one for readers) whose operations time out after ``timeout`` seconds, so that neither a
-frozen store host nor a busy shared client can block a wait for longer.
-
-Example (inside an initialised process group)::
-
-    beat = Heartbeat(default_store(), rank, world_size, timeout=60.0)
-    beat.start()
-    works = [dist.irecv(buf, src=peer, group=side_group)]
-    wait_for_peers(works, [peer], beat, timeout=timedelta(minutes=30),
-                   what=f"rank {rank} receiving the replica of rank {peer}")
-    beat.stop()
-"""
+"""The heartbeat: every rank's background thread beats in the c10d store (:class:`Heartbeat`),
+readers find the silent or departed ranks (:class:`PeerSilent`), and :func:`current` is the one
+this process runs."""
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from lightning_gossip.exchange import GossipTimeout
 
-__all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "make_sigterm_check_local",
-           "wait_for_peers"]
-
 DOWN = 1 << 40
 """Added to a rank's counter when it leaves after an error: readers see it at once."""
-#: seconds a wait still gives its works once a peer is found silent (its last message may be
-#: on its way)
-GRACE_S = 1.0
 
 
 _current: Heartbeat | None = None
@@ -258,124 +222,6 @@ class Heartbeat:
         with self._seen_lock:
             last = self._seen.get(rank)
         return None if last is None else time.monotonic() - last[1]
-
-
-def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: Heartbeat | None,
-                   timeout: timedelta, what: str,
-                   should_stop: Callable[[], bool] | None = None) -> bool:
-    """Wait for every work to complete, failing fast if a peer it depends on goes silent.
-
-    Args:
-        works: the pending ``dist.Work`` objects (sends and receives).
-        peers: the ranks these works depend on (checked for liveness).
-        heartbeat: the rank's :class:`Heartbeat`; ``None`` disables the liveness check (then
-            this is a plain wait with a timeout).
-        timeout: overall limit; then :class:`GossipTimeout` naming ``what`` and ``peers``.
-        what: what is being waited for, for error messages ("rank 3 receiving ...").
-        should_stop: polled too; when it returns ``True`` the wait is abandoned and ``False``
-            is returned (the works are left pending).
-
-    Returns:
-        ``True`` when every work completed.
-    """
-    peers = sorted(set(peers))
-    deadline = time.monotonic() + timeout.total_seconds()
-    if (heartbeat is None and should_stop is None) or all(w.is_completed() for w in works):
-        _wait_blocking(works, timeout, what, peers)
-        return True
-    # gloo's send/recv works complete only inside ``wait()`` (``is_completed`` stays False), so
-    # a helper thread waits and this thread watches it, the deadline, the stop flag and the
-    # heartbeats. An abandoned helper ends with its works (or at ``timeout``).
-    waiter = _Waiter(works, timeout, what, peers)
-    # a wait that ends within a beat costs no store read
-    next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
-    while not waiter.done.wait(0.005 if heartbeat is None else min(0.05, heartbeat.interval)):
-        now = time.monotonic()
-        if now >= deadline:
-            raise GossipTimeout(f"{what} did not complete within {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)})")
-        if should_stop is not None and should_stop():
-            return False
-        if heartbeat is not None and now >= next_check:
-            next_check = now + min(1.0, heartbeat.interval)
-            silent = heartbeat.silent(peers)
-            if silent and not waiter.done.wait(GRACE_S):
-                raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
-    if waiter.error is not None:
-        raise waiter.error
-    return True
-
-
-class _Waiter:
-    """A daemon thread that waits for ``works`` (blocking) and records the outcome."""
-
-    def __init__(self, works: Sequence[dist.Work], timeout: timedelta, what: str,
-                 peers: Sequence[int]) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        args = (list(works), timeout, what, list(peers))
-        threading.Thread(target=self._run, args=args, daemon=True,
-                         name="lightning-gossip-wait").start()
-
-    def _run(self, works: list, timeout: timedelta, what: str, peers: list[int]) -> None:
-        try:
-            _wait_blocking(works, timeout, what, peers)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            self.error = e
-        finally:
-            self.done.set()
-
-
-def make_sigterm_check_local(trainer: Any) -> None:
-    """Make a SIGTERM end the rank that received it, at its next batch, on its own.
-
-    Lightning 2.6 handles SIGTERM with collectives: its signal handler broadcasts from rank 0
-    (a rank other than 0 blocks there, inside the handler, until rank 0 joins: a SIGTERM to
-    one rank hangs it for the whole ``timeout``), and the training loop broadcasts rank 0's flag
-    before every batch (a per-step collective: under AD-PSGD it forces lockstep and can
-    deadlock). Here the per-batch broadcast becomes a local check that raises
-    ``SIGTERMException``; its first call (before the first batch, after Lightning registered
-    its handlers) replaces the SIGTERM handler by one that only records the signal and
-    forwards it to the launcher's children (as Lightning's does). The strategy's
-    ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
-    second, naming this rank. Lightning restores the previous handlers at teardown.
-    """
-    from lightning_gossip import _compat
-
-    received = threading.Event()
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if not received.is_set():
-            launcher = getattr(trainer.strategy, "launcher", None)
-            kill = getattr(launcher, "kill", None)
-            if kill is not None:
-                kill(signum)
-        received.set()
-
-    installed = []
-
-    def local_sigterm_check() -> None:
-        if not installed and threading.current_thread() is threading.main_thread():
-            installed.append(signal.signal(signal.SIGTERM, on_sigterm))
-        if received.is_set() or getattr(trainer, "received_sigterm", False):
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-            raise SIGTERMException()
-
-    _compat.replace_sigterm_broadcast(trainer, local_sigterm_check)
-
-
-def _wait_blocking(works: Sequence[dist.Work], timeout: timedelta, what: str,
-                   peers: Sequence[int]) -> None:
-    for w in works:
-        try:
-            ok = w.wait(timeout)
-        except RuntimeError as e:  # gloo raises on timeout or when a peer went away
-            raise GossipTimeout(f"{what} failed or timed out after {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)}): {e}") from e
-        if ok is False:
-            raise GossipTimeout(f"{what} did not complete within {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)})")
 
 
 def _ranks(ranks: Sequence[int]) -> str:
