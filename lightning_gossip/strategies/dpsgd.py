@@ -8,8 +8,6 @@ replicas converge to consensus about as fast as with a fully connected graph.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,30 +25,21 @@ from typing_extensions import override
 
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
-from lightning_gossip.exchange import GossipTimeout, NeighborExchange
 from lightning_gossip.hierarchy import (
     NodeGroups,
     NodeLayout,
-    ShardedExchange,
     check_layout,
     make_node_groups,
 )
-from lightning_gossip.liveness import GRACE_S, PeerSilent, wait_for_peers
+from lightning_gossip.strategies.dpsgd_rounds import _Round, _RoundsMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
+from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
 from lightning_gossip.topology import Topology, check_name, resolve
 
 __all__ = ["DPSGDStrategy"]
 
 
-@dataclass
-class _Round:
-    """One in-flight exchange: the step it belongs to, and its buffers."""
-
-    step: int
-    exchange: NeighborExchange | ShardedExchange
-
-
-class DPSGDStrategy(GossipStrategy):
+class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     """Synchronous D-PSGD: mix with this step's neighbours around every optimizer step.
 
     Args:
@@ -300,179 +289,8 @@ class DPSGDStrategy(GossipStrategy):
         assert self._flat is not None
         self._flat.copy_(self.average_replicas())
 
-    # ------------------------------------------------------------------------------------------
-    # Inside a node (hierarchical)
-    # ------------------------------------------------------------------------------------------
-    def _node_averaging(self, closure: Any) -> Any:
-        """``closure`` (forward/backward), then the gradients averaged over the node."""
-
-        def run() -> Any:
-            result = closure()
-            self._average_node_gradients()
-            return result
-
-        return run
-
-    @torch.no_grad()
-    def _average_node_gradients(self) -> None:
-        """One flat all-reduce (mean) of every parameter's gradient on the node group; a
-        parameter without a gradient contributes zeros. It gets the node's average when some
-        rank of the node has a gradient for it (a branch only some ranks used this step), so
-        the optimizer steps it on every rank alike; it stays without one when no rank has."""
-        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
-        if not params:
-            return
-        grads = [p.grad for p in params]
-        flat = torch.cat([
-            g.detach().reshape(-1).float() if g is not None
-            else torch.zeros(p.numel(), device=p.device)
-            for p, g in zip(params, grads)
-        ] + [torch.tensor([float(g is not None) for g in grads], device=params[0].device)])
-        self._node_all_reduce(flat, "gradient all-reduce")
-        flat.div_(self.num_processes)
-        *values, present = flat.split([p.numel() for p in params] + [len(params)])
-        for p, g, v, has in zip(params, grads, values, present.tolist()):
-            if g is None and has > 0:
-                p.grad = g = torch.zeros_like(p)
-            if g is not None:
-                g.copy_(v.view_as(g))
-
-    def _node_all_reduce(self, flat: Tensor, what: str) -> None:
-        """Sum ``flat`` over the node group, failing fast and naming the rank(s) when a rank of
-        the node left after an error or stopped beating (instead of a bare gloo error, or a
-        wait of ``timeout``)."""
-        assert self.layout is not None
-        ranks = self.layout.node_ranks(self.layout.node)
-        label = (f"rank {self.global_rank}: {what} in node {self.layout.node} (ranks "
-                 f"{ranks}) at step {self.step}")
-        work = dist.all_reduce(flat, group=self._node_group, async_op=True)
-        try:
-            wait_for_peers([work], ranks, self.heartbeat, self.timeout, label)
-        except GossipTimeout:
-            raise
-        except RuntimeError as e:
-            silent: list[int] = []
-            if self.heartbeat is not None:  # the failed rank marks itself gone as it exits
-                deadline = time.monotonic() + GRACE_S
-                while not silent and time.monotonic() < deadline:
-                    silent = self.heartbeat.silent(ranks)
-                    time.sleep(0.05)
-            if silent:
-                assert self.heartbeat is not None
-                raise PeerSilent(f"{label}: {self.heartbeat.describe(silent)}", silent) from e
-            raise RuntimeError(f"{label} failed: {e}") from e
-
-    @torch.no_grad()
-    def _average_node_buffers(self) -> None:
-        """Average the floating buffers (e.g. BatchNorm statistics) over the node, so its
-        ranks hold bit-identical replicas."""
-        if not self._buffers:
-            return
-        flat = torch.cat([b.reshape(-1).float() for b in self._buffers])
-        self._node_all_reduce(flat, "buffer all-reduce")
-        flat.div_(self.num_processes)
-        for b, v in zip(self._buffers, flat.split([b.numel() for b in self._buffers])):
-            b.copy_(v.view_as(b))
-
     @override
     def quiesce(self) -> None:
         """Finish in-flight exchanges. Their deltas are applied, so no mixing is lost."""
         while self._pending:
             self._apply_delta(self._pending.pop(0))
-
-    # ------------------------------------------------------------------------------------------
-    def _started(self, step: int) -> bool:
-        return any(r.step == step for r in self._pending)
-
-    def _start(self, step: int) -> _Round:
-        assert self._flat is not None and self.topology is not None and self._group is not None
-        if self.sharded:
-            return self._start_sharded(step)
-        peers = self.topology.peers(self.global_rank, step)
-        bufs = self._spare.pop() if self._spare else [self._flat.empty()]
-        send = self._flat.pack(out=bufs[0])
-        exchange = NeighborExchange(send, peers, self._group, recv_buffers=bufs[1:])
-        self._count(exchange)
-        rnd = _Round(step, exchange)
-        if self.overlap:
-            self._pending.append(rnd)
-        return rnd
-
-    def _padded(self) -> Tensor:
-        """A zeroed fp32 vector of ``devices * shard`` values (the replica, zero-padded)."""
-        assert self._flat is not None and self.layout is not None
-        size = self.layout.devices * self.layout.shard_size(self._flat.numel)
-        return torch.zeros(size, dtype=torch.float32, device=self._flat.device)
-
-    def _start_sharded(self, step: int) -> _Round:
-        assert self._flat is not None and self.topology is not None
-        assert self.layout is not None and self._groups is not None
-        bufs = self._spare.pop() if self._spare else [self._padded()]
-        snapshot = bufs[0]
-        self._flat.pack(out=snapshot[: self._flat.numel])
-        exchange = ShardedExchange(snapshot, self.layout,
-                                   self.topology.peers(self.layout.node, step), self._groups,
-                                   self._wire, buffers=bufs[1:])
-        self._count(exchange.exchange)
-        rnd = _Round(step, exchange)
-        if self.overlap:
-            self._pending.append(rnd)
-        return rnd
-
-    def _count(self, exchange: NeighborExchange) -> None:
-        sends = len(exchange.peers.send_to)
-        self._exchanges += 1
-        self._messages += sends
-        self._sent_bytes += sends * exchange.send.numel() * exchange.send.element_size()
-
-    @property
-    def gossip_stats(self) -> dict[str, float]:
-        """What this rank's gossip sent so far (this process): ``sent_bytes`` (payload of the
-        replica messages, without the node's all-reduce and all-gather), ``messages`` and
-        ``exchanges`` (rounds started)."""
-        return {"sent_bytes": float(self._sent_bytes), "messages": float(self._messages),
-                "exchanges": float(self._exchanges)}
-
-    def _recycle(self, rnd: _Round) -> None:
-        ex = rnd.exchange
-        if isinstance(ex, ShardedExchange):
-            self._spare.append([ex.snapshot, *ex.buffers])
-        else:
-            self._spare.append([ex.send] + [b for _, b in ex.recv])
-
-    def _sharded_delta(self, rnd: _Round) -> Tensor:
-        """``sum_j W_ij (x_j - x_i)`` of the round (the node's, all-gathered), unpadded."""
-        assert self._flat is not None and isinstance(rnd.exchange, ShardedExchange)
-        if self._scratch is None:
-            self._scratch = self._padded()
-        delta = rnd.exchange.delta(self.timeout, rnd.step, out=self._scratch)
-        return delta[: self._flat.numel]
-
-    def _apply_delta(self, rnd: _Round) -> None:
-        """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
-        assert self._flat is not None
-        if isinstance(rnd.exchange, ShardedExchange):
-            self._flat.add_(self._sharded_delta(rnd))
-            self._recycle(rnd)
-            return
-        rnd.exchange.wait(self.timeout, step=rnd.step)
-        delta = rnd.exchange.mixed(out=self._mix_buffer())
-        delta.sub_(rnd.exchange.send)
-        self._flat.add_(delta)
-        self._recycle(rnd)
-
-    def _finish_blocking(self, rnd: _Round) -> None:
-        """``x <- W_t x'``: replace the weights by the mixed ones."""
-        assert self._flat is not None
-        if isinstance(rnd.exchange, ShardedExchange):  # x' + sum_j W_ij (x'_j - x'_i)
-            self._apply_delta(rnd)
-            return
-        rnd.exchange.wait(self.timeout, step=rnd.step)
-        self._flat.copy_(rnd.exchange.mixed(out=self._mix_buffer()))
-        self._recycle(rnd)
-
-    def _mix_buffer(self) -> Tensor:
-        assert self._flat is not None
-        if self._scratch is None:
-            self._scratch = self._flat.empty()
-        return self._scratch
