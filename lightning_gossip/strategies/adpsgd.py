@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -26,11 +26,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.consensus import check_every
-from lightning_gossip.liveness import make_sigterm_check_local, wait_for_peers
+from lightning_gossip.liveness import make_sigterm_check_local
 from lightning_gossip.pairing import Pairing, check_pairing_name
+from lightning_gossip.strategies.adpsgd_phases import _PhasesMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
 
 __all__ = ["ADPSGDStrategy"]
@@ -38,7 +38,7 @@ __all__ = ["ADPSGDStrategy"]
 _run_ids = itertools.count()  # fits in this process, counted the same way on every rank
 
 
-class ADPSGDStrategy(GossipStrategy):
+class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
     Args:
@@ -211,28 +211,6 @@ class ADPSGDStrategy(GossipStrategy):
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback())
 
-    def _check_trainer(self, trainer: pl.Trainer) -> None:
-        if _compat.layer_sync(self) is not None:
-            raise ValueError(
-                "adpsgd does not support sync_batchnorm: ranks run different numbers of steps, "
-                "so a per-step collective would deadlock. BatchNorm statistics are gossiped "
-                "with the weights instead."
-            )
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
-                raise ValueError(
-                    "adpsgd checkpoints at epoch ends and validations only (all ranks meet "
-                    "there); ModelCheckpoint(every_n_train_steps / train_time_interval) is not "
-                    "supported."
-                )
-        if self.shared_cursor and trainer.val_check_interval != 1.0:
-            raise ValueError(
-                "adpsgd with shared_cursor=True validates at epoch ends only (ranks run "
-                "different numbers of batches); got "
-                f"val_check_interval={trainer.val_check_interval}. "
-                "Use check_val_every_n_epoch, or ADPSGDStrategy(shared_cursor=False)."
-            )
-
     @override
     def teardown_gossip(self) -> None:
         """Stop the gossip thread and keep its counters in :attr:`gossip_stats`."""
@@ -268,23 +246,6 @@ class ADPSGDStrategy(GossipStrategy):
     # ------------------------------------------------------------------------------------------
     # Steps and phases
     # ------------------------------------------------------------------------------------------
-    def begin_phase(self) -> None:
-        """All ranks start training together (a barrier), then gossip may flow."""
-        if self.engine is not None and not self.engine.in_phase:
-            kwargs: dict[str, Any] = {}
-            if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
-                kwargs["device_ids"] = [self.root_device.index]
-            self._meet(dist.barrier(async_op=True, **kwargs),
-                       "the barrier that opens a gossip phase")
-            self.engine.begin_phase()
-
-    def _meet(self, work: Any, what: str) -> None:
-        """Wait for a collective on the world group, failing fast (naming the ranks) when a
-        rank stops beating (the epoch-end meeting, the start of a phase)."""
-        others = [r for r in range(self.world_size) if r != self.global_rank]
-        wait_for_peers([work], others, self.heartbeat, self.timeout,
-                       f"rank {self.global_rank} waiting for every rank at {what}")
-
     @override
     def optimizer_step(
         self,
@@ -308,40 +269,6 @@ class ADPSGDStrategy(GossipStrategy):
         """Finish the in-flight exchanges and close the gossip phase on every rank."""
         if self.engine is not None:
             self.engine.quiesce()
-
-    def end_epoch(self, trainer: pl.Trainer) -> None:
-        """Epoch end on this rank: quiet the network, agree on stopping, log consensus."""
-        if self.engine is None:
-            return
-        self.quiesce()
-        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
-        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        # [stop?, steps, non-finite replica on rank r...]: the max of each (the steps decide
-        # the global average below)
-        assert self._flat is not None
-        stop = torch.zeros(2 + self.world_size, device=self.root_device)
-        stop[0], stop[1] = float(local_stop), float(self.step)
-        stop[2 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
-        self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
-                   "the epoch-end meeting (agreeing on whether to stop)")
-        bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
-        if bad:
-            raise FloatingPointError(
-                f"rank {self.global_rank}: at the end of the epoch the replica of rank(s) "
-                f"{', '.join(map(str, bad))} holds NaN/Inf (its training diverged: check its "
-                "learning rate, loss scaling and data); stopping every rank before it is "
-                "averaged in")
-        if stop[0].item() > 0:
-            trainer.should_stop = True
-        n = self.global_average_every_n_steps
-        if n is not None and int(stop[1].item()) // n > self._global_averages:
-            # Gossip-PGA at the next meeting: some rank passed a multiple of n since the last
-            # global average, so every replica becomes the exact average (one all-reduce).
-            self._global_averages = int(stop[1].item()) // n
-            assert self._flat is not None
-            self._flat.copy_(self.average_replicas())
-        if self.consensus_every_n_steps is not None:
-            self.log_consensus_distance()
 
     @override
     def reduce(

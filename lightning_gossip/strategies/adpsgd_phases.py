@@ -1,0 +1,92 @@
+"""The gossip phases of :class:`~lightning_gossip.strategies.ADPSGDStrategy`, as a mixin: the
+trainer settings a phase cannot support, the barrier that opens a phase, and the epoch-end meeting
+that closes it (agreeing on stopping, the periodic global average, consensus logging)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_gossip import _compat
+from lightning_gossip.liveness import wait_for_peers
+
+
+class _PhasesMixin:
+    """Trainer checks, phase start and epoch-end meeting of :class:`ADPSGDStrategy`."""
+
+    def _check_trainer(self, trainer: pl.Trainer) -> None:
+        if _compat.layer_sync(self) is not None:
+            raise ValueError(
+                "adpsgd does not support sync_batchnorm: ranks run different numbers of steps, "
+                "so a per-step collective would deadlock. BatchNorm statistics are gossiped "
+                "with the weights instead."
+            )
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
+                raise ValueError(
+                    "adpsgd checkpoints at epoch ends and validations only (all ranks meet "
+                    "there); ModelCheckpoint(every_n_train_steps / train_time_interval) is not "
+                    "supported."
+                )
+        if self.shared_cursor and trainer.val_check_interval != 1.0:
+            raise ValueError(
+                "adpsgd with shared_cursor=True validates at epoch ends only (ranks run "
+                "different numbers of batches); got "
+                f"val_check_interval={trainer.val_check_interval}. "
+                "Use check_val_every_n_epoch, or ADPSGDStrategy(shared_cursor=False)."
+            )
+
+    def begin_phase(self) -> None:
+        """All ranks start training together (a barrier), then gossip may flow."""
+        if self.engine is not None and not self.engine.in_phase:
+            kwargs: dict[str, Any] = {}
+            if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+                kwargs["device_ids"] = [self.root_device.index]
+            self._meet(dist.barrier(async_op=True, **kwargs),
+                       "the barrier that opens a gossip phase")
+            self.engine.begin_phase()
+
+    def _meet(self, work: Any, what: str) -> None:
+        """Wait for a collective on the world group, failing fast (naming the ranks) when a
+        rank stops beating (the epoch-end meeting, the start of a phase)."""
+        others = [r for r in range(self.world_size) if r != self.global_rank]
+        wait_for_peers([work], others, self.heartbeat, self.timeout,
+                       f"rank {self.global_rank} waiting for every rank at {what}")
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """Epoch end on this rank: quiet the network, agree on stopping, log consensus."""
+        if self.engine is None:
+            return
+        self.quiesce()
+        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
+        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        # [stop?, steps, non-finite replica on rank r...]: the max of each (the steps decide
+        # the global average below)
+        assert self._flat is not None
+        stop = torch.zeros(2 + self.world_size, device=self.root_device)
+        stop[0], stop[1] = float(local_stop), float(self.step)
+        stop[2 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
+        self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
+                   "the epoch-end meeting (agreeing on whether to stop)")
+        bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
+        if bad:
+            raise FloatingPointError(
+                f"rank {self.global_rank}: at the end of the epoch the replica of rank(s) "
+                f"{', '.join(map(str, bad))} holds NaN/Inf (its training diverged: check its "
+                "learning rate, loss scaling and data); stopping every rank before it is "
+                "averaged in")
+        if stop[0].item() > 0:
+            trainer.should_stop = True
+        n = self.global_average_every_n_steps
+        if n is not None and int(stop[1].item()) // n > self._global_averages:
+            # Gossip-PGA at the next meeting: some rank passed a multiple of n since the last
+            # global average, so every replica becomes the exact average (one all-reduce).
+            self._global_averages = int(stop[1].item()) // n
+            assert self._flat is not None
+            self._flat.copy_(self.average_replicas())
+        if self.consensus_every_n_steps is not None:
+            self.log_consensus_distance()
