@@ -184,5 +184,5 @@ class ImageClassifier(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, **schedule)
         )
-        schedule = {"scheduler": scheduler, "interval": "step"}
-        return {"optimizer": optimizer, "lr_scheduler": schedule}
+        per_step = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": per_step}
