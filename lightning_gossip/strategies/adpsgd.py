@@ -41,6 +41,12 @@ _run_ids = itertools.count()  # fits in this process, counted the same way on ev
 class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
+    The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
+    ``process_group_backend``, ``timeout`` and ``heartbeat_timeout`` are those of
+    :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus distance is
+    measured at epoch ends (the only points where all ranks meet) when
+    ``consensus_every_n_steps`` is not ``None``.
+
     Args:
         pairing: which passive peers an active rank contacts (see
             :class:`~lightning_gossip.pairing.Pairing`). ``"ring"`` (default) alternates
@@ -60,11 +66,6 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
             replicas (one all-reduce) at the first epoch end (the next point where all ranks
             meet) after any rank passed a multiple of this many optimizer steps; ``None``
             (default) never.
-        final_average, evaluate, consensus_every_n_steps, process_group_backend,
-            timeout, heartbeat_timeout:
-            see :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus
-            distance is measured at epoch ends (the only points where all ranks meet) when
-            ``consensus_every_n_steps`` is not ``None``.
 
     Example::
 

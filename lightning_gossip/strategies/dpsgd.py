@@ -42,6 +42,10 @@ __all__ = ["DPSGDStrategy"]
 class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     """Synchronous D-PSGD: mix with this step's neighbours around every optimizer step.
 
+    The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
+    ``global_average_every_n_steps``, ``process_group_backend``, ``timeout`` and
+    ``heartbeat_timeout`` are those of :class:`~lightning_gossip.strategies.gossip.GossipStrategy`.
+
     Args:
         topology: a name from :data:`lightning_gossip.topology.TOPOLOGIES`, a
             :class:`~lightning_gossip.topology.Topology`, or a doubly stochastic matrix.
@@ -66,9 +70,6 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             bytes). Compressed values are mixed in the mean-preserving form
             ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))`` (:mod:`lightning_gossip.compression`), so
             the mean of the replicas is kept to fp32 rounding.
-        final_average, evaluate, consensus_every_n_steps, global_average_every_n_steps,
-            process_group_backend, timeout, heartbeat_timeout:
-            see :class:`~lightning_gossip.strategies.gossip.GossipStrategy`.
 
     Example::
 

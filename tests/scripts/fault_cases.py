@@ -12,7 +12,8 @@ machine) and writes its pid to ``OUT/pid<rank>``:
 Faults (``fault``: ``{"kind", "rank", "step"}``): ``raise`` (an exception in a training step),
 ``freeze`` (SIGSTOP of itself), ``sigterm`` (SIGTERM to itself), ``sigint_launcher`` (SIGINT to
 the launcher: the parent process under torchrun, itself under Lightning's launcher), ``sigkill``
-(SIGKILL of itself), ``nan`` (its weights become NaN). A fault with ``"restart": k`` fires only in torchrun's restart round k.
+(SIGKILL of itself), ``nan`` (its weights become NaN). A fault with ``"restart": k`` fires only
+in torchrun's restart round k.
 
 Restarts: ``checkpoint_dir`` adds ``ModelCheckpoint(dirpath, save_last=True)`` (epoch ends) and
 ``fit(ckpt_path="last")``; ``done`` then reports the held-out accuracy ``val_acc`` (the task is
