@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Every check starts a fresh interpreter (some import Lightning): not part of `make test-fast`.
+pytestmark = pytest.mark.multiprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "pytorch_lightning")
 TIMEOUT_S = 300  # a loaded 2-core machine imports Lightning in ~40 s; this is only a guard
