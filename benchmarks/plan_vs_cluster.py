@@ -1,17 +1,27 @@
-"""The cost model of ``lightning-gossip plan`` against the emulated cluster's measurements.
+"""The cost model of ``lightning-gossip plan`` against the emulated cluster's measurements:
+calibrate its two host constants on some runs, validate them on the others.
 
-Reads every ``benchmarks/results/cluster*.json`` (written by ``benchmarks/cluster.py``), runs
-:mod:`lightning_gossip.plan` with the same parameters (model size, processes per node, nodes,
-link rate) and prints predicted vs measured time per step and inter-node bytes per rank per step,
-with the relative error, for every case that ran. With ``--write-docs`` the comparison replaces
-the part of ``docs/plan.md`` between its ``plan_vs_cluster`` markers.
+Reads ``benchmarks/results/cluster*.json`` (written by ``benchmarks/cluster.py``), runs
+:mod:`lightning_gossip.plan` with each run's model size, processes per node, nodes and link rate,
+and prints predicted vs measured time per step and inter-node bytes per rank per step, with the
+relative error, for every case that ran. With ``--write-docs`` the comparison replaces the part
+of ``docs/plan.md`` between its ``plan_vs_cluster`` markers; ``--json`` writes it as JSON.
 
-Calibration (one number per JSON file): the compute time per step is the measured ``ddp`` step
-minus the model's ring all-reduce time, so ``ddp`` matches by construction and is not a test of
-the model. Assumed, not measured: the intra-node "links" (loopback TCP on the same cores) at
-``--intra-gbyte`` GB/s, no latency (the emulation has none), and the link rate reduced by 3% for
-Ethernet/IP/TCP headers. Each case is predicted in two modes: the strategy's own (``overlap``
-for dpsgd) and ``blocking`` (communication not hidden at all: what 2 shared CPU cores allow).
+Calibration, in two parts:
+
+* **per run, one number: the compute time per step** = the measured ``ddp`` step minus the
+  model's ring all-reduce (link and host time), so ``ddp`` matches by construction and is not a
+  test of the model. (On a real cluster: time a step on one GPU.)
+* **for all runs, two host constants** (:class:`lightning_gossip.plan.Cluster`): ``overlap``,
+  the fraction of the communication scheduled against compute that really runs hidden, and
+  ``host_bandwidth``, the bytes/s of communication one rank's CPU handles. They are fitted on
+  the ``--calibrate`` runs only (least squares of the log ratio predicted/measured over their
+  non-ddp cases, on a grid) and then used unchanged on the other runs: those are the validation.
+
+Assumed, not measured: the intra-node "links" (loopback TCP on the same cores) at
+``--intra-gbyte`` GB/s with no latency (their CPU cost is the host term), and 3% of the link
+rate lost to Ethernet/IP/TCP headers. The "GPU model" column is the model with its GPU defaults
+(``overlap=1``, free host), as before calibration.
 
     .venv/bin/python benchmarks/plan_vs_cluster.py               # print
     .venv/bin/python benchmarks/plan_vs_cluster.py --write-docs  # also update docs/plan.md
@@ -21,9 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -32,6 +46,37 @@ from lightning_gossip import plan  # noqa: E402
 
 START, END = "<!-- plan_vs_cluster:start -->", "<!-- plan_vs_cluster:end -->"
 HEADERS = 1.03  # Ethernet/IP/TCP bytes per payload byte (docs/cluster.md)
+DEFAULT_CALIBRATE = ["cluster_2x2_200", "cluster_2x2_1000"]
+OVERLAPS = np.round(np.linspace(0.0, 1.0, 21), 3)
+HOST_GBYTE = np.round(np.geomspace(0.02, 20.0, 31), 4)
+
+
+@dataclass
+class Run:
+    """One results file of benchmarks/cluster.py."""
+
+    name: str
+    path: Path
+    nodes: int
+    procs: int
+    rate: float
+    params: int
+    load: float
+    cases: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """``NxP@rate``."""
+        return f"{self.nodes}x{self.procs}@{self.rate:g}"
+
+
+def load(path: Path) -> Run:
+    """The cases of one results file that ran."""
+    d = json.loads(path.read_text())
+    cfg = d["config"]
+    return Run(path.stem, path, int(cfg["nodes"]), int(cfg["procs"]), float(cfg["rate"]),
+               int(d["params"]), float(d["machine_before"]["loadavg_1_5_15"][0]),
+               {c["case"]: c for c in d["cases"] if c.get("status") == "ok"})
 
 
 def step_s(case: dict) -> float:
@@ -40,9 +85,25 @@ def step_s(case: dict) -> float:
     return case["epoch_s"] / (steps / case["epochs"])
 
 
-def predict(name: str, case: dict, cluster: plan.Cluster, params: int, compute: float,
-            mode: str) -> plan.Prediction | None:
-    """The model's prediction for one case of benchmarks/cluster.py (``None``: unknown case)."""
+def cluster_of(run: Run, overlap: float, host_gbyte: float, intra_gbyte: float) -> plan.Cluster:
+    """The model's cluster for ``run`` with the host constants."""
+    return plan.Cluster(nodes=run.nodes, gpus_per_node=run.procs,
+                        inter_bandwidth=run.rate * 1e6 / 8 / HEADERS,
+                        intra_bandwidth=intra_gbyte * 1e9, overlap=float(overlap),
+                        host_bandwidth=float(host_gbyte) * 1e9)
+
+
+def compute_of(run: Run, cluster: plan.Cluster) -> float | None:
+    """Compute per step calibrated on the run's ddp case (``None``: no ddp case)."""
+    if "ddp" not in run.cases:
+        return None
+    comm = plan.predict_ddp(cluster, plan.Workload(params=run.params, compute_s=0.0)).step_s
+    return max(step_s(run.cases["ddp"]) - comm, 0.0)
+
+
+def predict(case: dict, cluster: plan.Cluster, params: int,
+            compute: float) -> plan.Prediction | None:
+    """The model's prediction for one case, in the strategy's own mode (``None``: unknown)."""
     kw = case.get("kwargs", {})
     wire = 2 if kw.get("wire_dtype") in ("bf16", "fp16") else 4
     work = plan.Workload(params=params, compute_s=compute, wire_bytes=wire)
@@ -50,94 +111,164 @@ def predict(name: str, case: dict, cluster: plan.Cluster, params: int, compute: 
     if case["strategy"] == "ddp":
         return plan.predict_ddp(cluster, work, "ring")
     if case["strategy"] == "dpsgd":
-        m = "delay_by_one" if kw.get("delay_by_one") else (
+        mode = "delay_by_one" if kw.get("delay_by_one") else (
             "overlap" if kw.get("overlap", True) else "blocking")
-        return plan.predict_dpsgd(cluster, work, kw.get("topology", "random_ring"), hier,
-                                  m if mode == "strategy" else "blocking",
-                                  seed=kw.get("seed", 0))
+        return plan.predict_dpsgd(cluster, work, kw.get("topology", "random_ring"), hier, mode,
+                                  seed=kw.get("seed", 0), tolerance=None)
     if case["strategy"] == "adpsgd":
-        stale = kw.get("max_staleness", 4) if mode == "strategy" else 0
-        return plan.predict_adpsgd(cluster, work, kw.get("pairing", "ring"), hier, stale)
+        return plan.predict_adpsgd(cluster, work, kw.get("pairing", "ring"), hier,
+                                   kw.get("max_staleness", 4))
     return None
 
 
-def compare(path: Path, intra_gbyte: float) -> tuple[list[list[str]], list[str]]:
-    """Table rows and reading notes for one results file."""
-    d = json.loads(path.read_text())
-    cfg, params = d["config"], int(d["params"])
-    cases = {c["case"]: c for c in d["cases"] if c.get("status") == "ok"}
-    cluster = plan.Cluster(nodes=cfg["nodes"], gpus_per_node=cfg["procs"],
-                           inter_bandwidth=cfg["rate"] * 1e6 / 8 / HEADERS,
-                           intra_bandwidth=intra_gbyte * 1e9)
-    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    notes = [f"`{shown}`: {cfg['nodes']} nodes x {cfg['procs']} processes, "
-             f"{cfg['rate']:g} Mbit/s, {params:,} parameters, load average "
-             f"{d['machine_before']['loadavg_1_5_15'][0]:.1f} before the run"]
-    if "ddp" not in cases:
-        notes.append("no ddp case: cannot calibrate the compute time, skipped")
-        return [], notes
-    work = plan.Workload(params=params, compute_s=0.0)
-    comm = plan.predict_ddp(cluster, work, "ring").step_s
-    compute = max(step_s(cases["ddp"]) - comm, 0.0)
-    notes.append(f"compute per step calibrated on ddp: {step_s(cases['ddp']) * 1e3:.0f} ms "
-                 f"measured - {comm * 1e3:.0f} ms predicted all-reduce = {compute * 1e3:.0f} ms")
-    rows, measured, pred = [], {}, {}
-    for name, case in cases.items():
-        p_mode = predict(name, case, cluster, params, compute, "strategy")
-        p_block = predict(name, case, cluster, params, compute, "blocking")
-        if p_mode is None or p_block is None:
+def predictions(run: Run, overlap: float, host_gbyte: float,
+                intra_gbyte: float) -> dict[str, tuple[float, plan.Prediction]]:
+    """``case -> (measured step, prediction)`` for every known case of ``run``."""
+    cluster = cluster_of(run, overlap, host_gbyte, intra_gbyte)
+    compute = compute_of(run, cluster)
+    if compute is None:
+        return {}
+    out = {}
+    for name, case in run.cases.items():
+        p = predict(case, cluster, run.params, compute)
+        if p is not None:
+            out[name] = (step_s(case), p)
+    return out
+
+
+def log_errors(runs: list[Run], overlap: float, host_gbyte: float,
+               intra_gbyte: float) -> list[float]:
+    """``log(predicted / measured)`` of every non-ddp case of ``runs``."""
+    return [math.log(p.step_s / m) for run in runs
+            for name, (m, p) in predictions(run, overlap, host_gbyte, intra_gbyte).items()
+            if name != "ddp"]
+
+
+def fit(runs: list[Run], intra_gbyte: float) -> tuple[float, float, float]:
+    """``(overlap, host GB/s, rms log error)`` minimising the squared log errors of ``runs``
+    on the grid :data:`OVERLAPS` x :data:`HOST_GBYTE` (plus a free host, ``inf``)."""
+    best = (1.0, math.inf, math.inf)
+    for host in [*HOST_GBYTE.tolist(), math.inf]:
+        for ov in OVERLAPS.tolist():
+            e = log_errors(runs, ov, host, intra_gbyte)
+            rms = math.sqrt(sum(x * x for x in e) / len(e)) if e else 0.0
+            if rms < best[2] - 1e-12:
+                best = (ov, host, rms)
+    return best
+
+
+def compare(runs: list[Run], calibrate: list[str], overlap: float, host_gbyte: float,
+            intra_gbyte: float) -> tuple[list[list[str]], list[str], list[dict]]:
+    """Table rows, reading notes and JSON records for every run."""
+    rows, notes, records = [], [], []
+    for run in runs:
+        role = "cal" if run.name in calibrate else "val"
+        shown = run.path.relative_to(ROOT) if run.path.is_relative_to(ROOT) else run.path
+        notes.append(f"`{shown}` ({role}): {run.nodes} nodes x {run.procs} processes, "
+                     f"{run.rate:g} Mbit/s, {run.params:,} parameters, load average "
+                     f"{run.load:.1f} before the run")
+        fitted = predictions(run, overlap, host_gbyte, intra_gbyte)
+        gpu = predictions(run, 1.0, math.inf, intra_gbyte)
+        if not fitted:
+            notes.append("  no ddp case: cannot calibrate the compute time, skipped")
             continue
-        m = step_s(case)
-        mb = sum(case["tx_bytes_per_step_per_rank"]) / len(case["tx_bytes_per_step_per_rank"])
-        measured[name], pred[name] = m, p_mode.step_s
-        best = min((p_mode, p_block), key=lambda p: abs(p.step_s - m))
-        pred[name + " best"] = best.step_s
-        rows.append([
-            f"{cfg['nodes']}x{cfg['procs']}@{cfg['rate']:g}", name, f"{m * 1e3:.0f}",
-            f"{p_mode.step_s * 1e3:.0f}", f"{(p_mode.step_s / m - 1) * 100:+.0f}%",
-            f"{p_block.step_s * 1e3:.0f}", f"{(p_block.step_s / m - 1) * 100:+.0f}%",
-            f"{mb / 1e6:.2f}", f"{p_mode.inter_bytes_per_rank * HEADERS / 1e6:.2f}",
-        ])
-    order_m = sorted(measured, key=measured.get)
-    order_p = sorted(measured, key=pred.get)
-    order_b = sorted(measured, key=lambda k: pred[k + " best"])
-    notes.append(f"ranking, measured (fastest first): {', '.join(order_m)}; predicted "
-                 f"(strategy's mode): {', '.join(order_p)} "
-                 f"({'same' if order_m == order_p else 'different'}); best mode per case: "
-                 f"{'same' if order_m == order_b else 'different'}")
-    return rows, notes
+        cluster = cluster_of(run, overlap, host_gbyte, intra_gbyte)
+        notes[-1] += (f"; compute per step calibrated on ddp: "
+                      f"{compute_of(run, cluster) * 1e3:.0f} ms")
+        measured = {}
+        for name, (m, p) in fitted.items():
+            g = gpu[name][1]
+            mb = (sum(run.cases[name]["tx_bytes_per_step_per_rank"])
+                  / len(run.cases[name]["tx_bytes_per_step_per_rank"]))
+            measured[name] = m
+            err, gerr = p.step_s / m - 1, g.step_s / m - 1
+            rows.append([run.label, role, name, f"{m * 1e3:.0f}", f"{p.step_s * 1e3:.0f}",
+                         f"{err * 100:+.0f}%", f"{g.step_s * 1e3:.0f}", f"{gerr * 100:+.0f}%",
+                         f"{mb / 1e6:.2f}", f"{p.inter_bytes_per_rank * HEADERS / 1e6:.2f}"])
+            records.append({"run": run.name, "label": run.label, "role": role, "case": name,
+                            "measured_s": m, "predicted_s": p.step_s, "error": err,
+                            "gpu_model_s": g.step_s, "gpu_model_error": gerr,
+                            "measured_bytes_per_rank": mb,
+                            "predicted_bytes_per_rank": p.inter_bytes_per_rank * HEADERS})
+        order_m = sorted(measured, key=measured.get)
+        order_p = sorted(measured, key=lambda k: fitted[k][1].step_s)
+        order_g = sorted(measured, key=lambda k: gpu[k][1].step_s)
+        notes.append(f"  ranking, measured (fastest first): {', '.join(order_m)}; model: "
+                     f"{'the same' if order_m == order_p else ', '.join(order_p)}; GPU model: "
+                     f"{'the same' if order_m == order_g else ', '.join(order_g)}")
+    return rows, notes, records
 
 
-def render(rows: list[list[str]], notes: list[str]) -> str:
+def render(rows: list[list[str]], notes: list[str], summary: list[str]) -> str:
     """The comparison as Markdown."""
-    head = ["run", "case", "ms/step", "model", "error", "blocking", "error",
+    head = ["run", "role", "case", "ms/step", "model", "error", "GPU model", "error",
             "MB/rank", "model"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    legend = ("ms/step: measured; model: predicted in the strategy's mode; blocking: "
-              "predicted with\nno overlap; MB/rank: measured inter-node MB per rank per step "
-              "(headers included).")
-    bullets = [textwrap.fill(n, 100, initial_indent="* ", subsequent_indent="  ")
-               for n in notes]
+    legend = ("ms/step: measured; model: predicted with the calibrated host constants, in the "
+              "strategy's\nmode (overlap for dpsgd, max_staleness=4 for adpsgd); GPU model: "
+              "overlap=1, free host (the\ndefaults); role: cal = used to fit the constants, "
+              "val = not; MB/rank: measured inter-node MB\nper rank per step (headers "
+              "included), and the model's.")
+    bullets = []
+    for n in summary + notes:
+        indent = "    " if n.startswith("  ") else "  "
+        first = "  * " if n.startswith("  ") else "* "
+        bullets.append(textwrap.fill(n.strip(), 100, initial_indent=first,
+                                     subsequent_indent=indent))
     return "\n".join(lines + ["", legend, ""] + bullets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compare every cluster results file with the model; optionally write docs/plan.md."""
+    """Fit the host constants on the calibration runs, compare every run, optionally write."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", nargs="*", type=Path,
                     default=sorted((ROOT / "benchmarks" / "results").glob("cluster*.json")))
+    ap.add_argument("--calibrate", nargs="*", metavar="NAME",
+                    help="file stems of the runs that fit the host constants (default: "
+                         f"{' '.join(DEFAULT_CALIBRATE)} where present, else every run)")
+    ap.add_argument("--overlap", type=float,
+                    help="use this overlap instead of fitting it (with --host-gbyte)")
+    ap.add_argument("--host-gbyte", type=float,
+                    help="use this host GB/s instead of fitting it (inf: free)")
     ap.add_argument("--intra-gbyte", type=float, default=1.0,
                     help="assumed loopback bandwidth per rank, GB/s (default 1)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/plan.md")
+    ap.add_argument("--json", type=Path, help="write the comparison as JSON")
     args = ap.parse_args(argv)
-    rows, notes = [], []
-    for path in args.results:
-        r, n = compare(path.resolve(), args.intra_gbyte)
-        rows += r
-        notes += n
-    text = render(rows, notes)
+    runs = [load(p.resolve()) for p in args.results]
+    names = [r.name for r in runs]
+    calibrate = args.calibrate or [n for n in DEFAULT_CALIBRATE if n in names] or names
+    cal_runs = [r for r in runs if r.name in calibrate]
+    if args.overlap is not None and args.host_gbyte is not None:
+        overlap, host = args.overlap, args.host_gbyte
+        how = "given"
+    else:
+        overlap, host, _ = fit(cal_runs, args.intra_gbyte)
+        how = f"fitted on {', '.join(r.label for r in cal_runs)}"
+    rows, notes, records = compare(runs, calibrate, overlap, host, args.intra_gbyte)
+    summary = [f"host constants ({how}): overlap = {overlap:g}, host bandwidth = "
+               + ("free" if math.isinf(host) else f"{host:g} GB/s per rank")]
+    for role in ("cal", "val"):
+        errs = [abs(r["error"]) for r in records if r["role"] == role and r["case"] != "ddp"]
+        gerrs = [abs(r["gpu_model_error"]) for r in records
+                 if r["role"] == role and r["case"] != "ddp"]
+        if errs:
+            over = [f"{r['label']} {r['case']}" for r in records if r["role"] == role
+                    and r["case"] != "ddp" and abs(r["error"]) > 0.25]
+            summary.append(
+                f"{'calibration' if role == 'cal' else 'validation'} cases (ddp excluded): "
+                f"{len(errs)}, |error| mean {100 * np.mean(errs):.0f}%, max "
+                f"{100 * max(errs):.0f}% (GPU model: mean {100 * np.mean(gerrs):.0f}%, max "
+                f"{100 * max(gerrs):.0f}%); over 25%: {', '.join(over) if over else 'none'}")
+    text = render(rows, notes, summary)
     print(text)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "overlap": overlap, "host_gbyte": None if math.isinf(host) else host,
+            "how": how, "calibrate": calibrate, "intra_gbyte": args.intra_gbyte,
+            "headers": HEADERS, "cases": records}, indent=1) + "\n")
+        print(f"wrote {args.json}")
     if args.write_docs:
         doc = ROOT / "docs" / "plan.md"
         s = doc.read_text()

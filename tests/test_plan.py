@@ -46,6 +46,67 @@ def test_step_time_modes() -> None:
         plan.step_time(1.0, 1.0, 0.0, "sometimes")
 
 
+def test_partial_overlap_by_hand() -> None:
+    # overlap = fraction of min(compute, gossip) hidden; 1 is the GPU model, 0 blocking
+    assert plan.step_time(1.0, 3.0, 0.5, "overlap", overlap=0.0) == 4.5
+    assert plan.step_time(1.0, 3.0, 0.5, "overlap", overlap=0.25) == pytest.approx(4.25)
+    assert plan.step_time(1.0, 0.2, 0.5, "overlap", overlap=0.5) == pytest.approx(1.6)
+    assert plan.step_time(1.0, 3.0, 0.5, "delay_by_one", overlap=0.5) == pytest.approx(3.75)
+    assert plan.step_time(1.0, 3.0, 0.5, "blocking", overlap=0.5) == 4.5
+    for mode in plan.MODES:
+        assert plan.step_time(1.0, 3.0, 0.5, mode, overlap=0.0) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match=r"overlap must be in \[0, 1\]"):
+        plan.step_time(1.0, 1.0, 0.0, "overlap", overlap=-0.1)
+    with pytest.raises(ValueError, match=r"overlap must be in \[0, 1\], got 2"):
+        plan.Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, overlap=2)
+    with pytest.raises(ValueError, match="host_bandwidth"):
+        plan.Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, host_bandwidth=0.0)
+
+
+# C22 on hosts that move 100 MB/s of communication per rank and hide half the gossip
+C22_HOST = plan.Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e15,
+                        overlap=0.5, host_bandwidth=1e8)
+
+
+def test_host_terms_by_hand() -> None:
+    assert C22.host_time(1e9) == 0.0  # default: free (NCCL on GPUs)
+    assert C22_HOST.host_time(4e6) == pytest.approx(0.04)
+    # ddp ring over 4 ranks: a rank sends and receives 2 x 3/4 x 4 MB = 12 MB: +0.12 s
+    ddp = plan.predict_ddp(C22_HOST, W1M, "ring")
+    assert ddp.step_s == pytest.approx(0.1 + 0.24 + 0.12)
+    assert ddp.exposed_s == pytest.approx(0.36)
+    # flat dpsgd, ring: 2 peers, 2 x 2 x 4 MB = 16 MB of host work (0.16 s) added to compute;
+    # gossip 0.32 s, half of min(0.26, 0.32) hidden
+    flat = plan.predict_dpsgd(C22_HOST, W1M, "ring", tolerance=None)
+    assert flat.step_s == pytest.approx(0.26 + 0.32 - 0.5 * 0.26)
+    blocking = plan.predict_dpsgd(C22_HOST, W1M, "ring", mode="blocking", tolerance=None)
+    assert blocking.step_s == pytest.approx(0.26 + 0.32)
+    # hierarchical: inside the node 4 x 1/2 x 4 MB (gradients) + 2 x 1/2 x 4 MB (all-gather),
+    # between nodes 2 x 4 MB / 2: 16 MB, 0.16 s; gossip 4 MB at 25 MB/s, half of it hidden
+    hier = plan.predict_dpsgd(C22_HOST, W1M, "ring", hierarchical=True, tolerance=None)
+    assert hier.step_s == pytest.approx(0.26 + 0.16 - 0.5 * 0.16)
+    assert hier.inter_bytes_per_rank == pytest.approx(2e6)  # bytes do not change
+
+
+def test_adpsgd_host_terms_by_hand() -> None:
+    w = plan.Workload(params=1_000_000, compute_s=0.05)
+    # exchange: link 0.16 s (ring pairing, half cross) + host 8 MB at 100 MB/s = 0.24 s; it
+    # costs the training thread 0.08 + (1 - 0.5) x 0.16 = 0.16 s; s = 0.05 + 0.16 s / 0.24 s
+    # -> s = 0.05 / (1 - 2/3) = 0.15 (< 0.05 + 0.16, and > 0.24 / max_staleness)
+    p = plan.predict_adpsgd(C22_HOST, w)
+    assert p.step_s == pytest.approx(0.15)
+    assert p.inter_bytes_per_rank == pytest.approx(0.15 / 0.24 * 0.5 * 4e6)
+    # compute long enough for one exchange per step: s = compute + 0.16
+    slow = plan.Workload(params=1_000_000, compute_s=0.2)
+    assert plan.predict_adpsgd(C22_HOST, slow).step_s == pytest.approx(0.36)
+    # blocking (max_staleness=0): compute + the whole exchange
+    assert plan.predict_adpsgd(C22_HOST, w, max_staleness=0).step_s == pytest.approx(0.29)
+    # no overlap and a free host: the training thread pays the link time of its exchanges
+    c = plan.Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e15,
+                     overlap=0.0)
+    assert plan.predict_adpsgd(c, w).step_s == pytest.approx(0.05 + 0.16)
+
+
 def test_cross_node_sends() -> None:
     # complete over 2 x 2: each rank sends to the 2 ranks of the other node: 4 per node
     assert plan.cross_node_sends(topology.build("complete", 4), 2) == (4.0, 3)
@@ -173,6 +234,24 @@ def test_cli_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
         main(["plan", "--config", str(cfg)])
     assert e.value.code == 2
     assert "unknown option(s) bandwidth" in capsys.readouterr().err
+    # the host constants as YAML keys: the ddp ring of test_host_terms_by_hand
+    cfg.write_text("nodes: 2\ngpus_per_node: 2\nparams: 1000000\ncompute_ms: 100\n"
+                   "inter_gbit: 0.2\ninter_latency_us: 0\nintra_gbyte: 1.0e+6\n"
+                   "intra_latency_us: 0\noverlap: 0.5\nhost_gbyte: 0.1\n")
+    assert main(["plan", "--config", str(cfg), "--topology", "ring"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    assert "460.0" in lines["ddp (ring)"]
+    assert "450.0" in lines["dpsgd (ring, overlap)"]  # 0.26 + 0.32 - 0.5 x 0.26
+    assert "overlap 0.5, host 0.1 GB/s" in out
+
+
+def test_cli_host_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--overlap", "0", "--host-gbyte", "0.1"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    assert "460.0" in lines["ddp (ring)"]  # 100 ms + 240 ms link + 120 ms host
+    assert "580.0" in lines["dpsgd (ring, overlap)"]  # nothing hidden: 260 + 320 ms
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -180,6 +259,8 @@ def test_cli_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     (["--inter-gbit", "-25"], "--inter-gbit: expected a positive number, got -25"),
     (["--stragglers", "half"], "--stragglers: expected FRACTION:SLOWDOWN"),
     (["--stragglers", "0.1:0.5"], "straggler slowdown must be a finite number >= 1"),
+    (["--overlap", "1.5"], "--overlap: expected a number in [0, 1], got 1.5"),
+    (["--host-gbyte", "0"], "--host-gbyte: expected a positive number, got 0"),
 ])
 def test_cli_bad_input(argv: list[str], message: str,
                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,6 +276,12 @@ def test_cli_config_bad_value(capsys: pytest.CaptureFixture[str], tmp_path: Path
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(cfg)])
     assert "nodes must be an integer >= 1, got 0" in capsys.readouterr().err
+    for text, message in [("overlap: 2\n", "overlap must be in [0, 1], got 2"),
+                          ("host_gbyte: -1\n", "host_gbyte must be a positive number")]:
+        cfg.write_text(text)
+        with pytest.raises(SystemExit):
+            main(["plan", "--config", str(cfg)])
+        assert message in capsys.readouterr().err
 
 
 def test_cli_imports_neither_torch_nor_lightning() -> None:
@@ -225,28 +312,54 @@ def test_cli_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert f"wrote {png}" in capsys.readouterr().out
 
 
-def test_plan_vs_cluster_script(tmp_path: Path) -> None:
-    results = {
-        "config": {"nodes": 2, "procs": 2, "rate": 200.0},
+def _cluster_results(path: Path, rate: float, steps: dict[str, float]) -> None:
+    """A fake benchmarks/cluster.py results file: 2 x 2 ranks, 1M parameters."""
+    kinds = {"ddp": ("ddp", {}), "dpsgd_hier": ("dpsgd", {"hierarchical": True}),
+             "adpsgd": ("adpsgd", {})}
+    path.write_text(json.dumps({
+        "config": {"nodes": 2, "procs": 2, "rate": rate},
         "params": 1_000_000,
         "machine_before": {"loadavg_1_5_15": [1.0, 1.0, 1.0]},
         "cases": [
-            {"case": name, "strategy": strategy, "kwargs": kwargs, "status": "ok",
-             "steps_per_rank": [20] * 4, "epochs": 2, "epoch_s": 10 * step,
+            {"case": name, "strategy": kinds[name][0], "kwargs": kinds[name][1],
+             "status": "ok", "steps_per_rank": [20] * 4, "epochs": 2, "epoch_s": 10 * step,
              "tx_bytes_per_step_per_rank": [2e6] * 2}
-            for name, strategy, kwargs, step in [
-                ("ddp", "ddp", {}, 0.34), ("dpsgd_hier", "dpsgd", {"hierarchical": True}, 0.2),
-                ("adpsgd", "adpsgd", {}, 0.1)]
+            for name, step in steps.items()
         ] + [{"case": "adpsgd_hier", "status": "unavailable"}],
-    }
-    path = tmp_path / "cluster_test.json"
-    path.write_text(json.dumps(results))
+    }))
+
+
+def test_plan_vs_cluster_script(tmp_path: Path) -> None:
+    cal, val = tmp_path / "cluster_a.json", tmp_path / "cluster_b.json"
+    _cluster_results(cal, 200.0, {"ddp": 0.34, "dpsgd_hier": 0.2, "adpsgd": 0.1})
+    _cluster_results(val, 1000.0, {"ddp": 0.15, "dpsgd_hier": 0.1, "adpsgd": 0.09})
+    script = str(ROOT / "benchmarks" / "plan_vs_cluster.py")
+    out_json = tmp_path / "plan_vs_cluster.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "plan_vs_cluster.py"), "--results", str(path),
-         "--intra-gbyte", "1e6"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [sys.executable, script, "--results", str(cal), str(val), "--calibrate", "cluster_a",
+         "--intra-gbyte", "1e6", "--json", str(out_json)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = {line.split(" | ")[1]: line for line in proc.stdout.splitlines()
-            if line.startswith("| 2x2@200")}
-    assert set(rows) == {"ddp", "dpsgd_hier", "adpsgd"}
-    assert "| 340 | +0% |" in rows["ddp"]  # ddp calibrates the compute time
+    rows = {(line.split(" | ")[0], line.split(" | ")[2]): line
+            for line in proc.stdout.splitlines() if line.startswith("| 2x2@")}
+    assert set(rows) == {("| 2x2@200", c) for c in ("ddp", "dpsgd_hier", "adpsgd")} | {
+        ("| 2x2@1000", c) for c in ("ddp", "dpsgd_hier", "adpsgd")}
+    assert "| 340 | 340 | +0% |" in rows["| 2x2@200", "ddp"]  # ddp calibrates the compute
+    assert "| 150 | 150 | +0% |" in rows["| 2x2@1000", "ddp"]
+    assert "| cal |" in rows["| 2x2@200", "adpsgd"]
+    assert "| val |" in rows["| 2x2@1000", "adpsgd"]
+    assert "host constants (fitted on 2x2@200)" in proc.stdout
     assert "ranking, measured (fastest first): adpsgd, dpsgd_hier, ddp" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert 0.0 <= data["overlap"] <= 1.0 and data["calibrate"] == ["cluster_a"]
+    assert {r["role"] for r in data["cases"]} == {"cal", "val"}
+    # given constants instead of a fit: the GPU defaults reproduce the GPU model's column
+    proc = subprocess.run(
+        [sys.executable, script, "--results", str(cal), "--intra-gbyte", "1e6",
+         "--overlap", "1", "--host-gbyte", "inf"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "host constants (given): overlap = 1, host bandwidth = free" in proc.stdout
+    hier = next(line for line in proc.stdout.splitlines() if "| dpsgd_hier |" in line)
+    cells = [c.strip() for c in hier.split("|")]
+    assert cells[5] == cells[7] and cells[6] == cells[8]  # model == GPU model, same error

@@ -32,9 +32,20 @@ DEFAULTS: dict[str, Any] = {
     "wire_dtype": "fp32", "inter_gbit": 25.0, "inter_latency_us": 10.0,
     "intra_gbyte": 150.0, "intra_latency_us": 5.0, "topology": "random_ring",
     "mode": "overlap", "pairing": "ring", "max_staleness": 4, "stragglers": "0:1",
-    "seed": 0, "tolerance": 1e-3,
+    "seed": 0, "tolerance": 1e-3, "overlap": 1.0, "host_gbyte": None,
 }
 _WIRE = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def _unit_interval(text: str) -> float:
+    """An ``argparse`` type: a number in [0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return v
 _PLOT_NODES = [8, 16, 32, 64, 128, 256, 512, 1024]
 _FLAT_PLOT_LIMIT = 2048  # flat dpsgd points above this many ranks are not computed
 
@@ -68,6 +79,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help=f"intra-node bandwidth per GPU, GB/s (default {d['intra_gbyte']:g})")
     p.add_argument("--intra-latency-us", type=non_negative_float,
                    help=f"intra-node latency, us (default {d['intra_latency_us']:g})")
+    p.add_argument("--overlap", type=_unit_interval,
+                   help="fraction of the communication scheduled against compute that is "
+                        "really hidden (default 1: GPUs; CPU ranks sharing cores: lower, "
+                        "docs/plan.md)")
+    p.add_argument("--host-gbyte", type=positive_float,
+                   help="GB/s one rank's CPU moves through the communication stack (gloo on "
+                        "CPUs); every byte sent or received costs compute time (default: "
+                        "free, NCCL on GPUs)")
     p.add_argument("--topology", choices=list(_topology.TOPOLOGIES),
                    help=f"dpsgd topology (default {d['topology']})")
     p.add_argument("--mode", choices=list(_plan.MODES),
@@ -140,6 +159,9 @@ def _model(v: dict[str, Any], nodes: int | None = None) -> tuple[_plan.Cluster, 
     """The cluster and workload of the resolved values (``ValueError`` -> :class:`CLIError`)."""
     if v["wire_dtype"] not in _WIRE:
         raise CLIError(f"wire_dtype must be one of {', '.join(_WIRE)}, got {v['wire_dtype']!r}")
+    host = v["host_gbyte"]
+    if host is not None and not (isinstance(host, (int, float)) and 0 < host < math.inf):
+        raise CLIError(f"host_gbyte must be a positive number (or omitted: free), got {host!r}")
     try:
         cluster = _plan.Cluster(
             nodes=v["nodes"] if nodes is None else nodes, gpus_per_node=v["gpus_per_node"],
@@ -147,6 +169,8 @@ def _model(v: dict[str, Any], nodes: int | None = None) -> tuple[_plan.Cluster, 
             inter_latency=float(v["inter_latency_us"]) * 1e-6,
             intra_bandwidth=float(v["intra_gbyte"]) * 1e9,
             intra_latency=float(v["intra_latency_us"]) * 1e-6,
+            overlap=float(v["overlap"]),
+            host_bandwidth=math.inf if host is None else float(host) * 1e9,
         )
         work = _plan.Workload(params=int(v["params"]), compute_s=float(v["compute_ms"]) / 1e3,
                               wire_bytes=_WIRE[v["wire_dtype"]])
@@ -190,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{cluster.nodes} nodes x {cluster.gpus_per_node} GPUs, {work.params:,} parameters, "
           f"{v['compute_ms']:g} ms compute, {v['wire_dtype']} wire; inter {v['inter_gbit']:g} "
           f"Gbit/s + {v['inter_latency_us']:g} us, intra {v['intra_gbyte']:g} GB/s + "
-          f"{v['intra_latency_us']:g} us; stragglers {v['stragglers']}")
+          f"{v['intra_latency_us']:g} us; overlap {float(v['overlap']):g}, host "
+          f"{'free' if v['host_gbyte'] is None else str(v['host_gbyte']) + ' GB/s'}; "
+          f"stragglers {v['stragglers']}")
     print(table(headers, cells))
     print("\nstep: predicted time per optimizer step (adpsgd: world size / sum of the ranks' "
           "rates); exposed: step - compute;\ninter: bytes sent on inter-node links; consensus "

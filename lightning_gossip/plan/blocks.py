@@ -70,30 +70,42 @@ def hierarchical_allreduce_time(
 
 
 def step_time(compute_s: float, gossip_s: float, fixed_s: float = 0.0,
-              mode: str = "overlap") -> float:
+              mode: str = "overlap", overlap: float = 1.0) -> float:
     """Time of one step: ``compute_s`` of compute, ``gossip_s`` of communication that can be
-    scheduled against it, ``fixed_s`` that cannot (a blocking all-reduce inside the node).
+    scheduled against it, ``fixed_s`` that cannot (a blocking all-reduce inside the node), and
+    ``overlap`` the fraction of the schedulable part that really runs hidden
+    (:attr:`Cluster.overlap`; 1 on GPUs):
 
     * ``blocking``: ``compute + gossip + fixed``;
-    * ``overlap`` (posted before forward/backward, waited for after): ``max(compute, gossip) +
-      fixed``;
+    * ``overlap`` (posted before forward/backward, waited for after):
+      ``compute + gossip + fixed - overlap * min(compute, gossip)``, which is
+      ``max(compute, gossip) + fixed`` with ``overlap=1``;
     * ``delay_by_one`` (applied one step later: the exchange has a whole step):
-      ``max(compute + fixed, gossip)``.
+      ``compute + fixed + gossip - overlap * min(compute + fixed, gossip)``, which is
+      ``max(compute + fixed, gossip)`` with ``overlap=1``.
 
-    Assumes communication progresses without slowing compute (DMA engines, a separate
-    stream); where both share CPU cores (the emulated cluster) overlap hides less.
+    ``overlap < 1`` models communication that needs the cores compute runs on (the emulated
+    cluster: gloo's threads and the kernel's TCP work on 2 CPU cores shared by 4 ranks).
 
     >>> step_time(0.1, 0.3, 0.05, "blocking"), step_time(0.1, 0.3, 0.05, "overlap")
     (0.45, 0.35)
     >>> step_time(0.1, 0.3, 0.05, "delay_by_one")
     0.3
+    >>> round(step_time(0.1, 0.3, 0.05, "overlap", overlap=0.5), 6)  # half of 0.1 s hidden
+    0.4
     """
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap!r}")
     if mode == "blocking":
         return compute_s + gossip_s + fixed_s
     if mode == "overlap":
-        return max(compute_s, gossip_s) + fixed_s
+        if overlap == 1.0:
+            return max(compute_s, gossip_s) + fixed_s
+        return compute_s + gossip_s + fixed_s - overlap * min(compute_s, gossip_s)
     if mode == "delay_by_one":
-        return max(compute_s + fixed_s, gossip_s)
+        if overlap == 1.0:
+            return max(compute_s + fixed_s, gossip_s)
+        return compute_s + fixed_s + gossip_s - overlap * min(compute_s + fixed_s, gossip_s)
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 

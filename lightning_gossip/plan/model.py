@@ -28,10 +28,27 @@ class Cluster:
     ``inter_bandwidth`` is one node's network interface, each direction, shared by its GPUs;
     ``intra_bandwidth`` is one GPU's link inside the node.
 
+    Two properties of the hosts say how much communication costs besides the links:
+
+    * ``overlap`` (0 to 1): the fraction of the communication a strategy schedules against
+      compute that really runs hidden behind it. 1 (the default) on GPUs, where DMA engines and
+      a separate stream move the bytes while the GPU computes; lower where compute and
+      communication share the same CPU cores (0.27 calibrated on the emulated cluster, 2 cores
+      for 4 ranks: docs/plan.md).
+    * ``host_bandwidth`` (bytes/s): how fast one rank's CPU pushes bytes through the
+      communication stack (copies into and out of the transport, the kernel's socket copies,
+      reductions). Every byte a rank sends or receives costs ``1 / host_bandwidth`` s of that
+      rank's CPU time, added to its compute and never hidden. ``inf`` (the default): NCCL on
+      GPUs, where the host does not touch the bytes.
+
     >>> Cluster(nodes=0, gpus_per_node=8, inter_bandwidth=1e9)
     Traceback (most recent call last):
     ...
     ValueError: nodes must be an integer >= 1, got 0
+    >>> Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, overlap=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: overlap must be in [0, 1], got 1.5
     """
 
     nodes: int
@@ -40,6 +57,8 @@ class Cluster:
     inter_latency: float = 0.0
     intra_bandwidth: float = 150e9
     intra_latency: float = 0.0
+    overlap: float = 1.0
+    host_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node"):
@@ -50,6 +69,21 @@ class Cluster:
         _check("intra_bandwidth (bytes/s)", self.intra_bandwidth)
         _check("inter_latency (s)", self.inter_latency, strict=False)
         _check("intra_latency (s)", self.intra_latency, strict=False)
+        if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 1.0):
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap!r}")
+        if not self.host_bandwidth > 0:  # also refuses NaN; inf is allowed (free)
+            raise ValueError(
+                f"host_bandwidth (bytes/s) must be > 0 (inf: free), got {self.host_bandwidth!r}")
+
+    def host_time(self, nbytes: float) -> float:
+        """CPU seconds one rank spends moving ``nbytes`` (sent plus received) through the
+        communication stack: ``nbytes / host_bandwidth`` (0 with the default ``inf``).
+
+        >>> Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, host_bandwidth=1e8).host_time(
+        ...     4e6)
+        0.04
+        """
+        return 0.0 if math.isinf(self.host_bandwidth) else nbytes / self.host_bandwidth
 
     @property
     def world_size(self) -> int:

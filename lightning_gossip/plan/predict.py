@@ -32,7 +32,10 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
     * ``tree``: :func:`tree_allreduce_time` with the inter-node link;
     * ``hierarchical``: :func:`hierarchical_allreduce_time` (NCCL's choice on many nodes).
 
-    Every rank waits for the slowest (``compute_s * max(stragglers)``).
+    Every rank waits for the slowest (``compute_s * max(stragglers)``). The host's share
+    (:meth:`Cluster.host_time`) of the bytes a rank sends and receives is added to compute:
+    ``4 (n - 1) / n`` gradients for the ring, ``4`` for the tree, ``4 (L - 1) / L`` plus
+    ``4 (N - 1) / (N L)`` for the hierarchical form.
 
     >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
     >>> predict_ddp(c, Workload(params=1_000_000, compute_s=0.01)).step_s  # 0.01 + 2 x 2 ms
@@ -44,18 +47,22 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
     if algorithm == "hierarchical":
         comm = hierarchical_allreduce_time(g, cluster)
         per_node = 2 * (N - 1) / N * g if N > 1 else 0.0
+        host = 4 * (L - 1) / L * g + 4 * (N - 1) / N * g / L
     else:
         bw, lat = ((cluster.inter_bandwidth, cluster.inter_latency) if N > 1
                    else (cluster.intra_bandwidth, cluster.intra_latency))
         if algorithm == "ring":
             comm = ring_allreduce_time(g, n, bw, lat)
             per_node = 2 * (n - 1) / n * g if N > 1 else 0.0
+            host = 4 * (n - 1) / n * g
         elif algorithm == "tree":
             comm = tree_allreduce_time(g, n, bw, lat)
             per_node = 2 * g if N > 1 else 0.0
+            host = 4 * g if n > 1 else 0.0
         else:
             raise ValueError(f"algorithm must be ring, tree or hierarchical, got {algorithm!r}")
     compute = workload.compute_s * slow
+    comm += cluster.host_time(host)
     return Prediction(f"ddp ({algorithm})", compute + comm, comm, per_node / L, per_node, 0,
                       "exact average every step")
 
@@ -76,8 +83,12 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
       per rank). Inside the node, blocking: a ring all-reduce of the gradients
       (``grad_bytes``) before the optimizer step and an all-gather of the fp32 mixing change.
 
-    Every rank waits for the slowest (``compute_s * max(stragglers)``). Steps to consensus
-    from the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
+    Every rank waits for the slowest (``compute_s * max(stragglers)``). The host's share of
+    the bytes a rank sends and receives (:meth:`Cluster.host_time`: ``2 peers`` replicas flat;
+    ``2 k / L`` wire replicas plus, inside the node, ``4 (L - 1) / L`` gradients and
+    ``2 (L - 1) / L`` fp32 replicas hierarchical) is added to compute, and only
+    ``cluster.overlap`` of the gossip is hidden (:func:`step_time`). Steps to consensus from
+    the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
 
     >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
     >>> w = Workload(params=1_000_000, compute_s=0.01)
@@ -98,14 +109,18 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
                                          cluster.intra_bandwidth, cluster.intra_latency)
                      + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
                                            cluster.intra_latency))
+        inside = (4 * (L - 1) / L * workload.params * workload.grad_bytes
+                  + 2 * (L - 1) / L * workload.params * 4)
         if N == 1:
+            fixed += cluster.host_time(inside)
             return Prediction(name, compute + fixed, fixed, 0.0, 0.0, 0,
                               "one node: plain data parallelism")
         topo = _topology.build(topology, N, seed)
         cross, peers = cross_node_sends(topo, 1)
         per_node = cross * replica
         gossip = link_time(per_node, cluster.inter_bandwidth, peers * cluster.inter_latency)
-        step = step_time(compute, gossip, fixed, mode)
+        host = cluster.host_time(inside + 2 * peers * replica / L)
+        step = step_time(compute + host, gossip, fixed, mode, cluster.overlap)
         return Prediction(name, step, step - compute, per_node / L, per_node,
                           _consensus(topo, tolerance), f"{peers} peer node(s)/step")
     name = f"dpsgd ({topology}, {mode})"
@@ -121,7 +136,8 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
     intra = link_time(local_msgs * replica, cluster.intra_bandwidth,
                       math.ceil(local_msgs) * cluster.intra_latency)
     gossip = max(inter, intra)
-    step = step_time(compute, gossip, 0.0, mode)
+    host = cluster.host_time(2 * peers * replica)
+    step = step_time(compute + host, gossip, 0.0, mode, cluster.overlap)
     return Prediction(name, step, step - compute, per_node / L, per_node,
                       _consensus(topo, tolerance), f"{peers} peers/step")
 
@@ -161,6 +177,23 @@ def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "r
     return max(inter if cross > 0 else 0.0, intra if cross < 1 else 0.0), cross
 
 
+def _adpsgd_rank_step(compute: np.ndarray, t_x: float, unhidden: float) -> np.ndarray:
+    """Step time of ranks whose compute step is ``compute`` while a gossip thread runs
+    exchanges of ``t_x`` back to back, each costing the training thread ``unhidden`` seconds:
+    the fixed point of ``s = compute + unhidden * min(1, s / t_x)`` (a rank takes part in
+    ``min(1, s / t_x)`` exchanges per step), i.e. ``min(compute / (1 - unhidden / t_x),
+    compute + unhidden)``.
+
+    >>> _adpsgd_rank_step(np.array([0.1]), 0.2, 0.1).tolist()  # 0.1 / (1 - 1/2)
+    [0.2]
+    """
+    if t_x <= 0 or unhidden <= 0:
+        return compute
+    if unhidden >= t_x:  # the exchange is all unhidden: one per step, in series
+        return compute + unhidden
+    return np.minimum(compute / (1.0 - unhidden / t_x), compute + unhidden)
+
+
 def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
                    hierarchical: bool = False, max_staleness: int | None = 4,
                    stragglers: Sequence[float] | None = None) -> Prediction:
@@ -171,8 +204,13 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     Ranks do not wait for each other: the step rate is the **sum of the ranks' rates**, and
     ``step_s`` is ``world_size`` over that sum (synchronous strategies: the slowest rank's).
     With ``hierarchical``, the unit is the node: every step is the node's blocking gradient
-    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU (a form that
-    :class:`~lightning_gossip.ADPSGDStrategy` does not offer yet).
+    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU.
+
+    Hosts that share cores between compute and communication (``cluster.overlap < 1`` or a
+    finite ``host_bandwidth``): an exchange's host work (sending and receiving the replica,
+    ``2 params wire_bytes``, or ``2 / L`` of it plus the node's all-gather hierarchical) lengthens
+    the exchange and, with ``1 - overlap`` of its link time, is taken from the training thread
+    once per exchange the rank takes part in (:func:`_adpsgd_rank_step`).
 
     Bytes per step: ``min(1, steps per exchange)`` exchanges, ``cross`` of them across nodes.
 
@@ -187,33 +225,40 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     f = np.ones(n) if stragglers is None else np.asarray(stragglers, dtype=float)
     if f.shape != (n,):
         raise ValueError(f"stragglers must have one factor per rank ({n}), got {f.shape}")
-    t_x, cross = adpsgd_exchange_time(cluster, workload, hierarchical=hierarchical,
-                                      pairing=pairing)
+    link, cross = adpsgd_exchange_time(cluster, workload, hierarchical=hierarchical,
+                                       pairing=pairing)
+    replica = workload.params * workload.wire_bytes
     fixed = 0.0
     if hierarchical:
         name = "adpsgd hier"
+        host_x = 2 * replica / L + 2 * (L - 1) / L * workload.params * 4
         if L > 1:
             fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
                                          cluster.intra_bandwidth, cluster.intra_latency)
                      + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
-                                           cluster.intra_latency))
+                                           cluster.intra_latency)
+                     + cluster.host_time(4 * (L - 1) / L * workload.params
+                                         * workload.grad_bytes))
         compute = workload.compute_s * f.reshape(N, L).max(axis=1) + fixed  # per node
         units = L
     else:
         name = f"adpsgd ({pairing})"
+        host_x = 2 * replica
         compute = workload.compute_s * f
         units = 1
+    h = cluster.host_time(host_x) if link > 0 else 0.0
+    t_x = link + h
+    unhidden = h + (1.0 - cluster.overlap) * link
     if max_staleness is None:
-        steps = compute
+        steps = _adpsgd_rank_step(compute, t_x, unhidden)
     elif max_staleness == 0:
         steps = compute + t_x
     else:
-        steps = np.maximum(compute, t_x / max_staleness)
+        steps = np.maximum(_adpsgd_rank_step(compute, t_x, unhidden), t_x / max_staleness)
     with np.errstate(divide="ignore"):  # a step of 0 s: an infinite rate, a mean of 0
         step = float(n / (units * (1.0 / steps).sum()))
         mean_compute = float(n / (units * (1.0 / compute).sum())) - fixed
     exchanges = float(min(1.0, step / t_x)) if t_x > 0 else 0.0
-    replica = workload.params * workload.wire_bytes
     per_rank = exchanges * cross * replica / (L if hierarchical else 1)
     return Prediction(name, step, step - mean_compute, per_rank, per_rank * L, None,
                       f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes")
