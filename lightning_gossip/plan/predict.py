@@ -204,11 +204,12 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     Ranks do not wait for each other: the step rate is the **sum of the ranks' rates**, and
     ``step_s`` is ``world_size`` over that sum (synchronous strategies: the slowest rank's).
     With ``hierarchical``, the unit is the node: every step is the node's blocking gradient
-    all-reduce plus all-gather (as in :func:`predict_dpsgd`) after its slowest GPU.
+    all-reduce plus all-gather of the slices' changes (as in :func:`predict_dpsgd`, host work
+    included) after its slowest GPU.
 
     Hosts that share cores between compute and communication (``cluster.overlap < 1`` or a
     finite ``host_bandwidth``): an exchange's host work (sending and receiving the replica,
-    ``2 params wire_bytes``, or ``2 / L`` of it plus the node's all-gather hierarchical) lengthens
+    ``2 params wire_bytes``, or ``2 / L`` of it hierarchical) lengthens
     the exchange and, with ``1 - overlap`` of its link time, is taken from the training thread
     once per exchange the rank takes part in (:func:`_adpsgd_rank_step`).
 
@@ -231,14 +232,14 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     fixed = 0.0
     if hierarchical:
         name = "adpsgd hier"
-        host_x = 2 * replica / L + 2 * (L - 1) / L * workload.params * 4
+        host_x = 2 * replica / L
         if L > 1:
             fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
                                          cluster.intra_bandwidth, cluster.intra_latency)
                      + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
                                            cluster.intra_latency)
-                     + cluster.host_time(4 * (L - 1) / L * workload.params
-                                         * workload.grad_bytes))
+                     + cluster.host_time((4 * workload.grad_bytes + 2 * 4) * (L - 1) / L
+                                         * workload.params))
         compute = workload.compute_s * f.reshape(N, L).max(axis=1) + fixed  # per node
         units = L
     else:
