@@ -34,7 +34,7 @@ def _positive(x: object) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-@pytest.mark.parametrize("script", ["step_time.py", "straggler.py"])
+@pytest.mark.parametrize("script", ["step_time.py", "straggler.py", "wire_convergence.py"])
 def test_help(script: str) -> None:
     out = _run(script, "--help", timeout=60)
     assert "--quick" in out and "--out" in out
@@ -76,3 +76,19 @@ def test_straggler_quick(tmp_path: Path) -> None:
         (rnd,) = run["rounds"]
         assert rnd["samples"] > 0 and sum(rnd["steps_per_rank"]) > 0
     assert "| adpsgd | straggler |" in stdout
+
+
+def test_wire_convergence_quick(tmp_path: Path) -> None:
+    out_path = tmp_path / "wire.json"
+    stdout = _run("wire_convergence.py", "--quick", "--cases", "dpsgd_fp32", "dpsgd_bf16",
+                  "--out", str(out_path))
+    results = json.loads(out_path.read_text())["results"]
+    assert set(results) == {f"{w}/{c}" for w in ("digits", "transformer")
+                            for c in ("dpsgd_fp32", "dpsgd_bf16")}
+    for key, res in results.items():
+        assert res["steps"] > 0
+        if key.startswith("transformer"):
+            assert math.isfinite(res["val_loss"]) and res["val_ppl"] > 1
+        else:
+            assert 0 <= res["val_acc"] <= 1
+    assert "| transformer | dpsgd_bf16 |" in stdout

@@ -1,0 +1,302 @@
+"""Does a compressed gossip wire cost convergence? fp32 vs bf16 vs fp16 on two real workloads.
+
+One launch starts N CPU ranks (torchrun, gloo, one thread per rank) and trains, back to back in
+the same processes and from the same initial weights and data order, every selected strategy
+and wire dtype on two workloads:
+
+* ``digits``: an MLP on scikit-learn's bundled handwritten digits (held-out accuracy);
+* ``transformer``: Lightning's demo language model (``lightning.pytorch.demos.Transformer``)
+  on real English text that ships with Python: the docstrings of the standard library, read
+  with ``ast`` from the interpreter's own sources (no download), word-level, the most frequent
+  words kept (the rest ``<unk>``); held-out loss and perplexity on the last 10% of the text.
+  The demo module passes the *targets* to its decoder, which then sees the token it predicts;
+  here the decoder is given the inputs, so the task is a real next-word prediction.
+
+Per case it reports the held-out metric of the final model (gossip strategies end with the
+exact average of the replicas) and the relative consensus distance just before that average
+(how far the replicas were apart: what a lossy wire could spoil).
+
+Usage::
+
+    python benchmarks/wire_convergence.py                 # 4 ranks, dpsgd fp32/bf16/fp16 + ddp
+    python benchmarks/wire_convergence.py --quick         # 2 ranks, a few steps (smoke)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import json
+import os
+import re
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as H  # noqa: E402
+
+#: case name -> (strategy, extra strategy kwargs)
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ddp": ("ddp", {}),
+    "dpsgd_fp32": ("dpsgd", {"wire_dtype": "fp32"}),
+    "dpsgd_bf16": ("dpsgd", {"wire_dtype": "bf16"}),
+    "dpsgd_fp16": ("dpsgd", {"wire_dtype": "fp16"}),
+    "adpsgd_fp32": ("adpsgd", {"wire_dtype": "fp32"}),
+    "adpsgd_bf16": ("adpsgd", {"wire_dtype": "bf16"}),
+}
+DEFAULT_CASES = ("ddp", "dpsgd_fp32", "dpsgd_bf16", "dpsgd_fp16")
+WORKLOADS = ("digits", "transformer")
+DEFAULT_OUT = H.RESULTS_DIR / "wire_convergence.json"
+WORD = re.compile(r"[a-z]+|[0-9]+|[^\sa-z0-9]")
+
+
+def stdlib_text(max_words: int) -> list[str]:
+    """The first ``max_words`` words of the standard library's docstrings, in sorted file order.
+
+    >>> words = stdlib_text(50)
+    >>> len(words), all(w == w.lower() for w in words)
+    (50, True)
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    words: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    words += WORD.findall(doc.lower()) + ["<eos>"]
+                    if len(words) >= max_words:
+                        return words[:max_words]
+    return words
+
+
+def encode(words: list[str], vocab_size: int) -> tuple[list[int], int]:
+    """Word ids with the ``vocab_size - 1`` most frequent words kept, the rest ``<unk>`` (0).
+
+    >>> encode(["a", "b", "a", "c"], 2)
+    ([1, 0, 1, 0], 2)
+    """
+    common = [w for w, _ in collections.Counter(words).most_common(vocab_size - 1)]
+    index = {w: i + 1 for i, w in enumerate(common)}
+    return [index.get(w, 0) for w in words], len(common) + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker side (runs inside every torchrun rank)
+# ----------------------------------------------------------------------------------------------
+def _worker(spec_path: Path) -> None:  # noqa: C901 (one closure per workload)
+    import inspect
+    import math
+
+    import lightning as L
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.demos import Transformer
+    from lightning.pytorch.strategies import DDPStrategy
+    from sklearn.datasets import load_digits
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_gossip
+
+    H.worker_init()
+    spec = json.loads(spec_path.read_text())
+    out = spec_path.parent
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
+
+    # --- digits ---------------------------------------------------------------------------
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    digits_train = TensorDataset(x[perm[:1400]], y[perm[:1400]])
+    x_val, y_val = x[perm[1400:]], y[perm[1400:]]
+
+    class DigitsMLP(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128),
+                                     nn.ReLU(), nn.Linear(128, 10))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            xb, yb = batch
+            return nn.functional.cross_entropy(self.net(xb), yb)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=spec["digits_lr"], momentum=0.9)
+
+        @torch.no_grad()
+        def held_out(self) -> dict[str, float]:
+            return {"val_acc": (self.net(x_val).argmax(-1) == y_val).float().mean().item()}
+
+    # --- transformer ----------------------------------------------------------------------
+    block, vocab = spec["block"], 0
+    lm_train = lm_val = TensorDataset(torch.zeros(0))
+
+    def blocks(t: torch.Tensor) -> TensorDataset:
+        n = (len(t) - 1) // block
+        return TensorDataset(t[: n * block].view(n, block), t[1: n * block + 1].view(n, block))
+
+    if "transformer" in spec["workloads"]:
+        text = json.loads((out / "text.json").read_text())  # written once by the driver
+        tokens, vocab = torch.tensor(text["ids"]), text["vocab"]
+        split = int(len(tokens) * 0.9)
+        lm_train, lm_val = blocks(tokens[:split]), blocks(tokens[split:])
+        H.progress(f"text: {len(tokens)} words, vocabulary {vocab}, {len(lm_train)} training "
+                   f"blocks of {block}, {len(lm_val)} held out")
+
+    class LanguageModel(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Transformer(vocab_size=vocab, ninp=spec["width"], nhead=2,
+                                     nhid=spec["width"], nlayers=2, dropout=0.1)
+
+        def loss(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            out = self.model(inputs, inputs)  # the decoder sees the inputs, not the targets
+            return nn.functional.nll_loss(out.reshape(-1, vocab), target.reshape(-1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.loss(*batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=spec["lm_lr"], momentum=0.9)
+
+        @torch.no_grad()
+        def held_out(self) -> dict[str, float]:
+            self.eval()
+            inputs, target = lm_val.tensors
+            losses = [self.loss(inputs[i:i + 64], target[i:i + 64]).item() * len(inputs[i:i + 64])
+                      for i in range(0, len(inputs), 64)]
+            loss = sum(losses) / len(inputs)
+            return {"val_loss": loss, "val_ppl": math.exp(loss)}
+
+    def make_strategy(case: str) -> Any:
+        name, extra = CASES[case]
+        if name == "ddp":
+            return DDPStrategy(process_group_backend="gloo")
+        cls = lightning_gossip.DPSGDStrategy if name == "dpsgd" else lightning_gossip.ADPSGDStrategy
+        if "wire_dtype" in extra and "wire_dtype" not in inspect.signature(cls).parameters:
+            return None
+        return cls(process_group_backend="gloo", consensus_every_n_steps=spec["consensus_every"],
+                   **extra)
+
+    def fit(workload: str, case: str) -> dict[str, Any] | None:
+        strategy = make_strategy(case)
+        if strategy is None:
+            return None
+        torch.manual_seed(spec["seed"])
+        if workload == "digits":
+            model: Any = DigitsMLP()
+            data, epochs, batch = digits_train, spec["digits_epochs"], 32
+        else:
+            model = LanguageModel()
+            data, epochs, batch = lm_train, spec["lm_epochs"], spec["lm_batch"]
+        loader = DataLoader(data, batch_size=batch, shuffle=True,
+                            generator=torch.Generator().manual_seed(spec["seed"]))
+        trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy,
+                            max_epochs=epochs, limit_train_batches=spec["limit_batches"],
+                            logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False,
+                            num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=1.0,
+                            default_root_dir=str(out / "lightning"))
+        start = time.perf_counter()
+        trainer.fit(model, loader)
+        result = {"seconds": time.perf_counter() - start, "steps": trainer.global_step,
+                  "consensus_distance": getattr(strategy, "last_consensus_distance", None)}
+        result.update(model.held_out())
+        return result
+
+    results: dict[str, dict[str, Any]] = {}
+    for workload in spec["workloads"]:
+        for case in spec["cases"]:
+            dist.barrier()
+            H.progress(f"{workload} / {case}")
+            res = fit(workload, case)
+            if res is None:
+                H.progress(f"  skipped: {CASES[case][0]} has no wire_dtype in this version")
+                continue
+            results[f"{workload}/{case}"] = res
+            H.progress("  " + ", ".join(f"{k} {v:.4g}" for k, v in res.items()
+                                         if isinstance(v, float)))
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "results": results}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver side
+# ----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, launch the ranks, print and save the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=4, help="world size")
+    p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--digits-epochs", type=int, default=10)
+    p.add_argument("--digits-lr", type=float, default=0.05)
+    p.add_argument("--lm-epochs", type=int, default=2)
+    p.add_argument("--lm-lr", type=float, default=0.1)
+    p.add_argument("--lm-batch", type=int, default=16, help="blocks per batch and rank")
+    p.add_argument("--words", type=int, default=200_000, help="words of text")
+    p.add_argument("--vocab", type=int, default=5000, help="words kept (the rest <unk>)")
+    p.add_argument("--block", type=int, default=35, help="tokens per training sequence")
+    p.add_argument("--width", type=int, default=128, help="Transformer width")
+    p.add_argument("--limit-batches", type=float, default=1.0,
+                   help="Trainer(limit_train_batches=...): fraction or count per epoch")
+    p.add_argument("--consensus-every", type=int, default=10,
+                   help="consensus_every_n_steps of the gossip strategies")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds for the launch")
+    p.add_argument("--quick", action="store_true", help="2 ranks, a few steps (smoke test)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return 0
+    if args.quick:
+        args.ranks, args.digits_epochs, args.lm_epochs = 2, 1, 1
+        args.words, args.limit_batches = 20_000, 5
+    spec = {k: v for k, v in vars(args).items() if k not in ("out", "worker", "quick")}
+    info = H.machine_info()
+    print(f"wire_convergence: {args.ranks} ranks, cases {args.cases}, workloads "
+          f"{args.workloads}; load average {info['loadavg_1_5_15']}", flush=True)
+    work = args.out.parent / f".{args.out.stem}_work"
+    if "transformer" in args.workloads:
+        ids, vocab = encode(stdlib_text(args.words), args.vocab)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "text.json").write_text(json.dumps({"ids": ids, "vocab": vocab}))
+    per_rank = H.launch(Path(__file__), spec, args.ranks, work, args.timeout)
+    results = per_rank[0]["results"]
+    rows = []
+    for key, res in results.items():
+        workload, case = key.split("/")
+        metric = (f"{100 * res['val_acc']:.1f}% acc" if workload == "digits"
+                  else f"loss {res['val_loss']:.3f}, ppl {res['val_ppl']:.1f}")
+        cd = res.get("consensus_distance")
+        rows.append([workload, case, metric, "-" if cd is None else f"{cd:.2e}", res["steps"],
+                     round(res["seconds"], 1)])
+    print(H.markdown_table(["workload", "case", "held-out", "consensus distance (last)",
+                            "steps", "s"], rows))
+    print(H.describe_machine(info))
+    H.write_json(args.out, {"machine": info, "spec": spec, "results": results})
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
