@@ -11,11 +11,22 @@ on its *column* group (the ranks with local rank ``l`` on every node), and the n
 all-gathers the mixed slices on its *node* group. Every inter-node link carries ``1/devices``
 of the replica.
 
+``ADPSGDStrategy(hierarchical=True)`` uses the same layout and groups: local rank ``l`` runs
+AD-PSGD's gossip thread on its column for slice ``l``, with the pairing over nodes
+(:class:`ColumnPairing` translates node indices into the column's global ranks).
+
 Example::
 
     >>> layout = NodeLayout(num_nodes=2, devices=2, node=1, local=0)
     >>> layout.rank, layout.node_ranks(1), layout.column_ranks(0)
     (2, [2, 3], [0, 2])
+    >>> from lightning_gossip.pairing import Pairing
+    >>> three = NodeLayout(num_nodes=3, devices=2, node=0, local=0)
+    >>> column = ColumnPairing(Pairing("ring", 3), three)  # local rank 0's column: 0, 2, 4
+    >>> column.is_active(0), column.candidates(0), column.contacted_by(2)
+    (True, (4, 2), (0,))
+    >>> three.shard_bounds(5)  # local rank 0 owns values 0..2 of 5
+    (0, 3)
     >>> layout.shard_size(5)  # 5 values in 2 slices of 3 (one padding value)
     3
     >>> check_layout([(0, 0, 0), (1, 0, 1), (2, 1, 0)], num_nodes=2, devices=2)
@@ -36,9 +47,11 @@ from torch import Tensor
 
 from lightning_gossip.compression import pairwise_delta, quantize
 from lightning_gossip.exchange import NeighborExchange
+from lightning_gossip.pairing import Pairing
 from lightning_gossip.topology import Peers
 
-__all__ = ["NodeGroups", "NodeLayout", "ShardedExchange", "check_layout", "make_node_groups"]
+__all__ = ["ColumnPairing", "NodeGroups", "NodeLayout", "ShardedExchange", "check_layout",
+           "make_node_groups"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,13 @@ class NodeLayout:
         """Length of one slice when ``numel`` values are cut into ``devices`` equal slices."""
         return -(-numel // self.devices)
 
+    def shard_bounds(self, numel: int) -> tuple[int, int]:
+        """``(lo, hi)``: the values of a ``numel``-long replica in this rank's slice (the last
+        slice may be shorter than :meth:`shard_size`, or empty)."""
+        size = self.shard_size(numel)
+        lo = min(self.local * size, numel)
+        return lo, min(lo + size, numel)
+
     def column_peers(self, node_peers: Peers) -> Peers:
         """This rank's peers in its column, from its node's peers in the topology over nodes."""
         col = self.local
@@ -77,6 +97,51 @@ class NodeLayout:
             recv_from=tuple((j * self.devices + col, w) for j, w in node_peers.recv_from),
             send_to=tuple(r * self.devices + col for r in node_peers.send_to),
         )
+
+
+class ColumnPairing:
+    """AD-PSGD's pairing over nodes, seen by one column: the same roles and partner choice as
+    ``pairing`` (built for ``num_nodes``), in the global ranks of local rank ``layout.local``.
+
+    Node ``n`` is rank ``n * devices + local`` here, so every column runs the same pairing of
+    nodes, independently, on its own slice of the replica; messages and errors name global
+    ranks. It has the methods of :class:`~lightning_gossip.pairing.Pairing` the gossip thread
+    uses.
+
+    Args:
+        pairing: the pairing over nodes.
+        layout: this rank's place in the nodes.
+    """
+
+    def __init__(self, pairing: Pairing, layout: NodeLayout) -> None:
+        if pairing.world_size != layout.num_nodes:
+            raise ValueError(f"the pairing is over {pairing.world_size} ranks, but there are "
+                             f"{layout.num_nodes} nodes")
+        self.pairing = pairing
+        self.layout = layout
+
+    def _node(self, rank: int) -> int:
+        return rank // self.layout.devices
+
+    def _rank(self, node: int) -> int:
+        return node * self.layout.devices + self.layout.local
+
+    def is_active(self, rank: int) -> bool:
+        """Whether the node of global ``rank`` starts exchanges."""
+        return self.pairing.is_active(self._node(rank))
+
+    def candidates(self, rank: int) -> tuple[int, ...]:
+        """The column's ranks on the passive nodes an active ``rank`` may contact."""
+        return tuple(map(self._rank, self.pairing.candidates(self._node(rank))))
+
+    def contacted_by(self, rank: int) -> tuple[int, ...]:
+        """The column's ranks on the active nodes that may contact a passive ``rank``."""
+        return tuple(map(self._rank, self.pairing.contacted_by(self._node(rank))))
+
+    def partner(self, rank: int, k: int) -> int:
+        """The column's rank on the node that ``rank``'s node exchanges with in its ``k``-th
+        exchange."""
+        return self._rank(self.pairing.partner(self._node(rank), k))
 
 
 def check_layout(entries: list[tuple[int, int, int]], num_nodes: int, devices: int) -> None:

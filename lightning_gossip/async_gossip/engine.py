@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveLoop
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
@@ -13,6 +17,13 @@ from lightning_gossip.async_gossip.state import GossipStats, SharedState
 from lightning_gossip.flat import FlatState
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.pairing import Pairing
+
+if TYPE_CHECKING:
+    from lightning_gossip.hierarchy import ColumnPairing
+
+#: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
+#: ``devices`` slices of ``mine``'s length, in local-rank order)
+NodeGather = Callable[[Tensor, Tensor], None]
 
 __all__ = ["AsyncGossip"]
 
@@ -34,16 +45,28 @@ class AsyncGossip:
         heartbeat: this rank's :class:`~lightning_gossip.liveness.Heartbeat`; every wait of the
             gossip thread then fails fast, naming the peer, when a peer it waits on goes
             silent. ``None``: waits end only at ``timeout``.
+        wire_dtype: what the snapshots are sent as (see
+            :class:`~lightning_gossip.async_gossip.loops.GossipLoop`).
+        shard: ``(index, count)``: gossip only slice ``index`` of ``count`` equal slices of the
+            replica (hierarchical AD-PSGD: the local rank and the node's size). Then
+            ``node_gather`` must be given: at every step boundary (and at :meth:`quiesce`) every
+            rank of the node calls it with its due slice deltas, and every rank adds the same
+            gathered full delta to its weights, so the node's replicas stay bit-identical.
+        node_gather: the node's all-gather (a collective of the training thread on the node's
+            group).
 
     Every method is called from the training thread. The state it shares with the gossip
     thread lives in a :class:`~lightning_gossip.async_gossip.state.SharedState`; the step
     counter ``_steps`` is the training thread's alone.
     """
 
-    def __init__(self, flat: FlatState, rank: int, pairing: Pairing,
+    def __init__(self, flat: FlatState, rank: int, pairing: Pairing | ColumnPairing,
                  control_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
                  timeout: timedelta, max_staleness: int | None = 4,
-                 delay_by_one: bool = False, heartbeat: Heartbeat | None = None) -> None:
+                 delay_by_one: bool = False, heartbeat: Heartbeat | None = None,
+                 wire_dtype: torch.dtype = torch.float32,
+                 shard: tuple[int, int] = (0, 1),
+                 node_gather: NodeGather | None = None) -> None:
         self.flat = flat
         self.rank = rank
         self.pairing = pairing
@@ -53,10 +76,20 @@ class AsyncGossip:
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.delay_by_one = delay_by_one
-        self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one), timeout)
+        index, count = shard
+        size = -(-flat.numel // count)
+        lo = min(index * size, flat.numel)
+        bounds = (lo, min(lo + size, flat.numel))
+        if count > 1 and node_gather is None:
+            raise ValueError("a sharded AsyncGossip needs node_gather")
+        self._gather = node_gather if count > 1 else None
+        self._mine = flat.empty()[:size] if self._gather is not None else None
+        self._gathered = (torch.empty(size * count, device=flat.device)
+                          if self._gather is not None else None)
+        self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one, bounds), timeout)
         loop = ActiveLoop if self.active else PassiveLoop
         self._loop: GossipLoop = loop(self._shared, rank, pairing, control_group, data_group,
-                                      timeout, heartbeat)
+                                      timeout, heartbeat, wire_dtype)
         self._thread: threading.Thread | None = None
         self._steps = 0
 
@@ -89,13 +122,24 @@ class AsyncGossip:
             shared.cv.notify_all()
 
     def after_step(self) -> None:
-        """At a step boundary: apply deltas, leave a fresh snapshot, bound the staleness."""
+        """At a step boundary: apply deltas, leave a fresh snapshot, bound the staleness.
+
+        Sharded: the node's ranks all-gather their due slice deltas (every step, zeros where
+        none) and each adds the same full delta, before the fresh snapshot is packed.
+        """
         shared, box, clock = self._shared, self._shared.mailbox, self._shared.clock
+        if self._gather is not None:
+            with shared.cv:
+                shared.raise_if_failed()
+                shared.handoff.wait_for_thread()
+                assert self._mine is not None
+                box.take_due(self._mine)
+            self._apply_gathered()
         with shared.cv:
             shared.raise_if_failed()
             self._steps += 1
             shared.stats.steps = self._steps
-            if box.due_now():
+            if self._gather is None and box.due_now():
                 shared.handoff.wait_for_thread()
                 box.apply_due()
             if not box.fresh_ready:  # the thread took the last snapshot: leave a new one
@@ -121,8 +165,22 @@ class AsyncGossip:
             shared.wait_for(lambda: clock.is_ended(phase),
                             f"waiting for the gossip phase {phase} to end")
             shared.handoff.wait_for_thread()
-            shared.mailbox.apply_all(self._steps)
+            if self._gather is None:
+                shared.mailbox.apply_all(self._steps)
+            else:
+                assert self._mine is not None
+                shared.mailbox.take_all(self._mine, self._steps)
             clock.close()
+        if self._gather is not None:
+            self._apply_gathered()
+
+    def _apply_gathered(self) -> None:
+        """The node's all-gather of the taken slice deltas; add the full delta to the weights
+        (training thread, outside the lock: the gossip thread goes on meanwhile)."""
+        assert self._gather is not None and self._mine is not None
+        assert self._gathered is not None
+        self._gather(self._mine, self._gathered)
+        self.flat.add_(self._gathered[:self.flat.numel])
 
     def stop(self) -> None:
         """Stop the thread (after :meth:`quiesce`; idempotent)."""

@@ -1,7 +1,8 @@
 """The gossip thread's two loops: an active rank starts exchanges, a passive rank serves them.
 
 Control messages are two int64 values ``[kind, phase]`` on the gloo *control* group
-(:class:`MessageKind`); snapshots travel on the *data* group. One exchange at a time per rank
+(:class:`MessageKind`); snapshots (this rank's shard of them, in the wire dtype) travel on the
+*data* group. One exchange at a time per rank
 makes every pairwise average atomic, and because only actives start exchanges no cycle of
 waiting ranks can form.
 """
@@ -11,15 +12,20 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from lightning_gossip._compat import work_source_rank
 from lightning_gossip.async_gossip.state import SharedState
+from lightning_gossip.compression import quantize
 from lightning_gossip.exchange import pairwise_exchange, wait_all
 from lightning_gossip.liveness import Heartbeat, wait_for_peers
 from lightning_gossip.pairing import Pairing
+
+if TYPE_CHECKING:
+    from lightning_gossip.hierarchy import ColumnPairing
 
 __all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
 
@@ -39,20 +45,25 @@ class GossipLoop:
     Args:
         shared: the rank's :class:`~lightning_gossip.async_gossip.state.SharedState`.
         rank: this rank (global).
-        pairing: roles and partner choice.
+        pairing: roles and partner choice (a
+            :class:`~lightning_gossip.hierarchy.ColumnPairing` for hierarchical gossip).
         control_group: a gloo group for the control messages.
         data_group: the group that carries snapshots.
         timeout: limit for every blocking wait.
         heartbeat: when given, every wait fails fast (``PeerSilent``) once a rank it depends
             on goes silent.
+        wire_dtype: what is sent: the snapshot's shard (fp32), or ``q = Q(shard)`` rounded to
+            bf16/fp16. The delta is then ``(q_peer - q) / 2`` with the very ``q`` sent, so the
+            two deltas of an exchange still cancel exactly.
 
-    The loop runs in the gossip thread; its buffers ``theirs`` and ``delta`` and the
+    The loop runs in the gossip thread; its buffers ``send``, ``theirs`` and ``delta`` and the
     control buffer are used by that thread only.
     """
 
-    def __init__(self, shared: SharedState, rank: int, pairing: Pairing,
+    def __init__(self, shared: SharedState, rank: int, pairing: Pairing | ColumnPairing,
                  control_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
-                 timeout: timedelta, heartbeat: Heartbeat | None = None) -> None:
+                 timeout: timedelta, heartbeat: Heartbeat | None = None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
         self.shared = shared
         self.heartbeat = heartbeat
         self.rank = rank
@@ -60,8 +71,13 @@ class GossipLoop:
         self.control_group = control_group
         self.data_group = data_group
         self.timeout = timeout
-        self._theirs = shared.mailbox.flat.empty()
-        self._delta = shared.mailbox.flat.empty()
+        box = shared.mailbox
+        n, device = box.hi - box.lo, box.view.device
+        self.wire_dtype = wire_dtype
+        self._send = (None if wire_dtype == torch.float32
+                      else torch.empty(n, dtype=wire_dtype, device=device))
+        self._theirs = torch.empty(n, dtype=wire_dtype, device=device)
+        self._delta = torch.empty(n, dtype=torch.float32, device=device)
         self._ctrl = torch.zeros(2, dtype=torch.int64)
 
     def run(self) -> None:
@@ -77,17 +93,23 @@ class GossipLoop:
             covered = box.take_snapshot()  # adopt the newest snapshot
             if fresh:
                 shared.cv.notify_all()
-        view = box.view  # only this thread swaps it
+        mine = box.view[box.lo:box.hi]  # only this thread swaps the view
+        send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
-        pairwise_exchange(view, self._theirs, peer, self.data_group, self.timeout, self.rank,
+        pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout, self.rank,
                           heartbeat=self.heartbeat)
         shared.waiting_on = "nothing (idle)"
-        torch.sub(self._theirs, view, out=self._delta).mul_(0.5)
-        view.add_(self._delta)
+        if self._send is None:
+            torch.sub(self._theirs, mine, out=self._delta)
+        else:  # in fp32: fl(a - b) = -fl(b - a), so the partner's delta is the exact negative
+            self._delta.copy_(self._theirs).sub_(send)
+        self._delta.mul_(0.5)
+        mine.add_(self._delta)
         with shared.cv:
             box.post_delta(self._delta, covered)
             shared.handoff.to_training()
             shared.stats.exchanges += 1
+            shared.stats.sent_bytes += send.numel() * send.element_size()
             shared.cv.notify_all()
 
     def send_control(self, kind: MessageKind, phase: int, dst: int) -> None:

@@ -11,6 +11,10 @@ boundary and leaves a fresh snapshot for the next exchange.
 * ``fresh``: the snapshot the training thread leaves (weights + deltas not yet applied);
   the gossip thread adopts it as its :attr:`~DeltaMailbox.view` for its next exchange.
 
+With a *shard* ``[lo, hi)`` (hierarchical AD-PSGD) the gossip thread exchanges and posts deltas
+for that slice only; the training thread takes the due slice deltas out
+(:meth:`DeltaMailbox.take_due`) for the node's all-gather instead of applying them itself.
+
 Example (CPU; one thread plays both sides here, the engine holds its lock around every call)::
 
     >>> import torch
@@ -42,6 +46,7 @@ class DeltaMailbox:
     Args:
         flat: the replica.
         delay_by_one: apply deltas one step boundary later than they arrive.
+        shard: ``(lo, hi)``, the slice of the replica this rank gossips (default: all of it).
 
     Every method runs under the engine's lock (``SharedState.lock``), so the fields below are
     guarded by it; the buffers the gossip thread uses outside the lock are marked.
@@ -64,9 +69,11 @@ class DeltaMailbox:
             non-zero. Training thread only.
     """
 
-    def __init__(self, flat: FlatState, delay_by_one: bool) -> None:
+    def __init__(self, flat: FlatState, delay_by_one: bool,
+                 shard: tuple[int, int] | None = None) -> None:
         self.flat = flat
         self.delay_by_one = delay_by_one
+        self.lo, self.hi = shard if shard is not None else (0, flat.numel)
         self.view = flat.pack()
         self.fresh = flat.empty()
         self.fresh_ready = False
@@ -125,6 +132,37 @@ class DeltaMailbox:
         self.fresh_ready = False
         self.gossiped = steps
 
+    def take_due(self, out: Tensor) -> None:
+        """Like :meth:`apply_due`, but the due deltas of the shard go into ``out[:hi - lo]``
+        (the rest of ``out`` is zeroed) instead of into the weights."""
+        out.zero_()
+        lo, hi = self.lo, self.hi
+        if not self.delay_by_one:
+            if self.acc_dirty:
+                out[:hi - lo].copy_(self.acc[lo:hi])
+                self.acc.zero_()
+                self.acc_dirty = False
+            return
+        if self.ready_dirty:
+            out[:hi - lo].copy_(self.ready[lo:hi])
+            self.ready.zero_()
+            self.ready_dirty = False
+        if self.acc_dirty:
+            self.ready, self.acc = self.acc, self.ready
+            self.ready_dirty, self.acc_dirty = True, False
+
+    def take_all(self, out: Tensor, steps: int) -> None:
+        """Like :meth:`apply_all`, but every pending delta of the shard goes into ``out``."""
+        out.zero_()
+        n = self.hi - self.lo
+        out[:n].add_(self.acc[self.lo:self.hi])
+        out[:n].add_(self.ready[self.lo:self.hi])
+        self.acc.zero_()
+        self.ready.zero_()
+        self.acc_dirty = self.ready_dirty = False
+        self.fresh_ready = False
+        self.gossiped = steps
+
     # -- gossip thread -------------------------------------------------------------------------
     def take_snapshot(self) -> int:
         """Adopt the fresh snapshot as :attr:`view`, if there is one; return the steps covered."""
@@ -135,9 +173,10 @@ class DeltaMailbox:
         return self.fresh_step
 
     def post_delta(self, delta: Tensor, covered: int) -> None:
-        """Hand over the delta of an exchange whose snapshot covered ``covered`` steps."""
-        self.acc.add_(delta)
+        """Hand over the delta (of the shard: ``hi - lo`` values) of an exchange whose snapshot
+        covered ``covered`` steps."""
+        self.acc[self.lo:self.hi].add_(delta)
         if self.fresh_ready:  # a snapshot left meanwhile lacks this delta
-            self.fresh.add_(delta)
+            self.fresh[self.lo:self.hi].add_(delta)
         self.acc_dirty = True
         self.gossiped = max(self.gossiped, covered)

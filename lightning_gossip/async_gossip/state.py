@@ -36,12 +36,15 @@ class GossipStats:
         staleness_waits: times the training thread waited for gossip to catch up
             (``max_staleness``; training thread).
         staleness_wait_s: seconds spent in those waits (training thread).
+        sent_bytes: snapshot payload this rank sent (its shard, in the wire dtype; without the
+            control messages and the node's all-gather) (gossip thread, under the lock).
     """
 
     exchanges: int = 0
     steps: int = 0
     staleness_waits: int = 0
     staleness_wait_s: float = 0.0
+    sent_bytes: int = 0
 
 
 class SharedState:

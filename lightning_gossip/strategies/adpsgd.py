@@ -3,7 +3,9 @@
 Each rank trains its replica without ever waiting for communication; a background thread
 averages it with one peer at a time (atomically), and the resulting change is applied at the
 next step boundary. A slow rank does not slow the others down; with straggler-resilient data
-(on by default) the faster ranks also process more of each epoch.
+(on by default) the faster ranks also process more of each epoch. With ``hierarchical=True`` the
+ranks of a node act as one learner (gradients averaged inside the node) and AD-PSGD runs between
+nodes, each local rank gossiping its slice of the replica.
 """
 
 from __future__ import annotations
@@ -27,18 +29,21 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
+from lightning_gossip.hierarchy import ColumnPairing, NodeLayout, make_node_groups
 from lightning_gossip.liveness import make_sigterm_check_local
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.adpsgd_phases import _PhasesMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
+from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
 
 __all__ = ["ADPSGDStrategy"]
 
 _run_ids = itertools.count()  # fits in this process, counted the same way on every rank
 
 
-class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
+class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -66,6 +71,20 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
             replicas (one all-reduce) at the first epoch end (the next point where all ranks
             meet) after any rank passed a multiple of this many optimizer steps; ``None``
             (default) never.
+        hierarchical: treat the ranks of a node (same ``node_rank``) as one learner: average
+            gradients (and floating buffers) inside the node every step, so its ranks hold
+            bit-identical weights, and run AD-PSGD between nodes with the pairing over nodes.
+            Local rank ``l`` runs the gossip thread for slice ``l`` of the replica with local
+            rank ``l`` of the partner node (each inter-node link carries ``1/devices`` of the
+            model); the node all-gathers the slices' deltas at every step boundary, so all its
+            ranks add the same delta at the same step. The training loader is then split
+            evenly between ranks (no shared cursor: the node's ranks step together). One
+            process per node: the same as ``False``; one node: plain data parallelism (with a
+            warning). See ``docs/strategies.md`` (Multi-node).
+        wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half the
+            bytes): ``q = Q(snapshot)``, and the delta is ``(q_peer - q) / 2`` with the very
+            ``q`` sent, so the two deltas of an exchange cancel exactly and the sum of the
+            replicas is kept to fp32 rounding.
 
     Example::
 
@@ -118,6 +137,8 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         evaluate: str = "consensus",
         consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None,
+        hierarchical: bool = False,
+        wire_dtype: str = "fp32",
         process_group_backend: str | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
@@ -166,6 +187,14 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         self.max_staleness = max_staleness
         self.delay_by_one = bool(delay_by_one)
         self.shared_cursor = bool(shared_cursor)
+        self.hierarchical = bool(hierarchical)
+        self._wire = check_wire_dtype(wire_dtype)
+        self.wire_dtype = wire_dtype
+        #: this rank's place in the nodes (``hierarchical`` with several processes per node;
+        #: after set-up)
+        self.layout: NodeLayout | None = None
+        self._node_group: dist.ProcessGroup | None = None  # gradients averaged here
+        self._buffers: list[Tensor] = []  # floating buffers, averaged in the node
         self.engine: AsyncGossip | None = None
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._run_id: int | None = None
@@ -186,31 +215,78 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         )
         return self.pairing_name
 
+    @property
+    def _sharded(self) -> bool:
+        """``hierarchical`` with several processes per node."""
+        return self.hierarchical and self.num_processes > 1
+
     @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
-        """Build :attr:`pairing`, the control and data groups, and start the gossip thread."""
+        """Check the node layout (``hierarchical``), build :attr:`pairing` (over ranks, or over
+        nodes), the groups, and start the gossip thread. Bad input fails here on every rank."""
         self._check_trainer(trainer)
         self._run_id = next(_run_ids)
+        nodes, devices = self.num_nodes, self.num_processes
+        if self.hierarchical:
+            self._check_node_layout()
         if self._groups is None:
             # Created on every rank in the same order, from the main thread. The thread's
             # messages never share a group with the training thread's collectives.
             # Control and data never share a group: a passive's receive-from-any-source
             # must only ever match the small control messages.
-            control = dist.new_group(backend="gloo", timeout=self.timeout)
-            data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
-            self._groups = (control, data)
+            if self._sharded:
+                # node groups (gradients, the delta all-gather), column groups (snapshot
+                # slices), then gloo column groups (control)
+                layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
+                groups = make_node_groups(layout, self.process_group_backend, self.timeout)
+                control = None
+                for k in range(devices):
+                    g = dist.new_group(layout.column_ranks(k), backend="gloo",
+                                       timeout=self.timeout)
+                    if k == layout.local:
+                        control = g
+                assert control is not None
+                self.layout, self._node_group = layout, groups.node
+                self._groups = (control, groups.column)
+            else:
+                control = dist.new_group(backend="gloo", timeout=self.timeout)
+                data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
+                self._groups = (control, data)
         assert self._flat is not None
-        self.pairing = Pairing(self.pairing_name, self.world_size, self.seed)
-        self.engine = AsyncGossip(
-            self._flat, self.global_rank, self.pairing,
-            control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
-            max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
-            heartbeat=self.heartbeat,
-        )
-        self.engine.start()
+        if self._sharded:
+            self._buffers = self._find_node_buffers()
+        if self._sharded and nodes == 1:
+            rank_zero_warn(
+                f"ADPSGDStrategy(hierarchical=True) on one node of {devices} processes: "
+                "gradients are averaged inside the node and there is nothing to gossip with "
+                "(plain data parallelism)."
+            )
+            self.pairing = None
+        else:
+            self.pairing = Pairing(self.pairing_name, nodes if self._sharded else self.world_size,
+                                   self.seed)
+            self.engine = self._make_engine(self.pairing)
+            self.engine.start()
         make_sigterm_check_local(trainer)
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback())
+
+    def _make_engine(self, pairing: Pairing) -> AsyncGossip:
+        """The gossip engine: over ranks, or (sharded) over nodes on this rank's column."""
+        assert self._flat is not None and self._groups is not None
+        kwargs: dict[str, Any] = {}
+        engine_pairing: Pairing | ColumnPairing = pairing
+        if self._sharded:
+            assert self.layout is not None
+            engine_pairing = ColumnPairing(pairing, self.layout)
+            kwargs = {"shard": (self.layout.local, self.layout.devices),
+                      "node_gather": self._node_all_gather}
+        return AsyncGossip(
+            self._flat, self.global_rank, engine_pairing,
+            control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
+            max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+            heartbeat=self.heartbeat, wire_dtype=self._wire, **kwargs,
+        )
 
     @override
     def teardown_gossip(self) -> None:
@@ -239,7 +315,7 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
 
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
-                or trainer.state.stage != RunningStage.TRAINING):
+                or trainer.state.stage != RunningStage.TRAINING or self._sharded):
             return dataloader
         shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed)
         return dataloader if shared is None else shared
@@ -259,7 +335,11 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         except for the ``max_staleness`` bound)."""
         if self.engine is not None and not self.engine.in_phase:
             self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
+        if self._node_group is not None:
+            closure = self._node_averaging(closure)
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self._node_group is not None:
+            self._average_node_buffers()
         self.step += 1
         if self.engine is not None:
             self.engine.after_step()
@@ -298,12 +378,20 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         (see ``docs/faults.md``).
         """
         if self.engine is not None and self.engine.in_phase:
+            if self._node_group is not None and self.layout is not None:
+                # hierarchical: the node's ranks step together, so they decide together
+                box = [obj]
+                first = self.layout.node_ranks(self.layout.node)[0]
+                dist.broadcast_object_list(box, first, group=self._node_group)
+                return box[0]
             return obj
         return super().broadcast(obj, src)
 
     @property
     def gossip_stats(self) -> dict[str, float]:
-        """This rank's exchange and waiting counters (of the last fit once it has ended)."""
+        """This rank's exchange and waiting counters (of the last fit once it has ended):
+        ``exchanges``, ``steps``, ``staleness_waits``, ``staleness_wait_s`` and ``sent_bytes``
+        (the snapshot payload sent: its shard, in the wire dtype)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
 

@@ -1,6 +1,12 @@
-"""Hierarchical D-PSGD inside a node, as a mixin of
-:class:`~lightning_gossip.strategies.DPSGDStrategy`: the gradients (and buffers) averaged over the
-ranks of one node with an all-reduce whose wait watches the heartbeats."""
+"""Inside a node of hierarchical gossip, as a mixin of
+:class:`~lightning_gossip.strategies.DPSGDStrategy` and
+:class:`~lightning_gossip.strategies.ADPSGDStrategy`: the node layout check, the gradients (and
+buffers) averaged over the ranks of one node, and the node's all-gather, with waits that watch
+the heartbeats.
+
+The strategy provides ``layout`` (a :class:`~lightning_gossip.hierarchy.NodeLayout`),
+``_node_group``, ``_buffers`` (the floating buffers), ``step``, ``heartbeat`` and ``timeout``.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,26 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_gossip.exchange import GossipTimeout
+from lightning_gossip.hierarchy import check_layout
 from lightning_gossip.liveness import GRACE_S, PeerSilent, wait_for_peers
 
 
 class _NodeAveragingMixin:
-    """Averaging over the node of hierarchical :class:`DPSGDStrategy`."""
+    """Averaging over the node of hierarchical :class:`DPSGDStrategy` and
+    :class:`ADPSGDStrategy`."""
+
+    def _check_node_layout(self) -> None:
+        """Gather ``(global_rank, node_rank, local_rank)`` of every rank (a collective on the
+        default group) and check the layout: the same ``ValueError`` on every rank."""
+        entries: list[Any] = [None] * self.world_size
+        dist.all_gather_object(entries, (self.global_rank, self.node_rank, self.local_rank))
+        check_layout(entries, self.num_nodes, self.num_processes)
+
+    def _find_node_buffers(self) -> list[Tensor]:
+        """The floating buffers of the replica (averaged over the node after every step)."""
+        params = {id(p) for p in self.lightning_module.parameters()}
+        assert self._flat is not None
+        return [t for t in self._flat.tensors if id(t) not in params]
 
     # ------------------------------------------------------------------------------------------
     # Inside a node (hierarchical)
@@ -59,11 +80,21 @@ class _NodeAveragingMixin:
         """Sum ``flat`` over the node group, failing fast and naming the rank(s) when a rank of
         the node left after an error or stopped beating (instead of a bare gloo error, or a
         wait of ``timeout``)."""
+        self._node_wait(dist.all_reduce(flat, group=self._node_group, async_op=True), what)
+
+    def _node_all_gather(self, mine: Tensor, out: Tensor) -> None:
+        """``out`` = the node's ranks' ``mine``, in local-rank order (the slice deltas of
+        hierarchical AD-PSGD); waits as :meth:`_node_all_reduce` does."""
+        slices = list(out.split(mine.numel()))
+        work = dist.all_gather(slices, mine, group=self._node_group, async_op=True)
+        self._node_wait(work, "all-gather of the gossip deltas")
+
+    def _node_wait(self, work: Any, what: str) -> None:
+        """Wait for a collective on the node group (see :meth:`_node_all_reduce`)."""
         assert self.layout is not None
         ranks = self.layout.node_ranks(self.layout.node)
         label = (f"rank {self.global_rank}: {what} in node {self.layout.node} (ranks "
                  f"{ranks}) at step {self.step}")
-        work = dist.all_reduce(flat, group=self._node_group, async_op=True)
         try:
             wait_for_peers([work], ranks, self.heartbeat, self.timeout, label)
         except GossipTimeout:
