@@ -1,8 +1,10 @@
-"""Time per training step: dpsgd (overlapped and blocking) vs Lightning ddp vs no communication.
+"""Time per training step: dpsgd (blocking, overlapped, delay-by-one) and adpsgd vs Lightning
+ddp vs no communication, with and without simulated compute, and the training thread's own
+time in gossip.
 
-One run of this script starts N CPU ranks once (torchrun, gloo, one thread per rank) and times,
-back to back in the same processes, every case below on the same ~10M-parameter MLP with the
-same per-rank batch:
+One run of this script starts N CPU ranks once per world size (torchrun, gloo, one thread per
+rank) and times, back to back in the same processes, every case below on the same
+~10M-parameter MLP with the same per-rank batch, for every ``--simulated-compute-ms`` value:
 
 * ``solo``           one process alone, no communication (rank 0 trains, the others wait idle);
 * ``local_xN``       every rank trains its own replica at the same time, no communication
@@ -12,7 +14,14 @@ same per-rank batch:
 * ``dpsgd_blocking`` DPSGDStrategy(overlap=False): exchange after the local step;
 * ``dpsgd_overlap``  DPSGDStrategy(overlap=True, the default): exchange posted before
                      forward/backward;
-* ``dpsgd_delay1``   DPSGDStrategy(delay_by_one=True): each exchange has a whole step to hide.
+* ``dpsgd_delay1``   DPSGDStrategy(delay_by_one=True): each exchange has a whole step to hide;
+* ``adpsgd``         ADPSGDStrategy() (asynchronous pairwise gossip on a background thread).
+
+Gossip on the training thread: ``time.perf_counter`` around the strategy methods the training
+thread runs for gossip in a step (``DPSGDStrategy._start``, ``_apply_delta``,
+``_finish_blocking``; ``AsyncGossip.after_step``), wrapped in the worker, summed per step; the
+median over the measured steps is reported. The same wrapping works on older versions of the
+package, so before/after figures come from this one script.
 
 Step time = wall time between consecutive ``on_train_batch_end`` calls (data, forward,
 backward, optimizer, gossip: everything the user waits for). The first ``--warmup`` steps of
@@ -22,10 +31,10 @@ to ``local_xN`` (which separates CPU oversubscription from communication cost).
 
 Usage::
 
-    python benchmarks/step_time.py                 # 4 ranks then 2 ranks, ~10.5M parameters
+    python benchmarks/step_time.py                 # 2 then 4 ranks, 0 and 100 ms compute
     python benchmarks/step_time.py --ranks 4       # only the 4-rank launch
     python benchmarks/step_time.py --quick         # seconds; used by the smoke test
-    python benchmarks/step_time.py --simulated-compute-ms 200   # compute that frees the CPU
+    python benchmarks/step_time.py --simulated-compute-ms 200   # only compute that frees the CPU
 
 On a CPU-only machine "communication" (gloo over loopback TCP, the mixing arithmetic) is CPU
 work too, so it competes with the forward/backward it is meant to hide behind.
@@ -47,7 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
 
-CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1")
+CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1", "adpsgd")
+DEFAULT_CASES = CASES[1:]
+#: the strategy methods the training thread runs for gossip, timed per step
+GOSSIP_METHODS = {"dpsgd": ("_start", "_apply_delta", "_finish_blocking"),
+                  "adpsgd": ("after_step",)}
 DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
 
 
@@ -69,6 +82,25 @@ def _worker(spec_path: Path) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import lightning_gossip
+
+    gossip_clock = [0.0]  # seconds the training thread spent in the timed gossip methods
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                gossip_clock[0] += time.perf_counter() - t0
+        return wrapper
+
+    from lightning_gossip.async_gossip.engine import AsyncGossip
+
+    for name in GOSSIP_METHODS["dpsgd"]:
+        setattr(lightning_gossip.DPSGDStrategy, name,
+                timed(getattr(lightning_gossip.DPSGDStrategy, name)))
+    for name in GOSSIP_METHODS["adpsgd"]:
+        setattr(AsyncGossip, name, timed(getattr(AsyncGossip, name)))
 
     H.worker_init()
     spec = json.loads(spec_path.read_text())
@@ -94,8 +126,8 @@ def _worker(spec_path: Path) -> None:
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             n = len(batch[0])
-            if spec["simulated_compute_ms"]:  # an accelerator busy, this CPU free
-                time.sleep(spec["simulated_compute_ms"] / 1e3)
+            if compute_ms[0]:  # an accelerator busy, this CPU free
+                time.sleep(compute_ms[0] / 1e3)
             return nn.functional.cross_entropy(self.net(self.x[:n]), self.y[:n])
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -104,14 +136,18 @@ def _worker(spec_path: Path) -> None:
     class StepTimer(Callback):
         def __init__(self) -> None:
             self.ends: list[float] = []
+            self.gossip: list[float] = []
 
         def on_train_batch_end(self, *args: Any) -> None:
             self.ends.append(time.perf_counter())
+            self.gossip.append(gossip_clock[0])
+
+    compute_ms = [0.0]
 
     steps_total = spec["warmup"] + spec["steps"]
     n_samples = (steps_total + 1) * spec["batch_size"] * world
 
-    def fit(case: str) -> list[float]:
+    def fit(case: str) -> tuple[list[float], list[float]]:
         torch.manual_seed(0)
         model = MLP()
         timer = StepTimer()
@@ -129,6 +165,10 @@ def _worker(spec_path: Path) -> None:
         else:
             if case == "ddp":
                 strategy: Any = DDPStrategy(process_group_backend="gloo")
+            elif case == "adpsgd":
+                strategy = lightning_gossip.ADPSGDStrategy(
+                    consensus_every_n_steps=None, final_average=False,
+                    process_group_backend="gloo")
             else:
                 strategy = lightning_gossip.DPSGDStrategy(
                     topology=spec["topology"], overlap="blocking" not in case,
@@ -136,23 +176,32 @@ def _worker(spec_path: Path) -> None:
                     final_average=False, process_group_backend="gloo")
             trainer = L.Trainer(strategy=strategy, devices=world, **common)
             trainer.fit(model, loader)
-        ends = timer.ends
-        return [b - a for a, b in zip(ends[:-1], ends[1:])][max(spec["warmup"] - 1, 0):]
+        ends, clock = timer.ends, timer.gossip
+        skip = max(spec["warmup"] - 1, 0)
+        return ([b - a for a, b in zip(ends[:-1], ends[1:])][skip:],
+                [b - a for a, b in zip(clock[:-1], clock[1:])][skip:])
 
-    results: dict[str, list[list[float]]] = {c: [] for c in spec["cases"]}
-    for rnd in range(spec["repeats"]):
-        for case in spec["cases"]:
-            dist.barrier()
-            H.progress(f"round {rnd + 1}/{spec['repeats']} {case} ({world} ranks)")
-            if case == "solo":
-                times = fit(case) if rank == 0 else []
-            else:
-                times = fit(case)
-            results[case].append(times)
-            dist.barrier()
-            if rank == 0 and times:
-                H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms")
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "times": results}))
+    keys = [f"{case}@{ms:g}" for ms in spec["simulated_compute_ms"] for case in spec["cases"]]
+    results: dict[str, list[list[float]]] = {k: [] for k in keys}
+    gossip: dict[str, list[list[float]]] = {k: [] for k in keys}
+    for ms in spec["simulated_compute_ms"]:
+        compute_ms[0] = ms
+        for rnd in range(spec["repeats"]):
+            for case in spec["cases"]:
+                key = f"{case}@{ms:g}"
+                dist.barrier()
+                H.progress(f"round {rnd + 1}/{spec['repeats']} {case}, {ms:g} ms compute "
+                           f"({world} ranks)")
+                times, in_gossip = fit(case) if case != "solo" or rank == 0 else ([], [])
+                results[key].append(times)
+                gossip[key].append(in_gossip)
+                dist.barrier()
+                if rank == 0 and times:
+                    H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms, "
+                               f"gossip on the training thread "
+                               f"{H.median(in_gossip) * 1e3:.2f} ms")
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "times": results,
+                                                      "gossip": gossip}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -160,23 +209,27 @@ def _worker(spec_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------------------------
-def _summarise(ranks: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
-    """Per case: per-rank medians (rounds pooled), their mean, per-round spread."""
+def _summarise(ranks: list[dict[str, Any]], cases: list[str], ms: float) -> dict[str, Any]:
+    """Per case (at ``ms`` simulated compute): per-rank medians (rounds pooled), their mean,
+    per-round spread, and the median training-thread gossip time per step."""
     summary: dict[str, Any] = {}
     for case in cases:
-        per_rank, per_round = [], []
+        key = f"{case}@{ms:g}"
+        per_rank, per_round, in_gossip = [], [], []
         for r in ranks:
-            rounds = r["times"][case]
+            rounds = r["times"][key]
             pooled = [t for rnd in rounds for t in rnd]
             if pooled:
                 per_rank.append(H.median(pooled))
+                in_gossip.append(H.median([g for rnd in r["gossip"][key] for g in rnd]))
             per_round.append([H.median(rnd) for rnd in rounds if rnd])
         round_medians = [sum(col) / len(col) for col in zip(*[x for x in per_round if x])]
         summary[case] = {
             "median_step_s": sum(per_rank) / len(per_rank),
             "per_rank_median_step_s": per_rank,
             "round_median_step_s": round_medians,
-            "steps_measured_per_rank": len([t for rnd in ranks[0]["times"][case] for t in rnd]),
+            "train_thread_gossip_s": sum(in_gossip) / len(in_gossip),
+            "steps_measured_per_rank": len([t for rnd in ranks[0]["times"][key] for t in rnd]),
         }
     return summary
 
@@ -184,39 +237,45 @@ def _summarise(ranks: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
 def _rows(world: int, summary: dict[str, Any]) -> list[list[Any]]:
     solo = summary.get("solo", {}).get("median_step_s")
     local = summary.get("local", {}).get("median_step_s")
+    blocking = summary.get("dpsgd_blocking", {}).get("train_thread_gossip_s")
     rows = []
     for case, s in summary.items():
         name = f"local_x{world}" if case == "local" else case
         t = s["median_step_s"]
         rnd = s["round_median_step_s"]
         spread = f"{min(rnd) * 1e3:.0f}-{max(rnd) * 1e3:.0f}" if len(rnd) > 1 else "-"
+        g = s["train_thread_gossip_s"]
+        timed = case.startswith(("dpsgd", "adpsgd"))
         rows.append([name, t * 1e3, spread, t / solo if solo else float("nan"),
-                     t / local if local else float("nan")])
+                     t / local if local else float("nan"), g * 1e3 if timed else "-",
+                     g / blocking if timed and blocking else "-"])
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description="Time per training step at N CPU ranks: dpsgd (overlap on/off, "
-        "delay-by-one), Lightning ddp, and no communication; ratios to no communication.",
+        "delay-by-one), adpsgd, Lightning ddp, and no communication; ratios to no "
+        "communication; the training thread's time in gossip.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[4, 2],
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4],
                    help="world sizes, one launch each (e.g. --ranks 4 2)")
     p.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")
     p.add_argument("--in-features", type=int, default=1024, help="input features")
     p.add_argument("--classes", type=int, default=10, help="output classes")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    p.add_argument("--simulated-compute-ms", type=float, default=0.0,
+    p.add_argument("--simulated-compute-ms", type=float, nargs="+", default=[0.0, 100.0],
                    help="sleep this long in every training_step, on top of the real "
                    "forward/backward: models accelerator compute that leaves the CPU free "
-                   "(what overlap is designed for)")
-    p.add_argument("--steps", type=int, default=30, help="measured steps per fit")
+                   "(what overlap is designed for); every value is measured")
+    p.add_argument("--steps", type=int, default=20, help="measured steps per fit")
     p.add_argument("--warmup", type=int, default=5, help="steps dropped at the start of a fit")
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds over all cases (interleaved, to spread drifting load)")
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES,
-                   help="which cases to run")
+    p.add_argument("--cases", nargs="+", default=None, choices=CASES,
+                   help=f"which cases to run (default: {' '.join(DEFAULT_CASES)}; with "
+                   "--quick: solo to dpsgd_delay1)")
     p.add_argument("--topology", default="random_ring", help="dpsgd topology")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     p.add_argument("--quick", action="store_true",
@@ -230,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.width, args.depth, args.in_features = 256, 2, 128
         args.steps, args.warmup, args.repeats, args.ranks = 4, 2, 1, [2]
+        args.simulated_compute_ms = args.simulated_compute_ms[:1]
+        args.cases = args.cases or list(CASES[:-1])
+    args.cases = args.cases or list(DEFAULT_CASES)
 
     params = _param_count(args.in_features, args.width, args.depth, args.classes)
     before = H.machine_info()
@@ -245,19 +307,25 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.out.parent / f".{args.out.stem}_work_{world}"
         t0 = time.time()
         ranks = H.launch(Path(__file__).resolve(), spec, world, workdir, args.timeout)
-        summary = _summarise(ranks, list(args.cases))
-        launches.append({"world_size": world, "wall_s": time.time() - t0, "cases": summary})
+        wall = time.time() - t0
+        for ms in args.simulated_compute_ms:
+            launches.append({"world_size": world, "simulated_compute_ms": ms, "wall_s": wall,
+                             "cases": _summarise(ranks, list(args.cases), ms)})
     after = H.machine_info()
 
-    sim = (f" plus {args.simulated_compute_ms:g} ms simulated compute (sleep) per step"
-           if args.simulated_compute_ms else "")
-    md = [f"Step time, {params / 1e6:.2f}M-parameter MLP, per-rank batch {args.batch_size}{sim}, "
-          f"median of {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up.",
+    md = [f"Step time, {params / 1e6:.2f}M-parameter MLP, per-rank batch {args.batch_size}, "
+          f"median of {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up; "
+          "gossip ms = the training thread's own time in the strategy's gossip code per step "
+          "(median), x blocking = that over dpsgd_blocking's.",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}."]
-    headers = ["case", "step ms (median)", "round medians ms", "x solo", "x local"]
+    headers = ["case", "step ms (median)", "round medians ms", "x solo", "x local",
+               "gossip ms", "x blocking"]
     for launch in launches:
         world, summary = launch["world_size"], launch["cases"]
-        md += ["", f"**{world} ranks**", "", H.markdown_table(headers, _rows(world, summary))]
+        ms = launch["simulated_compute_ms"]
+        sim = f", {ms:g} ms simulated compute (sleep) per step" if ms else ", no simulated compute"
+        md += ["", f"**{world} ranks{sim}**", "",
+               H.markdown_table(headers, _rows(world, summary))]
         b = summary.get("dpsgd_blocking", {}).get("median_step_s")
         o = summary.get("dpsgd_overlap", {}).get("median_step_s")
         if b and o:

@@ -8,6 +8,10 @@ collectives:
   then :meth:`NeighborExchange.mixed` gives ``sum_j W_ij x_j``.
 * :func:`pairwise_exchange`: one AD-PSGD averaging between two ranks.
 
+:class:`CommWorker` is a thread that finishes exchanges off the training thread: it waits on
+their messages, checks them and mixes them, in the order they were handed to it; the training
+thread collects each result with :meth:`Job.result` (which watches the peers' heartbeats).
+
 Every wait has a timeout, and values received from a peer are checked to be finite before
 they are mixed in (:class:`NonFiniteFromPeer` names the peer).
 
@@ -22,7 +26,9 @@ Example (inside an initialised process group)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -35,8 +41,8 @@ from lightning_gossip.topology import Peers
 if TYPE_CHECKING:
     from lightning_gossip.liveness import Heartbeat
 
-__all__ = ["GossipTimeout", "NeighborExchange", "NonFiniteFromPeer", "check_finite",
-           "pairwise_exchange", "wait_all"]
+__all__ = ["CommWorker", "GossipTimeout", "Job", "NeighborExchange", "NonFiniteFromPeer",
+           "check_finite", "pairwise_exchange", "post", "wait_all"]
 
 
 class GossipTimeout(RuntimeError):
@@ -92,14 +98,20 @@ def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | 
             raise GossipTimeout(f"{what} did not complete within {timeout}")
 
 
-def _post(send: Tensor, send_to: tuple[int, ...], recv: list[tuple[int, Tensor]],
-          group: dist.ProcessGroup) -> list:
+def post(send: Tensor, send_to: Sequence[int], recv: Sequence[tuple[int, Tensor]],
+         group: dist.ProcessGroup, tag: int = 0) -> list:
+    """Post non-blocking sends of ``send`` to ``send_to`` and receives into ``recv``
+    (``(rank, buffer)`` pairs) on ``group``; returns the ``dist.Work`` handles.
+
+    ``tag`` keeps a side message (e.g. a one-element flag) apart from the replicas (gloo; NCCL
+    matches point-to-point messages in posting order).
+    """
     if dist.get_backend(group) == "nccl":
-        ops = [dist.P2POp(dist.isend, send, r, group) for r in send_to]
-        ops += [dist.P2POp(dist.irecv, buf, j, group) for j, buf in recv]
+        ops = [dist.P2POp(dist.isend, send, r, group, tag) for r in send_to]
+        ops += [dist.P2POp(dist.irecv, buf, j, group, tag) for j, buf in recv]
         return dist.batch_isend_irecv(ops) if ops else []
-    works = [dist.isend(send, r, group=group) for r in send_to]
-    works += [dist.irecv(buf, j, group=group) for j, buf in recv]
+    works = [dist.isend(send, r, group=group, tag=tag) for r in send_to]
+    works += [dist.irecv(buf, j, group=group, tag=tag) for j, buf in recv]
     return works
 
 
@@ -121,19 +133,28 @@ class NeighborExchange:
         while len(bufs) < len(peers.recv_from):
             bufs.append(torch.empty_like(send))
         self.recv = [(j, bufs[k]) for k, (j, _) in enumerate(peers.recv_from)]
-        self._works = _post(send, peers.send_to, self.recv, group)
+        self._works = post(send, peers.send_to, self.recv, group)
+
+    @property
+    def others(self) -> list[int]:
+        """Every rank this round sends to or receives from."""
+        return sorted(set(self.peers.send_to) | set(self.peers.recv_ranks))
+
+    def describe(self, step: int | None = None) -> str:
+        """What this round is, for error messages (names the ranks)."""
+        at = f" at step {step}" if step is not None else ""
+        return f"gossip exchange of rank {self.peers.rank} with ranks {self.others}{at}"
 
     def wait(self, timeout: timedelta, step: int | None = None,
-             heartbeat: Heartbeat | None = None) -> None:
+             heartbeat: Heartbeat | None = None, watch_peers: bool = True) -> None:
         """Block until all messages of this round are sent and received, then check them.
 
-        With a ``heartbeat`` a silent peer fails the wait at once (``PeerSilent`` names it).
+        With a ``heartbeat`` (or the process's running one) a silent peer fails the wait at
+        once (``PeerSilent`` names it). ``watch_peers=False`` waits plainly, up to
+        ``timeout``: for a :class:`CommWorker`, whose :class:`Job` is watched instead.
         """
-        at = f" at step {step}" if step is not None else ""
-        others = sorted(set(self.peers.send_to) | set(self.peers.recv_ranks))
-        wait_all(self._works, timeout,
-                 f"gossip exchange of rank {self.peers.rank} with ranks {others}{at}",
-                 heartbeat=heartbeat, peers=others)
+        wait_all(self._works, timeout, self.describe(step), heartbeat=heartbeat,
+                 peers=self.others if watch_peers else ())
         for j, buf in self.recv:
             check_finite(buf, peer=j, rank=self.peers.rank)
 
@@ -149,7 +170,89 @@ def pairwise_exchange(mine: Tensor, theirs: Tensor, peer: int, group: dist.Proce
                       timeout: timedelta, rank: int, heartbeat: Heartbeat | None = None) -> None:
     """Swap ``mine`` for the peer's snapshot (into ``theirs``), blocking with a timeout (and
     failing fast when the peer goes silent, given a ``heartbeat``)."""
-    works = _post(mine, (peer,), [(peer, theirs)], group)
+    works = post(mine, (peer,), [(peer, theirs)], group)
     wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}",
              heartbeat=heartbeat, peers=(peer,))
     check_finite(theirs, peer=peer, rank=rank)
+
+
+class Job:
+    """One task handed to a :class:`CommWorker`; :meth:`result` waits for it."""
+
+    def __init__(self, fn: Callable[[], None], peers: Sequence[int], what: str) -> None:
+        self.fn = fn
+        self.peers = tuple(peers)
+        self.what = what
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """Run the task (on the worker), recording its error, then mark it done."""
+        try:
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
+            self.error = e
+        finally:
+            self.done.set()
+
+    def result(self, timeout: timedelta, heartbeat: Heartbeat | None = None) -> None:
+        """Wait until the task ran and re-raise its error, failing fast when one of its peers
+        goes silent (``PeerSilent``) and after ``timeout`` (:class:`GossipTimeout`).
+
+        A task that already finished costs one flag test. ``heartbeat`` defaults to the
+        process's running one.
+        """
+        if not self.done.is_set():
+            from lightning_gossip import liveness
+            from lightning_gossip.liveness.waits import wait_done
+
+            heartbeat = heartbeat if heartbeat is not None else liveness.current()
+            wait_done(self.done, self.peers, heartbeat, timeout, self.what)
+        if self.error is not None:
+            raise self.error
+
+
+class CommWorker:
+    """A daemon thread that runs :class:`Job` tasks one after the other, in submission order.
+
+    Gossip uses it to wait on a round's messages, check them and mix them while the training
+    thread computes (the tensor arithmetic releases the GIL). A job blocked on a peer that
+    never answers ends at its own timeout; :meth:`close` does not wait for it.
+
+    >>> worker = CommWorker()
+    >>> out = []
+    >>> job = worker.submit(lambda: out.append(1), peers=(), what="example")
+    >>> job.result(timedelta(seconds=10))
+    >>> out
+    [1]
+    >>> worker.close()
+    """
+
+    def __init__(self, name: str = "lightning-gossip-comm") -> None:
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], None], peers: Sequence[int], what: str) -> Job:
+        """Queue ``fn``; ``peers`` (watched by :meth:`Job.result`) and ``what`` describe it."""
+        job = Job(fn, peers, what)
+        self._queue.put(job)
+        return job
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop after the queued jobs (waits at most ``timeout`` seconds; idempotent)."""
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            job.run()

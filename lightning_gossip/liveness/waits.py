@@ -1,5 +1,6 @@
-"""Waits on peers that watch the heartbeats (:func:`wait_for_peers`), and the rank-local
-SIGTERM check of the strategies (:func:`make_sigterm_check_local`)."""
+"""Waits on peers that watch the heartbeats (:func:`wait_for_peers`, and :func:`wait_done` for
+a result computed by a communication thread), and the SIGTERM check of the strategies
+(:class:`SigtermWatch`, :func:`make_sigterm_check_local`)."""
 
 from __future__ import annotations
 
@@ -86,43 +87,89 @@ class _Waiter:
             self.done.set()
 
 
-def make_sigterm_check_local(trainer: Any) -> None:
-    """Make a SIGTERM end the rank that received it, at its next batch, on its own.
+class SigtermWatch:
+    """Records a SIGTERM for a strategy's own check, instead of Lightning's collectives.
 
     Lightning 2.6 handles SIGTERM with collectives: its signal handler broadcasts from rank 0
     (a rank other than 0 blocks there, inside the handler, until rank 0 joins: a SIGTERM to
     one rank hangs it for the whole ``timeout``), and the training loop broadcasts rank 0's flag
-    before every batch (a per-step collective: under AD-PSGD it forces lockstep and can
-    deadlock). Here the per-batch broadcast becomes a local check that raises
-    ``SIGTERMException``; its first call (before the first batch, after Lightning registered
-    its handlers) replaces the SIGTERM handler by one that only records the signal and
-    forwards it to the launcher's children (as Lightning's does). The strategy's
-    ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
-    second, naming this rank. Lightning restores the previous handlers at teardown.
+    before every batch (a per-step collective). The first :meth:`poll` (before the first batch,
+    after Lightning registered its handlers, on the main thread) replaces the SIGTERM handler
+    by one that only records the signal and forwards it to the launcher's children (as
+    Lightning's does). Lightning restores the previous handlers at teardown.
     """
-    from lightning_gossip import _compat
 
-    received = threading.Event()
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self._received = threading.Event()
+        self._installed = False
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if not received.is_set():
-            launcher = getattr(trainer.strategy, "launcher", None)
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self._received.is_set():
+            launcher = getattr(self.trainer.strategy, "launcher", None)
             kill = getattr(launcher, "kill", None)
             if kill is not None:
                 kill(signum)
-        received.set()
+        self._received.set()
 
-    installed = []
+    def poll(self) -> bool:
+        """Whether this rank received SIGTERM (installing the handler on the first call)."""
+        if not self._installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed = True
+        return self._received.is_set() or bool(getattr(self.trainer, "received_sigterm", False))
+
+
+def make_sigterm_check_local(trainer: Any,
+                             stop_now: Callable[[bool], bool] | None = None) -> SigtermWatch:
+    """Replace Lightning's per-batch SIGTERM broadcast by a check without collectives.
+
+    Before every batch the check polls a :class:`SigtermWatch` and raises Lightning's
+    ``SIGTERMException`` when ``stop_now(received)`` is true; without ``stop_now`` a rank that
+    received SIGTERM stops on its own at its next batch (AD-PSGD): the strategy's
+    ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
+    second, naming this rank. ``DPSGDStrategy`` passes a ``stop_now`` that makes every rank stop
+    at the same step, agreed through its gossip messages.
+    """
+    from lightning_gossip import _compat
+
+    watch = SigtermWatch(trainer)
 
     def local_sigterm_check() -> None:
-        if not installed and threading.current_thread() is threading.main_thread():
-            installed.append(signal.signal(signal.SIGTERM, on_sigterm))
-        if received.is_set() or getattr(trainer, "received_sigterm", False):
+        received = watch.poll()
+        if stop_now(received) if stop_now is not None else received:
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             raise SIGTERMException()
 
     _compat.replace_sigterm_broadcast(trainer, local_sigterm_check)
+    return watch
+
+
+def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat | None,
+              timeout: timedelta, what: str) -> None:
+    """Wait for ``done`` (set by a thread that waits on the network), failing fast if a peer
+    goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`).
+
+    An event already set costs nothing (no store read): the common case when the
+    communication thread finished while the training thread computed.
+    """
+    if done.is_set():
+        return
+    peers = sorted(set(peers))
+    deadline = time.monotonic() + timeout.total_seconds()
+    poll = 0.005 if heartbeat is None else min(0.05, heartbeat.interval)
+    next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
+    while not done.wait(poll):
+        now = time.monotonic()
+        if now >= deadline:
+            raise GossipTimeout(f"{what} did not complete within {timeout} "
+                                f"(waiting on rank(s) {_ranks(peers)})")
+        if heartbeat is not None and now >= next_check:
+            next_check = now + min(1.0, heartbeat.interval)
+            silent = heartbeat.silent(peers)
+            if silent and not done.wait(GRACE_S):
+                raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
 
 
 def _wait_blocking(works: Sequence[dist.Work], timeout: timedelta, what: str,

@@ -8,6 +8,8 @@ replicas converge to consensus about as fast as with a fully connected graph.
 
 from __future__ import annotations
 
+import logging
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
@@ -25,18 +28,22 @@ from typing_extensions import override
 
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
+from lightning_gossip.exchange import CommWorker
 from lightning_gossip.hierarchy import (
     NodeGroups,
     NodeLayout,
     check_layout,
     make_node_groups,
 )
-from lightning_gossip.strategies.dpsgd_rounds import _Round, _RoundsMixin
+from lightning_gossip.liveness.waits import make_sigterm_check_local
+from lightning_gossip.strategies.dpsgd_rounds import NO_STOP, _Round, _RoundsMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
 from lightning_gossip.topology import Topology, check_name, resolve
 
 __all__ = ["DPSGDStrategy"]
+
+log = logging.getLogger(__name__)
 
 
 class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
@@ -70,6 +77,13 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             bytes). Compressed values are mixed in the mean-preserving form
             ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))`` (:mod:`lightning_gossip.compression`), so
             the mean of the replicas is kept to fp32 rounding.
+
+    SIGTERM (a scheduler's time limit, preemption) keeps Lightning's promise without a
+    per-step collective on the world group: a rank that received it proposes to stop at a step
+    ``s`` by which every rank will know it (:meth:`stop_step_for`), the proposal travels with
+    the gossip messages (the smallest one wins), and at the start of step ``s`` every rank
+    raises Lightning's ``SIGTERMException``: the same step and the same outcome everywhere
+    (``on_exception`` callbacks such as ``OnExceptionCheckpoint`` save the consensus model).
 
     Example::
 
@@ -157,7 +171,12 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         self._group: dist.ProcessGroup | None = None
         self._pending: list[_Round] = []  # started, not yet applied (oldest first)
         self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
-        self._scratch: Tensor | None = None  # where the mixed vector is computed
+        self._scratch: Tensor | None = None  # where the mixed vector is computed (sharded)
+        self._worker: CommWorker | None = None  # finishes flat rounds off the training thread
+        self._stop_lock = threading.Lock()
+        self._stop_at = NO_STOP  # the smallest "stop at step s" known (SIGTERM)
+        self._stop_proposed = False
+        self._stopping_together = False
 
     # ------------------------------------------------------------------------------------------
     @override
@@ -227,10 +246,64 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
 
     @override
     def teardown_gossip(self) -> None:
-        """Drop in-flight exchanges and buffers."""
+        """Drop in-flight exchanges and buffers, and stop the communication thread."""
         self._pending.clear()
         self._spare.clear()
         self._scratch = None
+        if self._worker is not None:
+            self._worker.close(timeout=0.5)
+            self._worker = None
+
+    # ------------------------------------------------------------------------------------------
+    # SIGTERM: every rank stops at the same step, agreed through the gossip messages
+    # ------------------------------------------------------------------------------------------
+    @override
+    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
+        """Replace Lightning's per-batch SIGTERM broadcast by :meth:`sigterm_stop_now`."""
+        with self._stop_lock:
+            self._stop_at = NO_STOP
+        self._stop_proposed = False
+        self._stopping_together = False
+        make_sigterm_check_local(trainer, stop_now=self.sigterm_stop_now)
+
+    def sigterm_stop_now(self, received: bool) -> bool:
+        """Called before every training batch: whether every rank stops here.
+
+        ``received``: this rank got SIGTERM. The first time, it proposes to stop at
+        :meth:`stop_step_for` of the next round it sends; the proposal goes out with every
+        round from then on. Every rank stops at the first batch whose step is at least the
+        smallest proposal it knows of, which is the same batch on every rank. With
+        ``hierarchical=True`` on a single node (nothing to gossip) the flags are combined by
+        an all-reduce on the gossip group instead.
+        """
+        if not self._exchanging:
+            flag = torch.tensor([1 if received else 0], device=self.root_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            stop = bool(flag.item())
+        else:
+            if received and not self._stop_proposed:
+                self._stop_proposed = True
+                first = self.step + (1 if self.overlap and self._started(self.step) else 0)
+                proposal = self.stop_step_for(self.global_rank, first)
+                with self._stop_lock:
+                    self._stop_at = min(self._stop_at, proposal)
+                log.info("rank %d received SIGTERM at step %d: proposes that every rank "
+                         "stops at step %d", self.global_rank, self.step, proposal)
+            with self._stop_lock:
+                stop = self.step >= self._stop_at
+        if stop:
+            self._stopping_together = True
+        return stop
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Stop gossip; after an error also tell the peers at once (heartbeat ``leave``). A
+        stop agreed by every rank (SIGTERM) leaves quietly: the peers stop at the same step."""
+        if isinstance(exception, SIGTERMException) and self._stopping_together:
+            self.teardown_gossip()
+            self.stop_heartbeat(failed=False)
+            return
+        super().on_exception(exception)
 
     # ------------------------------------------------------------------------------------------
     # The step

@@ -1,16 +1,42 @@
 """The exchange rounds of :class:`~lightning_gossip.strategies.DPSGDStrategy`, as a mixin: start
 an exchange with the neighbours (flat or sharded over the node), count it, and apply its delta
-when it is due (``overlap``, ``delay_by_one``) or at once (blocking)."""
+when it is due (``overlap``, ``delay_by_one``) or at once (blocking).
+
+Flat rounds are finished off the training thread: a :class:`~lightning_gossip.exchange.CommWorker`
+waits on the messages, checks them and mixes them into the round's own delta buffer while the
+training thread computes, so the training thread's share of a step is one snapshot copy
+(:meth:`FlatState.pack`) and one add (:meth:`FlatState.add_`). Every round also carries a
+one-element side message, the smallest "stop at step s" this rank knows of (SIGTERM, see
+:meth:`_RoundsMixin.stop_step_for`), on the same group and to the same peers.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from lightning_gossip.exchange import NeighborExchange
+from lightning_gossip.exchange import CommWorker, Job, NeighborExchange, post, wait_all
 from lightning_gossip.hierarchy import ShardedExchange
+
+#: "no stop agreed" in the stop messages
+NO_STOP = 2**62
+#: the tag of the stop messages (apart from the replicas' tag 0)
+STOP_TAG = 7
+
+
+@dataclass
+class _StopMessages:
+    """One round's stop side messages: what this rank sent, what it receives, the works."""
+
+    send: Tensor
+    recv: list[tuple[int, Tensor]]
+    works: list = field(default_factory=list)
+
+    def received(self) -> int:
+        """The smallest value received (:data:`NO_STOP` if none)."""
+        return min((int(buf.item()) for _, buf in self.recv), default=NO_STOP)
 
 
 @dataclass
@@ -19,6 +45,9 @@ class _Round:
 
     step: int
     exchange: NeighborExchange | ShardedExchange
+    delta: Tensor | None = None  # flat rounds: where the worker mixes
+    stop: _StopMessages | None = None
+    job: Job | None = None
 
 
 class _RoundsMixin:
@@ -27,16 +56,21 @@ class _RoundsMixin:
     def _started(self, step: int) -> bool:
         return any(r.step == step for r in self._pending)
 
+    # ------------------------------------------------------------------------------------------
+    # Starting a round (training thread): the snapshot copy, then post
+    # ------------------------------------------------------------------------------------------
     def _start(self, step: int) -> _Round:
         assert self._flat is not None and self.topology is not None and self._group is not None
         if self.sharded:
             return self._start_sharded(step)
         peers = self.topology.peers(self.global_rank, step)
-        bufs = self._spare.pop() if self._spare else [self._flat.empty()]
+        bufs = self._spare.pop() if self._spare else [self._flat.empty(), self._flat.empty()]
         send = self._flat.pack(out=bufs[0])
-        exchange = NeighborExchange(send, peers, self._group, recv_buffers=bufs[1:])
+        exchange = NeighborExchange(send, peers, self._group, recv_buffers=bufs[2:])
         self._count(exchange)
-        rnd = _Round(step, exchange)
+        rnd = _Round(step, exchange, delta=bufs[1], stop=self._post_stop(step))
+        rnd.job = self._comm().submit(lambda: self._finish_round(rnd), exchange.others,
+                                      exchange.describe(step))
         if self.overlap:
             self._pending.append(rnd)
         return rnd
@@ -57,10 +91,15 @@ class _RoundsMixin:
                                    self.topology.peers(self.layout.node, step), self._groups,
                                    self._wire, buffers=bufs[1:])
         self._count(exchange.exchange)
-        rnd = _Round(step, exchange)
+        rnd = _Round(step, exchange, stop=self._post_stop(step))
         if self.overlap:
             self._pending.append(rnd)
         return rnd
+
+    def _comm(self) -> CommWorker:
+        if self._worker is None or not self._worker.alive:
+            self._worker = CommWorker(name=f"lightning-gossip-comm-{self.global_rank}")
+        return self._worker
 
     def _count(self, exchange: NeighborExchange) -> None:
         sends = len(exchange.peers.send_to)
@@ -76,12 +115,33 @@ class _RoundsMixin:
         return {"sent_bytes": float(self._sent_bytes), "messages": float(self._messages),
                 "exchanges": float(self._exchanges)}
 
+    # ------------------------------------------------------------------------------------------
+    # Finishing a flat round (communication thread): wait, check, mix into the round's delta
+    # ------------------------------------------------------------------------------------------
+    def _finish_round(self, rnd: _Round) -> None:
+        """Wait for the round's messages (plainly: :meth:`Job.result` watches the peers),
+        check them, and mix: ``delta = W_t x_t - x_t`` (overlap) or ``W_t x'_t`` (blocking)."""
+        ex = rnd.exchange
+        assert isinstance(ex, NeighborExchange) and rnd.delta is not None
+        ex.wait(self.timeout, step=rnd.step, watch_peers=False)
+        self._merge_stop(rnd, watch_peers=False)
+        out = ex.mixed(out=rnd.delta)
+        if self.overlap:
+            out.sub_(ex.send)
+
+    def _collect(self, rnd: _Round) -> Tensor:
+        """The training thread's wait for a flat round: its mixed result."""
+        assert rnd.job is not None and rnd.delta is not None
+        rnd.job.result(self.timeout, self.heartbeat)
+        return rnd.delta
+
     def _recycle(self, rnd: _Round) -> None:
         ex = rnd.exchange
         if isinstance(ex, ShardedExchange):
             self._spare.append([ex.snapshot, *ex.buffers])
         else:
-            self._spare.append([ex.send] + [b for _, b in ex.recv])
+            assert rnd.delta is not None
+            self._spare.append([ex.send, rnd.delta] + [b for _, b in ex.recv])
 
     def _sharded_delta(self, rnd: _Round) -> Tensor:
         """``sum_j W_ij (x_j - x_i)`` of the round (the node's, all-gathered), unpadded."""
@@ -89,6 +149,7 @@ class _RoundsMixin:
         if self._scratch is None:
             self._scratch = self._padded()
         delta = rnd.exchange.delta(self.timeout, rnd.step, out=self._scratch)
+        self._merge_stop(rnd, watch_peers=True)
         return delta[: self._flat.numel]
 
     def _apply_delta(self, rnd: _Round) -> None:
@@ -96,12 +157,8 @@ class _RoundsMixin:
         assert self._flat is not None
         if isinstance(rnd.exchange, ShardedExchange):
             self._flat.add_(self._sharded_delta(rnd))
-            self._recycle(rnd)
-            return
-        rnd.exchange.wait(self.timeout, step=rnd.step)
-        delta = rnd.exchange.mixed(out=self._mix_buffer())
-        delta.sub_(rnd.exchange.send)
-        self._flat.add_(delta)
+        else:
+            self._flat.add_(self._collect(rnd))
         self._recycle(rnd)
 
     def _finish_blocking(self, rnd: _Round) -> None:
@@ -110,12 +167,84 @@ class _RoundsMixin:
         if isinstance(rnd.exchange, ShardedExchange):  # x' + sum_j W_ij (x'_j - x'_i)
             self._apply_delta(rnd)
             return
-        rnd.exchange.wait(self.timeout, step=rnd.step)
-        self._flat.copy_(rnd.exchange.mixed(out=self._mix_buffer()))
+        self._flat.copy_(self._collect(rnd))
         self._recycle(rnd)
 
-    def _mix_buffer(self) -> Tensor:
-        assert self._flat is not None
-        if self._scratch is None:
-            self._scratch = self._flat.empty()
-        return self._scratch
+    # ------------------------------------------------------------------------------------------
+    # Stopping together (SIGTERM): "stop at step s" rides along every round
+    # ------------------------------------------------------------------------------------------
+    def _stop_peers(self, rank: int, step: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(send_to, recv_from)`` ranks of ``rank``'s stop messages in round ``step``: its
+        replica peers (flat), or its column peers plus its node's other ranks (sharded)."""
+        assert self.topology is not None and self.layout is not None
+        devices = self.layout.devices
+        node, local = divmod(rank, devices)
+        peers = self.topology.peers(node, step)
+        mates = tuple(node * devices + k for k in range(devices) if k != local)
+        send_to = tuple(r * devices + local for r in peers.send_to) + mates
+        recv_from = tuple(j * devices + local for j in peers.recv_ranks) + mates
+        return send_to, recv_from
+
+    def _post_stop(self, step: int) -> _StopMessages:
+        assert self._flat is not None and self._group is not None
+        send_to, recv_from = self._stop_peers(self.global_rank, step)
+        device = self._flat.device
+        with self._stop_lock:
+            value = self._stop_at
+        send = torch.tensor([value], dtype=torch.int64, device=device)
+        recv = [(j, torch.empty(1, dtype=torch.int64, device=device)) for j in recv_from]
+        msgs = _StopMessages(send, recv)
+        msgs.works = post(send, send_to, recv, self._group, tag=STOP_TAG)
+        return msgs
+
+    def _merge_stop(self, rnd: _Round, watch_peers: bool) -> None:
+        """Wait for the round's stop messages and keep the smallest step heard of."""
+        msgs = rnd.stop
+        if msgs is None:
+            return
+        ranks = sorted({j for j, _ in msgs.recv})
+        wait_all(msgs.works, self.timeout,
+                 f"stop messages of rank {self.global_rank} with ranks {ranks} at step "
+                 f"{rnd.step}", heartbeat=self.heartbeat if watch_peers else None,
+                 peers=ranks if watch_peers else ())
+        value = msgs.received()
+        with self._stop_lock:
+            if value < self._stop_at:
+                self._stop_at = value
+
+    def _rounds_lag(self) -> int:
+        """Steps from posting a round to the first batch start after it was applied, minus
+        one: 2 with ``delay_by_one`` (a round received at step t+1 goes out again at t+2),
+        else 1."""
+        return 2 if self.delay_by_one else 1
+
+    def stop_step_for(self, rank: int, first_round: int) -> int:
+        """The first step at which every rank knows a stop that ``rank`` puts into its stop
+        messages from round ``first_round`` on.
+
+        Simulates the spreading along the actual rounds (the topology at every step, which
+        every rank can compute), so it is exact for static and time-varying topologies alike:
+        at most ``(world_size - 1)`` rounds when every step's graph is connected (twice that
+        with ``delay_by_one``). Raises ``RuntimeError`` when the rounds do not connect the
+        ranks within ``100 * world_size`` steps.
+        """
+        n, lag = self.world_size, self._rounds_lag()
+        known = {rank: first_round - lag}  # rank -> the round after which it knows the stop
+        t = first_round
+        limit = first_round + 100 * n * lag
+        while len(known) < n:
+            if t > limit:
+                raise RuntimeError(
+                    f"the stop proposed by rank {rank} at round {first_round} does not reach "
+                    f"ranks {sorted(set(range(n)) - set(known))} within {limit - first_round} "
+                    "rounds: the topology does not connect the ranks")
+            heard = {}
+            for j in range(n):
+                if j in known:
+                    continue
+                _, recv_from = self._stop_peers(j, t)
+                if any(i in known and known[i] + lag <= t for i in recv_from):
+                    heard[j] = t
+            known.update(heard)
+            t += 1
+        return max(known.values()) + lag

@@ -273,12 +273,19 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
         check_agreement(self.gossip_config(), self.global_rank, self.world_size)
         self._check_replicas_match()
         if fitting:
-            make_sigterm_check_local(trainer)  # a SIGTERM on any rank ends it (docs/faults.md)
+            self.install_sigterm_check(trainer)  # no per-batch collective (docs/faults.md)
             self._broadcast_initial_weights()
             self.setup_gossip(trainer)
 
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
+
+    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
+        """Replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a
+        check of the strategy's own: here a rank that received SIGTERM stops on its own at its
+        next batch and its peers fail naming it (``liveness.make_sigterm_check_local``);
+        ``DPSGDStrategy`` stops every rank at the same step."""
+        make_sigterm_check_local(trainer)
 
     @override
     def model_to_device(self) -> None:
