@@ -1,16 +1,21 @@
 """Fuzz harness: seeded random runs with random faults; no run may hang or fail unnamed.
 
 Each run draws a strategy (dpsgd/adpsgd), a world size, a launcher (Lightning's or torchrun),
-the topology or pairing, overlap / delay-by-one / max_staleness, random per-step delays and a
-slow rank, a dataset size that does not split evenly over the ranks, validation, checkpointing,
-stock callbacks (``max_time``, early stopping) and a fault: none, an exception, NaN weights,
-SIGSTOP or SIGKILL of a random rank at a random step. It runs
+the topology or pairing, overlap / delay-by-one / max_staleness, the wire dtype (fp32 or bf16),
+hierarchical dpsgd on 2 nodes x 2 (world 4, torchrun ``--nnodes 2``), the heartbeat timeout
+(30 or 60 s: a loaded machine must not make a live rank look silent), random per-step delays
+and a slow rank, a dataset size that does not split evenly over the ranks, validation,
+checkpointing, stock callbacks (``max_time``, early stopping) and a fault: none, an exception,
+NaN weights, SIGSTOP or SIGKILL of a random rank at a random step. It runs
 ``tests/scripts/fault_cases.py`` (one fit per launch) and judges the outcome:
 
 * ``ok``: no fault fired, every rank finished and the final replicas are equal;
 * ``named``: a fault fired and every surviving rank exited non-zero within
-  ``heartbeat_timeout + 30`` s of it, with at least one message naming the faulty rank;
-* ``hang`` (the launch hit its limit), ``orphan`` (a rank outlived its launcher by 15 s),
+  ``heartbeat_timeout + 30`` s of it (the run's drawn ``heartbeat_timeout``), with at least
+  one message naming the faulty rank;
+* ``hang`` (the launch hit its limit, ``--limit``: 1800 s by default, so that a run slowed
+  down by a loaded machine is not taken for a hang; hangs after a fault show as ``slow``),
+  ``orphan`` (a rank outlived its launcher by 15 s),
   ``unnamed`` (a failure whose messages do not name the faulty rank), ``slow`` (failed, but
   later than ``heartbeat_timeout + 30`` s), ``wrong`` (no fault, but failed or replicas differ),
   ``bad-checkpoint`` (a checkpoint that does not load).
@@ -20,7 +25,10 @@ Usage::
     python benchmarks/fuzz.py --runs 200 --seed 0 --out benchmarks/results/fuzz.json
     python benchmarks/fuzz.py --runs 10 --seed 1 --max-world 3   # what `make test` runs
 
-It prints a table of outcomes and writes every run's spec and verdict as JSON.
+It prints a table of outcomes and writes every run's spec and verdict as JSON. With ``--out
+X.json`` each run is also appended to ``X.jsonl`` as soon as it is judged (and ``X.json`` is
+rewritten), so an interrupted campaign keeps its results; running the same command again
+skips the runs already in ``X.jsonl`` (same ``--seed`` and ``--max-world``) and goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,10 +50,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the launcher is shared with the tests
     sys.path.insert(0, str(ROOT))
 
-from tests.launch import base_env, free_port, launch_processes, torchrun_command  # noqa: E402
+from tests.launch import (  # noqa: E402
+    Launched,
+    base_env,
+    descendants,
+    free_port,
+    launch_processes,
+    signal_all,
+    torchrun_command,
+)
 
 SCRIPT = ROOT / "tests" / "scripts" / "fault_cases.py"
-HEARTBEAT_S = 5.0
+HEARTBEAT_CHOICES = (30.0, 60.0)  # seconds; tolerant of a loaded machine (see the docstring)
+JUDGE_MARGIN_S = 30.0  # every rank ends within heartbeat_timeout + this after the fault
 GOOD = ("ok", "named")
 
 __all__ = ["draw", "judge", "main", "run_one"]
@@ -71,7 +89,7 @@ def draw(seed: int, index: int, max_world: int = 5) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "strategy": strategy, "devices": world, "strategy_kwargs": kwargs,
         "launcher": rng.choice(["lightning", "torchrun"]), "samples": samples,
-        "epochs": epochs, "heartbeat_timeout": HEARTBEAT_S, "timeout": 600,
+        "epochs": epochs, "timeout": 600,
         "delay_ms": rng.choice([0, 0, 5, 20]), "seed": index,
         "val_batches": 2 if val else 0,
     }
@@ -87,7 +105,90 @@ def draw(seed: int, index: int, max_world: int = 5) -> dict[str, Any]:
     if kind != "none":
         spec["fault"] = {"kind": kind, "rank": rng.randrange(world),
                          "step": rng.randint(1, max(1, steps_per_rank * epochs - 1))}
+    # drawn after the draws above, so that the earlier choices of a seed stay what they were
+    spec["heartbeat_timeout"] = rng.choice(HEARTBEAT_CHOICES)
+    if rng.random() < 1 / 3:
+        kwargs["wire_dtype"] = "bf16"
+    if strategy == "dpsgd" and world == 4 and rng.random() < 0.6:
+        # 2 nodes x 2 ranks (torchrun --nnodes 2): hierarchical D-PSGD between the nodes
+        kwargs["hierarchical"] = True
+        spec["launcher"], spec["nodes"] = "torchrun", 2
     return spec
+
+
+class StarvationClock:
+    """Seconds this process was kept from running (a probe thread that wakes every ``tick``
+    seconds adds up how late it woke), as a step function of wall time.
+
+    Run at a low priority (``nice -n 19``) on a machine busy with higher-priority work, the
+    harness and the ranks it starts (same priority) may get no CPU for long stretches; those
+    seconds are not counted against a run: the launch limit (``hang``) and the time from the
+    fault to the last exit (``slow``) are measured on wall time minus starved time.
+    """
+
+    def __init__(self, tick: float = 0.2) -> None:
+        self.tick = tick
+        self.starved = 0.0
+        self.samples: list[tuple[float, float]] = [(time.time(), 0.0)]  # (wall, starved)
+        threading.Thread(target=self._run, daemon=True, name="fuzz-starvation-clock").start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            time.sleep(self.tick)
+            now = time.monotonic()
+            late = now - last - self.tick
+            last = now
+            if late > self.tick:
+                self.starved += late
+                self.samples.append((time.time(), self.starved))
+
+    def at(self, wall: float) -> float:
+        """Starved seconds up to wall time ``wall`` (``time.time()``)."""
+        value = 0.0
+        for t, v in self.samples:
+            if t > wall:
+                break
+            value = v
+        return value
+
+
+_clock: StarvationClock | None = None
+
+
+def starvation_clock() -> StarvationClock:
+    """The process's :class:`StarvationClock` (started on first use)."""
+    global _clock
+    if _clock is None:
+        _clock = StarvationClock()
+    return _clock
+
+
+def _launch(commands: list, limit_s: float) -> tuple[Launched, bool]:
+    """:func:`launch_processes` with a limit of ``limit_s`` seconds not counting starved time
+    (``(launched, timed_out)``). At the limit every process of the launch gets ``SIGABRT``
+    (faulthandler prints its stacks), then ``SIGKILL``."""
+    clock = starvation_clock()
+    box: dict[str, Launched] = {}
+    # launch_processes' own limit is only a backstop (20x: a machine starved that much)
+    thread = threading.Thread(
+        target=lambda: box.update(launched=launch_processes(commands, 20 * limit_s)),
+        daemon=True)
+    t0, s0 = time.time(), clock.starved
+    thread.start()
+    timed_out = False
+    while thread.is_alive():
+        thread.join(1.0)
+        if thread.is_alive() and time.time() - t0 - (clock.starved - s0) > limit_s:
+            timed_out = True
+            for pid in descendants(os.getpid()):
+                signal_all([pid], signal.SIGABRT)
+                time.sleep(0.3)
+            thread.join(10.0)
+            signal_all(descendants(os.getpid()), signal.SIGKILL)
+            thread.join()
+    launched = box["launched"]
+    return launched, timed_out or launched.timed_out
 
 
 def _alive(pid: int) -> bool:
@@ -105,16 +206,21 @@ def run_one(spec: dict[str, Any], work: Path, limit_s: float = 600) -> dict[str,
     if spec.pop("checkpoint", False):
         spec["checkpoint_dir"] = str(work / "ckpt")
     path = work / "spec.json"
-    path.write_text(json.dumps(spec))
-    world = spec["devices"]
+    world, nodes = spec["devices"], spec.get("nodes", 1)
+    path.write_text(json.dumps(dict(spec, devices=world // nodes)))  # Trainer(devices=)
     if spec["launcher"] == "lightning":
-        cmd = [sys.executable, str(SCRIPT), str(path)]
-        env = base_env(MASTER_PORT=str(free_port()))
-    else:
-        cmd = torchrun_command(SCRIPT, str(path), nprocs=world, port=free_port())
-        env = base_env()
+        commands = [([sys.executable, str(SCRIPT), str(path)],
+                     base_env(MASTER_PORT=str(free_port())))]
+    elif nodes == 1:
+        commands = [(torchrun_command(SCRIPT, str(path), nprocs=world, port=free_port()),
+                     base_env())]
+    else:  # one torchrun per node, each running this file as the rank script (--rank-script)
+        port = free_port()
+        commands = [(torchrun_command(Path(__file__).resolve(), "--rank-script", str(path),
+                                      nprocs=world // nodes, nnodes=nodes, node_rank=k,
+                                      port=port), base_env()) for k in range(nodes)]
     t0 = time.time()
-    launched = launch_processes([(cmd, env)], limit_s)
+    launched, timed_out = _launch(commands, limit_s)
     ended = time.time()
     events: list[dict] = []
     decoder = json.JSONDecoder()
@@ -144,9 +250,38 @@ def run_one(spec: dict[str, Any], work: Path, limit_s: float = 600) -> dict[str,
             torch.load(ckpt, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 - reported
             bad_ckpt.append(f"{ckpt.name}: {e}")
-    return {"events": events, "survivors": survivors, "timed_out": launched.timed_out,
+    clock = starvation_clock()
+    fired = [e["time"] for e in events if e["event"] == "fault"]
+    last = max([e["time"] for e in events if e["event"] in ("error", "exit")], default=ended)
+    return {"events": events, "survivors": survivors, "timed_out": timed_out,
             "returncode": launched.returncode, "seconds": ended - t0, "bad_ckpt": bad_ckpt,
+            "starved_s": clock.at(ended) - clock.at(t0),
+            # starved seconds between the fault and the last rank's end (see judge)
+            "starved_after_fault_s": clock.at(last) - clock.at(fired[0]) if fired else 0.0,
             "tail": launched.stdout[-3000:]}
+
+
+def _rank_script(spec_path: str) -> None:
+    """Run ``fault_cases.py`` as one rank of a multi-node torchrun launch.
+
+    ``fault_cases.py`` builds its ``Trainer`` without ``num_nodes``; here it is given the
+    number of nodes torchrun started (``GROUP_WORLD_SIZE``) so that Lightning accepts the
+    world size (``devices`` in the spec is per node).
+    """
+    import runpy
+
+    import lightning.pytorch as pl
+
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    init = pl.Trainer.__init__
+
+    def init_with_nodes(self: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("num_nodes", nodes)
+        init(self, *args, **kwargs)
+
+    pl.Trainer.__init__ = init_with_nodes  # type: ignore[method-assign]
+    sys.argv = [str(SCRIPT), spec_path]
+    runpy.run_path(str(SCRIPT), run_name="__main__")
 
 
 def judge(spec: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
@@ -187,43 +322,85 @@ def judge(spec: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
         return "unnamed", "; ".join(e["message"][:200] for e in errors)
     last = max([e["time"] for e in events if e["event"] in ("error", "exit")],
                default=fault["time"])
-    if last - fault["time"] > HEARTBEAT_S + 30:
-        return "slow", f"last rank ended {last - fault['time']:.0f} s after the fault"
-    return "named", f"{fault['kind']} on rank {culprit}, ended after {last - fault['time']:.1f} s"
+    after = last - fault["time"] - result.get("starved_after_fault_s", 0.0)
+    if after > spec["heartbeat_timeout"] + JUDGE_MARGIN_S:
+        return "slow", (f"last rank ended {last - fault['time']:.0f} s after the fault "
+                        f"({after:.0f} s not counting starved time)")
+    return "named", f"{fault['kind']} on rank {culprit}, ended after {after:.1f} s"
+
+
+def _load_done(jsonl: Path, seed: int, max_world: int) -> dict[int, dict[str, Any]]:
+    """The rows of ``jsonl`` (written by an earlier, maybe interrupted, run of the same
+    campaign: same ``seed`` and ``max_world``), by run index; a torn last line is ignored."""
+    done: dict[int, dict[str, Any]] = {}
+    if not jsonl.exists():
+        return done
+    for line in jsonl.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("seed") == seed and row.get("max_world") == max_world:
+            done[row["run"]] = row
+    return done
+
+
+def _summary(seed: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    return {"seed": seed, "runs": rows, "counts": counts}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the campaign; print a table; write JSON. Exit status 1 on any bad verdict."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--rank-script"]:  # one rank of a multi-node launch (see run_one)
+        _rank_script(argv[1])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-world", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
-    parser.add_argument("--limit", type=float, default=600, help="seconds per launch")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file for the results (and X.jsonl next to it, per run)")
+    parser.add_argument("--limit", type=float, default=1800, help="seconds per launch")
     args = parser.parse_args(argv)
-    rows = []
+    jsonl = args.out.with_suffix(".jsonl") if args.out is not None else None
+    done = _load_done(jsonl, args.seed, args.max_world) if jsonl is not None else {}
+    if done:
+        print(f"resuming: {len(done)} runs already in {jsonl}", flush=True)
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="lg-fuzz-") as tmp:
         for i in range(args.runs):
+            if i in done:
+                rows.append(done[i])
+                continue
             spec = draw(args.seed, i, args.max_world)
+            load = os.getloadavg()[0]
             result = run_one(spec, Path(tmp) / f"run{i}", args.limit)
             verdict, detail = judge(spec, result)
             fault = spec.get("fault", {})
-            row = {"run": i, "verdict": verdict, "detail": detail, "spec": spec,
-                   "seconds": round(result["seconds"], 1)}
+            row = {"run": i, "seed": args.seed, "max_world": args.max_world,
+                   "verdict": verdict, "detail": detail, "spec": spec,
+                   "seconds": round(result["seconds"], 1), "load": round(load, 1),
+                   "starved_s": round(result["starved_s"], 1)}
             if verdict not in GOOD:
                 row["tail"] = result["tail"]
             rows.append(row)
             print(f"{i:4d} {verdict:8s} {spec['strategy']:6s} n={spec['devices']} "
                   f"{spec['launcher']:9s} fault={fault.get('kind', 'none'):7s} "
                   f"{result['seconds']:6.1f}s  {detail[:60]}", flush=True)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+            if args.out is not None and jsonl is not None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                with jsonl.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                args.out.write_text(json.dumps(_summary(args.seed, rows), indent=1))
+    summary = _summary(args.seed, rows)
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items())))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"seed": args.seed, "runs": rows, "counts": counts},
-                                       indent=1))
+        args.out.write_text(json.dumps(summary, indent=1))
     return 0 if all(r["verdict"] in GOOD for r in rows) else 1
 
 

@@ -18,6 +18,7 @@ def test_draws_are_seeded_and_varied():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(7200)  # 10 launches of 1-3 minutes each, more on a loaded machine
 def test_seeded_subset_never_hangs_and_names_the_culprit(tmp_path):
     out = tmp_path / "fuzz.json"
     status = fuzz.main(["--runs", "10", "--seed", "1", "--max-world", "3", "--out", str(out)])
