@@ -32,9 +32,15 @@ Example (inside an initialised process group)::
 
 from __future__ import annotations
 
-from lightning_gossip.liveness.heartbeat import DOWN, Heartbeat, PeerSilent, current
+from lightning_gossip.liveness.heartbeat import (
+    DOWN,
+    Heartbeat,
+    PeerSilent,
+    current,
+    watched_collective,
+)
 from lightning_gossip.liveness.waits import GRACE_S as GRACE_S  # used by the strategies
 from lightning_gossip.liveness.waits import make_sigterm_check_local, wait_for_peers
 
 __all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "make_sigterm_check_local",
-           "wait_for_peers"]
+           "wait_for_peers", "watched_collective"]

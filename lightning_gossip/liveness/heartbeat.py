@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -77,8 +78,10 @@ class Heartbeat:
         self.timeout = float(timeout)
         self.interval = float(interval) if interval is not None else min(
             5.0, max(0.2, self.timeout / 10))
-        # reader side (any thread that waits): last counter seen and when it last moved
-        self._seen: dict[int, tuple[int, float]] = {}
+        # reader side (any thread that waits): last counter seen, when it last moved and this
+        # process's starved seconds (:attr:`starved_s`) at that moment
+        self._seen: dict[int, tuple[int, float, float]] = {}
+        self._starved = 0.0
         self._seen_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,7 +98,9 @@ class Heartbeat:
         connection fails) ``fallback`` (e.g. the default group's store) is used for both.
         """
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        host = None if "TORCHELASTIC_RUN_ID" in os.environ else 0
+        # torchrun's agent hosts the store unless it is not shared with the workers
+        # (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as restarts need): then rank 0 does
+        host = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
         clients: list[dist.Store] = []
         if addr and port:
             try:
@@ -158,8 +163,27 @@ class Heartbeat:
     def _beat(self) -> None:
         self.writer_store.add(_key(self.rank), 1)
 
+    @property
+    def starved_s(self) -> float:
+        """Seconds this process's beating thread woke up late, in total (beyond a grace of
+        ``interval`` per beat): time the machine did not give this process.
+
+        A loaded machine (other work at a higher priority) delays every thread of a low
+        priority process, the peers' beats as much as this one's; :meth:`silent` does not count
+        such seconds against a peer, so a live rank on a starved machine is not taken for a
+        frozen one. A frozen or killed peer on an otherwise healthy machine is still reported
+        after ``timeout``.
+        """
+        return self._starved
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        due = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            now = time.monotonic()
+            late = now - due
+            if late > self.interval:
+                self._starved += late - self.interval
+            due = now + self.interval
             try:
                 self._beat()
             except Exception as e:  # noqa: BLE001 - the store host is gone; readers report it
@@ -171,11 +195,13 @@ class Heartbeat:
         """The ranks among ``ranks`` whose beat has not moved for ``timeout`` seconds, and
         those that left after an error (:meth:`leave`).
 
-        The first call for a rank starts its clock. Raises :class:`PeerSilent` (naming the
+        The first call for a rank starts its clock; seconds in which this process was starved
+        of CPU (:attr:`starved_s`) do not count. Raises :class:`PeerSilent` (naming the
         store's host, or all of ``ranks``) when the store cannot be reached.
         """
         ranks = list(ranks)
         now = time.monotonic()
+        starved = self._starved
         out = []
         for r in ranks:
             if r == self.rank:
@@ -199,8 +225,8 @@ class Heartbeat:
             with self._seen_lock:
                 last = self._seen.get(r)
                 if last is None or last[0] != count:
-                    self._seen[r] = (count, now)
-                elif now - last[1] > self.timeout:
+                    self._seen[r] = (count, now, starved)
+                elif now - last[1] - (starved - last[2]) > self.timeout:
                     out.append(r)
         return out
 
@@ -222,6 +248,33 @@ class Heartbeat:
         with self._seen_lock:
             last = self._seen.get(rank)
         return None if last is None else time.monotonic() - last[1]
+
+
+def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
+                       timeout: timedelta, group: dist.ProcessGroup | None = None,
+                       heartbeat: Heartbeat | None = None, **kwargs: Any) -> None:
+    """Run a collective in which every rank of ``group`` meets (``all_reduce``, ``broadcast``,
+    ``barrier``, ...) and wait for it like a gossip wait: a rank of the group that stops
+    beating makes every other one fail with :class:`PeerSilent` naming it (and ``what``)
+    within about ``heartbeat.timeout``, instead of waiting for ``timeout``.
+
+    ``collective(*args, group=group, async_op=True, **kwargs)`` must return a ``dist.Work``.
+    Without a heartbeat (``heartbeat`` and :func:`current` both ``None``) it is a plain wait
+    with ``timeout``. Example, the exact average of the replicas at a checkpoint::
+
+        out = flat.clone()
+        watched_collective(dist.all_reduce, out, op=dist.ReduceOp.SUM, timeout=self.timeout,
+                           what=f"rank {rank} averaging the replicas for a checkpoint")
+        out.div_(world_size)
+    """
+    from lightning_gossip.liveness.waits import wait_for_peers  # waits imports this module
+
+    beat = heartbeat if heartbeat is not None else current()
+    work = collective(*args, group=group, async_op=True, **kwargs)
+    me = dist.get_rank()
+    members = (range(dist.get_world_size()) if group is None
+               else dist.get_process_group_ranks(group))
+    wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
