@@ -117,30 +117,45 @@ def draw(seed: int, index: int, max_world: int = 5) -> dict[str, Any]:
 
 
 class StarvationClock:
-    """Seconds this process was kept from running (a probe thread that wakes every ``tick``
-    seconds adds up how late it woke), as a step function of wall time.
+    """Seconds this process was kept from running, as a step function of wall time.
+
+    A probe thread of the harness sleeps ``tick`` seconds, then computes for ``spin`` seconds
+    of wall time and measures the CPU time it got: the share of a CPU a runnable thread of this
+    priority gets now. Each tick adds ``(1 - share)`` of its wall time to :attr:`starved`.
+    (Sleeping threads are woken at once even under heavy load; threads that compute are not:
+    hence a probe that computes.) The probe costs ``spin / tick`` of a CPU (2 %) at most.
 
     Run at a low priority (``nice -n 19``) on a machine busy with higher-priority work, the
-    harness and the ranks it starts (same priority) may get no CPU for long stretches; those
-    seconds are not counted against a run: the launch limit (``hang``) and the time from the
-    fault to the last exit (``slow``) are measured on wall time minus starved time.
+    harness and the ranks it starts (same priority) may get almost no CPU for long stretches;
+    those seconds are not counted against a run: the launch limit (``hang``) and the time from
+    the fault to the last exit (``slow``) are measured on wall time minus starved time.
     """
 
-    def __init__(self, tick: float = 0.2) -> None:
-        self.tick = tick
+    def __init__(self, tick: float = 2.0, spin: float = 0.04) -> None:
+        self.tick, self.spin = tick, spin
         self.starved = 0.0
         self.samples: list[tuple[float, float]] = [(time.time(), 0.0)]  # (wall, starved)
         threading.Thread(target=self._run, daemon=True, name="fuzz-starvation-clock").start()
+
+    def share(self) -> float:
+        """Compute for ``spin`` s of wall time; the CPU share obtained (0..1)."""
+        wall0, cpu0 = time.monotonic(), time.thread_time()
+        x = 0
+        while time.monotonic() - wall0 < self.spin:
+            x += 1
+        wall = time.monotonic() - wall0
+        return min(1.0, (time.thread_time() - cpu0) / wall) if wall > 0 else 1.0
 
     def _run(self) -> None:
         last = time.monotonic()
         while True:
             time.sleep(self.tick)
+            share = self.share()
             now = time.monotonic()
-            late = now - last - self.tick
+            lost = (now - last) * (1.0 - share)
             last = now
-            if late > self.tick:
-                self.starved += late
+            if share < 0.9:
+                self.starved += lost
                 self.samples.append((time.time(), self.starved))
 
     def at(self, wall: float) -> float:
@@ -175,18 +190,33 @@ def _launch(commands: list, limit_s: float) -> tuple[Launched, bool]:
         target=lambda: box.update(launched=launch_processes(commands, 20 * limit_s)),
         daemon=True)
     t0, s0 = time.time(), clock.starved
-    thread.start()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main and previous is signal.SIG_DFL:  # SIGTERM of the harness: kill the launch first
+
+        def raise_exit(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, raise_exit)
     timed_out = False
-    while thread.is_alive():
-        thread.join(1.0)
-        if thread.is_alive() and time.time() - t0 - (clock.starved - s0) > limit_s:
-            timed_out = True
-            for pid in descendants(os.getpid()):
-                signal_all([pid], signal.SIGABRT)
-                time.sleep(0.3)
-            thread.join(10.0)
-            signal_all(descendants(os.getpid()), signal.SIGKILL)
-            thread.join()
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(1.0)
+            if thread.is_alive() and time.time() - t0 - (clock.starved - s0) > limit_s:
+                timed_out = True
+                for pid in descendants(os.getpid()):
+                    signal_all([pid], signal.SIGABRT)
+                    time.sleep(0.3)
+                thread.join(10.0)
+                signal_all(descendants(os.getpid()), signal.SIGKILL)
+                thread.join()
+    except BaseException:
+        signal_all(descendants(os.getpid()), signal.SIGKILL)
+        raise
+    finally:
+        if main and previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     launched = box["launched"]
     return launched, timed_out or launched.timed_out
 
