@@ -199,8 +199,9 @@ def test_constructor_rejects_bad_options():
     assert ADPSGDStrategy(global_average_every_n_steps=2).global_average_every_n_steps == 2
     with pytest.raises(ValueError, match="global_average_every_n_steps"):
         ADPSGDStrategy(global_average_every_n_steps=-1)
-    with pytest.raises(TypeError):  # not faked: adpsgd has no hierarchical mode (yet)
-        ADPSGDStrategy(hierarchical=True)
+    assert ADPSGDStrategy(hierarchical=True).hierarchical  # adpsgd has it too
+    with pytest.raises(ValueError, match="wire_dtype"):
+        ADPSGDStrategy(wire_dtype="int8")
 
 
 def test_a_topology_over_more_nodes_than_exist_is_an_error():
