@@ -33,7 +33,7 @@ class Cluster:
     * ``overlap`` (0 to 1): the fraction of the communication a strategy schedules against
       compute that really runs hidden behind it. 1 (the default) on GPUs, where DMA engines and
       a separate stream move the bytes while the GPU computes; lower where compute and
-      communication share the same CPU cores (0.27 calibrated on the emulated cluster, 2 cores
+      communication share the same CPU cores (0 calibrated on the emulated cluster, 2 cores
       for 4 ranks: docs/plan.md).
     * ``host_bandwidth`` (bytes/s): how fast one rank's CPU pushes bytes through the
       communication stack (copies into and out of the transport, the kernel's socket copies,
