@@ -20,7 +20,7 @@ pytestmark = pytest.mark.multiprocess
 STEP_CASES = {"solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1"}
 
 
-def _run(script: str, *args: str, timeout: float = 240) -> str:
+def _run(script: str, *args: str, timeout: float = 600) -> str:
     # The launcher of the tests: on timeout the stacks of the driver and of its ranks are shown
     # and the whole tree is killed (a plain subprocess timeout would leave the ranks running).
     result = launch_processes([([sys.executable, str(ROOT / "benchmarks" / script), *args],
