@@ -32,7 +32,6 @@ from lightning_gossip.exchange import CommWorker
 from lightning_gossip.hierarchy import (
     NodeGroups,
     NodeLayout,
-    check_layout,
     make_node_groups,
 )
 from lightning_gossip.liveness.waits import make_sigterm_check_local
@@ -186,9 +185,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         world, nodes, devices = self.world_size, self.num_nodes, self.num_processes
         hierarchical = self.hierarchical and devices > 1
         if self.hierarchical:
-            entries: list[Any] = [None] * world
-            dist.all_gather_object(entries, (self.global_rank, self.node_rank, self.local_rank))
-            check_layout(entries, nodes, devices)
+            self._check_node_layout()
         self._exchanging = not (hierarchical and nodes == 1)
         if not self._exchanging:
             rank_zero_warn(
@@ -213,9 +210,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         if hierarchical:
             assert self._groups is not None
             self._node_group = self._groups.node
-            params = {id(p) for p in self.lightning_module.parameters()}
-            assert self._flat is not None
-            self._buffers = [t for t in self._flat.tensors if id(t) not in params]
+            self._buffers = self._find_node_buffers()
         else:
             self._node_group = None
             self._buffers = []
