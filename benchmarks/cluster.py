@@ -84,6 +84,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                 "global_average_every_n_steps": GLOBAL_AVERAGE_EVERY}),
     "adpsgd_hier_ga": ("adpsgd", {"hierarchical": True,
                                   "global_average_every_n_steps": GLOBAL_AVERAGE_EVERY}),
+    # remedies tried for hierarchical adpsgd's time per epoch
+    "adpsgd_hier_delay": ("adpsgd", {"hierarchical": True, "delay_by_one": True}),
+    "adpsgd_hier_nowait": ("adpsgd", {"hierarchical": True, "max_staleness": None}),
 }
 """Case name -> (strategy, extra keyword arguments)."""
 
