@@ -45,7 +45,7 @@ def test_two_rank_fit_validates_tests_and_reports(
         f"--data.test_dir={corpus / 'test'}", f"--data.batch_size={batch_size}",
         "--model.num_layers=1", "--model.hidden_size=32", "--model.lr=0.01",
         "--model.warmup_steps=0", f"--model.report_dir={out / 'report'}",
-        "--test_after_fit=true", timeout=300)
+        "--test_after_fit=true", timeout=900)
     log = check(result)
     assert "test WER" in log
 
