@@ -170,6 +170,22 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
+def digits_split(num_train: int = 1400) -> tuple[Any, Any, Any]:
+    """scikit-learn's digits scaled to [0, 1], split by a fixed permutation (seed 0): the
+    first ``num_train`` images as a ``TensorDataset``, the rest as ``(x_val, y_val)`` tensors.
+    Imports torch, so it is for the workers only."""
+    import torch
+    from sklearn.datasets import load_digits
+    from torch.utils.data import TensorDataset
+
+    x, y = load_digits(return_X_y=True)
+    xt = torch.tensor(x / 16.0, dtype=torch.float32)
+    yt = torch.tensor(y)
+    perm = torch.randperm(len(yt), generator=torch.Generator().manual_seed(0))
+    train, val = perm[:num_train], perm[num_train:]
+    return TensorDataset(xt[train], yt[train]), xt[val], yt[val]
+
+
 def progress(msg: str) -> None:
     """A progress line from a worker (rank 0 only); the driver forwards ``[bench]`` lines."""
     if int(os.environ.get("RANK", "0")) == 0:

@@ -60,9 +60,8 @@ def _worker(spec_path: Path) -> None:
     import torch.distributed as dist
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-    from sklearn.datasets import load_digits
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     import lightning_gossip
 
@@ -73,13 +72,7 @@ def _worker(spec_path: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
 
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    train_idx, val_idx = perm[:1400], perm[1400:]
-    train = TensorDataset(x[train_idx], y[train_idx])
-    x_val, y_val = x[val_idx], y[val_idx]
+    train, x_val, y_val = H.digits_split()
 
     class DigitsMLP(L.LightningModule):
         def __init__(self) -> None:

@@ -105,7 +105,6 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 (one closure per workload)
     import torch.distributed as dist
     from lightning.pytorch.demos import Transformer
     from lightning.pytorch.strategies import DDPStrategy
-    from sklearn.datasets import load_digits
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -119,12 +118,7 @@ def _worker(spec_path: Path) -> None:  # noqa: C901 (one closure per workload)
     dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
 
     # --- digits ---------------------------------------------------------------------------
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    digits_train = TensorDataset(x[perm[:1400]], y[perm[:1400]])
-    x_val, y_val = x[perm[1400:]], y[perm[1400:]]
+    digits_train, x_val, y_val = H.digits_split()
 
     class DigitsMLP(L.LightningModule):
         def __init__(self) -> None:
