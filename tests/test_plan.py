@@ -107,6 +107,69 @@ def test_adpsgd_host_terms_by_hand() -> None:
     assert plan.predict_adpsgd(c, w).step_s == pytest.approx(0.05 + 0.16)
 
 
+def test_staleness_bound_by_hand() -> None:
+    # the waits repeat every 3 exchanges and max_staleness + 2 steps (plan.staleness_bound)
+    assert plan.staleness_bound(0.3, 4) == pytest.approx(0.15)  # 2 steps per exchange
+    assert plan.staleness_bound(0.3, 1) == pytest.approx(0.3)
+    assert plan.staleness_bound(0.3, 7) == pytest.approx(0.1)
+    assert plan.staleness_bound(0.3, 0) == 0.3
+    assert plan.staleness_bound(0.3, None) == 0.0
+    with pytest.raises(ValueError, match="max_staleness"):
+        plan.staleness_bound(0.3, -1)
+    # 4 x 1 at 25 MB/s, no compute: one exchange of 4 MB takes 0.16 s; at the bound a rank
+    # makes 2 steps per exchange (0.08 s each) and sends half a replica per step
+    c = plan.Cluster(nodes=4, gpus_per_node=1, inter_bandwidth=25e6, intra_bandwidth=1e15)
+    p = plan.predict_adpsgd(c, plan.Workload(params=1_000_000, compute_s=0.0))
+    assert p.step_s == pytest.approx(0.08)
+    assert p.inter_bytes_per_rank == pytest.approx(2e6)
+    assert "0.50 exchanges/step" in p.note
+    # no bound: compute only (none here); max_staleness=0: the whole exchange
+    w = plan.Workload(params=1_000_000, compute_s=0.01)
+    assert plan.predict_adpsgd(c, w, max_staleness=None).step_s == pytest.approx(0.01)
+    assert plan.predict_adpsgd(c, w, max_staleness=0).step_s == pytest.approx(0.17)
+
+
+def test_exchange_efficiency_by_hand() -> None:
+    # d = 0.5 per process: a node of L processes gets 1 - 0.5 ** L of its interface
+    def cl(nodes: int, gpus: int) -> plan.Cluster:
+        return plan.Cluster(nodes=nodes, gpus_per_node=gpus, inter_bandwidth=25e6,
+                            intra_bandwidth=1e15, exchange_efficiency=0.5)
+    assert cl(4, 1).exchange_bandwidth == pytest.approx(12.5e6)
+    assert cl(2, 2).exchange_bandwidth == pytest.approx(18.75e6)
+    assert cl(2, 8).exchange_bandwidth == pytest.approx(25e6 * (1 - 0.5 ** 8))
+    w = plan.Workload(params=1_000_000, compute_s=0.1)
+    # 4 x 1, ring: a node exchanges 2 x 4 MB at 12.5 MB/s = 0.64 s (0.32 s at full duplex)
+    flat = plan.predict_dpsgd(cl(4, 1), w, "ring", tolerance=None)
+    assert flat.step_s == pytest.approx(0.64)
+    assert flat.inter_bytes_per_rank == pytest.approx(8e6)  # bytes do not change
+    # 2 x 2 hierarchical: a node sends one 4 MB replica at 18.75 MB/s (blocking: + compute)
+    hier = plan.predict_dpsgd(cl(2, 2), w, "ring", hierarchical=True, mode="blocking",
+                              tolerance=None)
+    assert hier.step_s == pytest.approx(0.1 + 4e6 / 18.75e6)
+    # adpsgd, 4 x 1: an exchange of 4 MB at 12.5 MB/s = 0.32 s
+    assert plan.adpsgd_exchange_time(cl(4, 1), w)[0] == pytest.approx(0.32)
+    # ddp's ring keeps the full rate
+    assert plan.predict_ddp(cl(4, 1), w).step_s == pytest.approx(0.1 + 6 * 1e6 / 25e6)
+    with pytest.raises(ValueError, match=r"exchange_efficiency must be in \(0, 1\]"):
+        plan.Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, exchange_efficiency=0.0)
+
+
+def test_ddp_host_constant_by_hand() -> None:
+    # gossip host 100 MB/s, ddp's all-reduce 400 MB/s: ddp ring over 2 x 2 (12 MB) + 0.03 s
+    c = plan.Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e15,
+                     host_bandwidth=1e8, ddp_host_bandwidth=4e8)
+    assert c.ddp_host_time(12e6) == pytest.approx(0.03)
+    assert plan.predict_ddp(c, W1M).step_s == pytest.approx(0.1 + 0.24 + 0.03)
+    free = plan.Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, host_bandwidth=1e8,
+                        ddp_host_bandwidth=float("inf"))
+    assert free.ddp_host_time(12e6) == 0.0
+    assert C22_HOST.ddp_host_time(12e6) == C22_HOST.host_time(12e6)  # None: host_bandwidth
+    # dpsgd keeps the gossip host constant: the flat ring of test_host_terms_by_hand, overlap 1
+    assert plan.predict_dpsgd(c, W1M, "ring", tolerance=None).step_s == pytest.approx(0.32)
+    with pytest.raises(ValueError, match="ddp_host_bandwidth"):
+        plan.Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, ddp_host_bandwidth=0.0)
+
+
 def test_cross_node_sends() -> None:
     # complete over 2 x 2: each rank sends to the 2 ranks of the other node: 4 per node
     assert plan.cross_node_sends(topology.build("complete", 4), 2) == (4.0, 3)
@@ -252,6 +315,15 @@ def test_cli_host_flags(capsys: pytest.CaptureFixture[str]) -> None:
     lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
     assert "460.0" in lines["ddp (ring)"]  # 100 ms + 240 ms link + 120 ms host
     assert "580.0" in lines["dpsgd (ring, overlap)"]  # nothing hidden: 260 + 320 ms
+    # the calibrated emulated-cluster constants: ddp's host free, exchanges at 0.75 of 25 MB/s
+    assert main([*SMALL, "--host-gbyte", "0.1", "--ddp-host-gbyte", "1e9",
+                 "--exchange-efficiency", "0.5"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    assert "340.0" in lines["ddp (ring)"]  # 100 ms + 240 ms link + 12 us host
+    # overlap: 4 MB at 18.75 MB/s = 213.3 ms against 100 + 160 ms of compute and host
+    assert "260.0" in lines["dpsgd hier (ring, overlap)"]
+    assert "exchange efficiency 0.5" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -261,6 +333,8 @@ def test_cli_host_flags(capsys: pytest.CaptureFixture[str]) -> None:
     (["--stragglers", "0.1:0.5"], "straggler slowdown must be a finite number >= 1"),
     (["--overlap", "1.5"], "--overlap: expected a number in [0, 1], got 1.5"),
     (["--host-gbyte", "0"], "--host-gbyte: expected a positive number, got 0"),
+    (["--exchange-efficiency", "0"], "--exchange-efficiency: expected a number in (0, 1]"),
+    (["--ddp-host-gbyte", "-1"], "--ddp-host-gbyte: expected a positive number, got -1"),
 ])
 def test_cli_bad_input(argv: list[str], message: str,
                        capsys: pytest.CaptureFixture[str]) -> None:

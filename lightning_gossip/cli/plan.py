@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "intra_gbyte": 150.0, "intra_latency_us": 5.0, "topology": "random_ring",
     "mode": "overlap", "pairing": "ring", "max_staleness": 4, "stragglers": "0:1",
     "seed": 0, "tolerance": 1e-3, "overlap": 1.0, "host_gbyte": None,
+    "ddp_host_gbyte": None, "exchange_efficiency": 1.0,
 }
 _WIRE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -45,6 +46,14 @@ def _unit_interval(text: str) -> float:
         v = math.nan
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return v
+
+
+def _efficiency(text: str) -> float:
+    """An ``argparse`` type: a number in (0, 1]."""
+    v = _unit_interval(text)
+    if v == 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
     return v
 _PLOT_NODES = [8, 16, 32, 64, 128, 256, 512, 1024]
 _FLAT_PLOT_LIMIT = 2048  # flat dpsgd points above this many ranks are not computed
@@ -87,6 +96,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="GB/s one rank's CPU moves through the communication stack (gloo on "
                         "CPUs); every byte sent or received costs compute time (default: "
                         "free, NCCL on GPUs)")
+    p.add_argument("--ddp-host-gbyte", type=positive_float,
+                   help="the same for ddp's gradient all-reduce (default: --host-gbyte)")
+    p.add_argument("--exchange-efficiency", type=_efficiency,
+                   help="fraction of the inter-node rate one process's gossip exchanges get, "
+                        "both directions at once (default 1: full duplex; 0.5 calibrated on "
+                        "the emulated cluster, docs/plan.md)")
     p.add_argument("--topology", choices=list(_topology.TOPOLOGIES),
                    help=f"dpsgd topology (default {d['topology']})")
     p.add_argument("--mode", choices=list(_plan.MODES),
@@ -162,6 +177,10 @@ def _model(v: dict[str, Any], nodes: int | None = None) -> tuple[_plan.Cluster, 
     host = v["host_gbyte"]
     if host is not None and not (isinstance(host, (int, float)) and 0 < host < math.inf):
         raise CLIError(f"host_gbyte must be a positive number (or omitted: free), got {host!r}")
+    ddp_host = v["ddp_host_gbyte"]
+    if ddp_host is not None and not (isinstance(ddp_host, (int, float)) and 0 < ddp_host):
+        raise CLIError("ddp_host_gbyte must be a positive number (or omitted: host_gbyte), "
+                       f"got {ddp_host!r}")
     try:
         cluster = _plan.Cluster(
             nodes=v["nodes"] if nodes is None else nodes, gpus_per_node=v["gpus_per_node"],
@@ -171,6 +190,8 @@ def _model(v: dict[str, Any], nodes: int | None = None) -> tuple[_plan.Cluster, 
             intra_latency=float(v["intra_latency_us"]) * 1e-6,
             overlap=float(v["overlap"]),
             host_bandwidth=math.inf if host is None else float(host) * 1e9,
+            ddp_host_bandwidth=None if ddp_host is None else float(ddp_host) * 1e9,
+            exchange_efficiency=float(v["exchange_efficiency"]),
         )
         work = _plan.Workload(params=int(v["params"]), compute_s=float(v["compute_ms"]) / 1e3,
                               wire_bytes=_WIRE[v["wire_dtype"]])
@@ -215,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
           f"{v['compute_ms']:g} ms compute, {v['wire_dtype']} wire; inter {v['inter_gbit']:g} "
           f"Gbit/s + {v['inter_latency_us']:g} us, intra {v['intra_gbyte']:g} GB/s + "
           f"{v['intra_latency_us']:g} us; overlap {float(v['overlap']):g}, host "
-          f"{'free' if v['host_gbyte'] is None else str(v['host_gbyte']) + ' GB/s'}; "
+          f"{'free' if v['host_gbyte'] is None else str(v['host_gbyte']) + ' GB/s'}"
+          + ("" if v["ddp_host_gbyte"] is None else f" (ddp {v['ddp_host_gbyte']} GB/s)")
+          + f", exchange efficiency {float(v['exchange_efficiency']):g}; "
           f"stragglers {v['stragglers']}")
     print(table(headers, cells))
     print("\nstep: predicted time per optimizer step (adpsgd: world size / sum of the ranks' "

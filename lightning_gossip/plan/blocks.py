@@ -109,6 +109,34 @@ def step_time(compute_s: float, gossip_s: float, fixed_s: float = 0.0,
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
+def staleness_bound(exchange_s: float, max_staleness: int | None) -> float:
+    """Shortest mean step of an AD-PSGD rank whose gossip thread runs exchanges of
+    ``exchange_s`` back to back under the bound ``max_staleness`` (``m``):
+    ``3 exchange_s / (m + 2)`` for ``m >= 1``; ``exchange_s`` for ``m = 0`` (every step waits
+    for a whole exchange); 0 without a bound (``None``).
+
+    Why not ``exchange_s / m``: the training thread waits while ``steps - gossiped > m``, where
+    ``gossiped`` is the step count of the snapshot the last *finished* exchange sent, and it
+    leaves a new snapshot only at the first step boundary after the gossip thread took the
+    previous one (``DeltaMailbox.leave_snapshot``), so a snapshot is already stale when its
+    exchange starts. Stepping through those rules with fast compute, the waits repeat every 3
+    exchanges and ``m + 2`` steps (``m = 4``: waits at steps 5, 6, 7, then 11, 12, 13, ...:
+    2 steps per exchange). So at the bound a rank takes part in ``3 / (m + 2)`` exchanges per
+    step (0.5 for the default ``m = 4``), which is what the emulated cluster measured
+    (inter-node bytes per step 0.45-0.56 of one exchange per step, docs/plan.md).
+
+    >>> staleness_bound(0.3, 4), staleness_bound(0.3, 1), staleness_bound(0.3, None)
+    (0.15, 0.3, 0.0)
+    """
+    if max_staleness is None:
+        return 0.0
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness!r}")
+    if max_staleness == 0:
+        return exchange_s
+    return 3.0 * exchange_s / (max_staleness + 2)
+
+
 def cross_node_sends(topo: _topology.Topology, gpus_per_node: int,
                      steps: int | None = None) -> tuple[float, int]:
     """``(cross, peers)`` of a topology over ranks numbered ``node * gpus_per_node + local``:

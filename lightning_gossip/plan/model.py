@@ -40,6 +40,26 @@ class Cluster:
       reductions). Every byte a rank sends or receives costs ``1 / host_bandwidth`` s of that
       rank's CPU time, added to its compute and never hidden. ``inf`` (the default): NCCL on
       GPUs, where the host does not touch the bytes.
+    * ``ddp_host_bandwidth`` (bytes/s): the same for the bytes of ddp's gradient all-reduce
+      (``None``, the default: ``host_bandwidth``). A separate constant because gloo's ring
+      all-reduce reduces in place in pipelined chunks, and PyTorch DDP starts it during
+      backward, so it costs the host less per byte than a gossip exchange (packed into a
+      buffer, swapped, mixed, handed over as a delta). The all-reduce and all-gather inside a
+      node of the hierarchical strategies stay on ``host_bandwidth``: they run between gossip
+      exchanges, on the same cores.
+
+    One property of the inter-node links:
+
+    * ``exchange_efficiency`` ``d`` (0 to 1]: the fraction of ``inter_bandwidth`` one process's
+      gossip exchanges get in each direction, where two ranks send each other a replica at once
+      over one connection (dpsgd's neighbour exchanges, adpsgd's swaps, flat and hierarchical).
+      1 (the default): full duplex at the full rate. 0.5: the process moves its bytes one
+      direction at a time, so a direction of the interface is busy half the time. The
+      ``gpus_per_node`` processes of a node drive its interface independently, so the node gets
+      ``1 - (1 - d) ** gpus_per_node`` of the rate for exchanges
+      (:attr:`exchange_bandwidth`). Calibrated on the emulated cluster (gloo over TCP through
+      ``tbf`` shapers: 0.5, docs/plan.md); ddp's ring all-reduce (each connection one way,
+      pipelined chunks) keeps the full rate.
 
     >>> Cluster(nodes=0, gpus_per_node=8, inter_bandwidth=1e9)
     Traceback (most recent call last):
@@ -59,6 +79,8 @@ class Cluster:
     intra_latency: float = 0.0
     overlap: float = 1.0
     host_bandwidth: float = math.inf
+    ddp_host_bandwidth: float | None = None
+    exchange_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node"):
@@ -74,6 +96,13 @@ class Cluster:
         if not self.host_bandwidth > 0:  # also refuses NaN; inf is allowed (free)
             raise ValueError(
                 f"host_bandwidth (bytes/s) must be > 0 (inf: free), got {self.host_bandwidth!r}")
+        coll = self.ddp_host_bandwidth
+        if coll is not None and not coll > 0:
+            raise ValueError("ddp_host_bandwidth (bytes/s) must be > 0 (inf: free; None: "
+                             f"host_bandwidth), got {coll!r}")
+        eff = self.exchange_efficiency
+        if not (isinstance(eff, (int, float)) and 0.0 < eff <= 1.0):
+            raise ValueError(f"exchange_efficiency must be in (0, 1], got {eff!r}")
 
     def host_time(self, nbytes: float) -> float:
         """CPU seconds one rank spends moving ``nbytes`` (sent plus received) through the
@@ -84,6 +113,31 @@ class Cluster:
         0.04
         """
         return 0.0 if math.isinf(self.host_bandwidth) else nbytes / self.host_bandwidth
+
+    def ddp_host_time(self, nbytes: float) -> float:
+        """CPU seconds one rank spends on ``nbytes`` (sent plus received) of ddp's all-reduce:
+        ``nbytes / ddp_host_bandwidth`` (:meth:`host_time` when that is ``None``).
+
+        >>> Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9, host_bandwidth=1e8,
+        ...         ddp_host_bandwidth=4e8).ddp_host_time(4e6)
+        0.01
+        """
+        bw = self.ddp_host_bandwidth
+        if bw is None:
+            return self.host_time(nbytes)
+        return 0.0 if math.isinf(bw) else nbytes / bw
+
+    @property
+    def exchange_bandwidth(self) -> float:
+        """Bytes/s of one node's interface for gossip exchanges, each direction:
+        ``inter_bandwidth * (1 - (1 - exchange_efficiency) ** gpus_per_node)``.
+
+        >>> Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=1e9,
+        ...         exchange_efficiency=0.5).exchange_bandwidth  # 1 - 0.5 ** 2
+        750000000.0
+        """
+        idle = (1.0 - self.exchange_efficiency) ** self.gpus_per_node
+        return self.inter_bandwidth * (1.0 - idle)
 
     @property
     def world_size(self) -> int:

@@ -15,6 +15,7 @@ from lightning_gossip.plan.blocks import (
     hierarchical_allreduce_time,
     link_time,
     ring_allreduce_time,
+    staleness_bound,
     step_time,
     tree_allreduce_time,
 )
@@ -33,7 +34,7 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
     * ``hierarchical``: :func:`hierarchical_allreduce_time` (NCCL's choice on many nodes).
 
     Every rank waits for the slowest (``compute_s * max(stragglers)``). The host's share
-    (:meth:`Cluster.host_time`) of the bytes a rank sends and receives is added to compute:
+    (:meth:`Cluster.ddp_host_time`) of the bytes a rank sends and receives is added:
     ``4 (n - 1) / n`` gradients for the ring, ``4`` for the tree, ``4 (L - 1) / L`` plus
     ``4 (N - 1) / (N L)`` for the hierarchical form.
 
@@ -62,7 +63,7 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
         else:
             raise ValueError(f"algorithm must be ring, tree or hierarchical, got {algorithm!r}")
     compute = workload.compute_s * slow
-    comm += cluster.host_time(host)
+    comm += cluster.ddp_host_time(host)
     return Prediction(f"ddp ({algorithm})", compute + comm, comm, per_node / L, per_node, 0,
                       "exact average every step")
 
@@ -83,10 +84,12 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
       per rank). Inside the node, blocking: a ring all-reduce of the gradients
       (``grad_bytes``) before the optimizer step and an all-gather of the fp32 mixing change.
 
-    Every rank waits for the slowest (``compute_s * max(stragglers)``). The host's share of
-    the bytes a rank sends and receives (:meth:`Cluster.host_time`: ``2 peers`` replicas flat;
-    ``2 k / L`` wire replicas plus, inside the node, ``4 (L - 1) / L`` gradients and
-    ``2 (L - 1) / L`` fp32 replicas hierarchical) is added to compute, and only
+    Inter-node exchanges run at :attr:`Cluster.exchange_bandwidth` (both directions of a
+    connection at once). Every rank waits for the slowest (``compute_s * max(stragglers)``).
+    The host's share of the bytes a rank sends and receives (:meth:`Cluster.host_time`:
+    ``2 peers`` replicas flat, ``2 k / L`` wire replicas plus, inside the node,
+    ``4 (L - 1) / L`` gradients and ``2 (L - 1) / L`` fp32 replicas hierarchical) is added
+    to compute, and only
     ``cluster.overlap`` of the gossip is hidden (:func:`step_time`). Steps to consensus from
     the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
 
@@ -118,7 +121,7 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
         topo = _topology.build(topology, N, seed)
         cross, peers = cross_node_sends(topo, 1)
         per_node = cross * replica
-        gossip = link_time(per_node, cluster.inter_bandwidth, peers * cluster.inter_latency)
+        gossip = link_time(per_node, cluster.exchange_bandwidth, peers * cluster.inter_latency)
         host = cluster.host_time(inside + 2 * peers * replica / L)
         step = step_time(compute + host, gossip, fixed, mode, cluster.overlap)
         return Prediction(name, step, step - compute, per_node / L, per_node,
@@ -130,7 +133,7 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
     topo = _topology.build(topology, n, seed)
     cross, peers = cross_node_sends(topo, L) if N > 1 else (0.0, topo.degree(0))
     per_node = cross * replica
-    inter = link_time(per_node, cluster.inter_bandwidth,
+    inter = link_time(per_node, cluster.exchange_bandwidth,
                       math.ceil(cross / L) * cluster.inter_latency)
     local_msgs = max(peers - (cross / L), 0.0)
     intra = link_time(local_msgs * replica, cluster.intra_bandwidth,
@@ -154,6 +157,9 @@ def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "r
     * ``hierarchical``: nodes pair up; each GPU swaps its ``1/L`` shard, so a node sends one
       replica per exchange through its interface.
 
+    The interface runs at :attr:`Cluster.exchange_bandwidth` (a swap: both directions of one
+    connection at once).
+
     >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e12)
     >>> adpsgd_exchange_time(c, Workload(params=1_000_000, compute_s=0.1))  # 2 x 1/2 x 4 MB
     (0.16, 0.5)
@@ -163,7 +169,7 @@ def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "r
     if hierarchical:
         if N == 1:
             return 0.0, 0.0
-        return link_time(replica, cluster.inter_bandwidth, cluster.inter_latency), 1.0
+        return link_time(replica, cluster.exchange_bandwidth, cluster.inter_latency), 1.0
     if n == 1:
         return 0.0, 0.0
     if pairing == "ring":
@@ -172,7 +178,7 @@ def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "r
         cross = (n - L) / (n - 1)
     else:
         raise ValueError(f"pairing must be ring or random, got {pairing!r}")
-    inter = link_time(L * cross * replica, cluster.inter_bandwidth, cluster.inter_latency)
+    inter = link_time(L * cross * replica, cluster.exchange_bandwidth, cluster.inter_latency)
     intra = link_time(replica, cluster.intra_bandwidth, cluster.intra_latency)
     return max(inter if cross > 0 else 0.0, intra if cross < 1 else 0.0), cross
 
@@ -198,9 +204,11 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
                    hierarchical: bool = False, max_staleness: int | None = 4,
                    stragglers: Sequence[float] | None = None) -> Prediction:
     """Asynchronous gossip (AD-PSGD): the compute step never waits for gossip unless the
-    exchanges cannot keep up. An exchange takes ``t_x`` (:func:`adpsgd_exchange_time`) and
-    covers every step made before it started, so a rank whose compute step is ``c`` runs at
-    ``max(c, t_x / max_staleness)`` (``c + t_x`` with ``max_staleness=0``, ``c`` with ``None``).
+    exchanges cannot keep up. An exchange takes ``t_x`` (:func:`adpsgd_exchange_time`) and,
+    because of how the engine hands snapshots over, the staleness bound lets a rank make
+    ``(max_staleness + 2) / 3`` steps per exchange (:func:`staleness_bound`), so a rank whose
+    compute step is ``c`` runs at ``max(c, 3 t_x / (max_staleness + 2))`` (``c + t_x`` with
+    ``max_staleness=0``, ``c`` with ``None``).
     Ranks do not wait for each other: the step rate is the **sum of the ranks' rates**, and
     ``step_s`` is ``world_size`` over that sum (synchronous strategies: the slowest rank's).
     With ``hierarchical``, the unit is the node: every step is the node's blocking gradient
@@ -255,7 +263,8 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
     elif max_staleness == 0:
         steps = compute + t_x
     else:
-        steps = np.maximum(_adpsgd_rank_step(compute, t_x, unhidden), t_x / max_staleness)
+        steps = np.maximum(_adpsgd_rank_step(compute, t_x, unhidden),
+                           staleness_bound(t_x, max_staleness))
     with np.errstate(divide="ignore"):  # a step of 0 s: an infinite rate, a mean of 0
         step = float(n / (units * (1.0 / steps).sum()))
         mean_compute = float(n / (units * (1.0 / compute).sum())) - fixed
