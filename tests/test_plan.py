@@ -426,6 +426,7 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
     assert "ranking, measured (fastest first): adpsgd, dpsgd_hier, ddp" in proc.stdout
     data = json.loads(out_json.read_text())
     assert 0.0 <= data["overlap"] <= 1.0 and data["calibrate"] == ["cluster_a"]
+    assert 0.0 < data["exchange_efficiency"] <= 1.0
     assert {r["role"] for r in data["cases"]} == {"cal", "val"}
     # given constants instead of a fit: the GPU defaults reproduce the GPU model's column
     proc = subprocess.run(
@@ -434,6 +435,7 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "host constants (given): overlap = 1, host bandwidth = free" in proc.stdout
+    assert "exchange efficiency = 1 per process" in proc.stdout
     hier = next(line for line in proc.stdout.splitlines() if "| dpsgd_hier |" in line)
     cells = [c.strip() for c in hier.split("|")]
     assert cells[5] == cells[7] and cells[6] == cells[8]  # model == GPU model, same error
