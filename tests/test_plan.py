@@ -435,7 +435,7 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "host constants (given): overlap = 1, host bandwidth = free" in proc.stdout
-    assert "exchange efficiency = 1 per process" in proc.stdout
+    assert "exchange efficiency = 1 per process" in " ".join(proc.stdout.split())
     hier = next(line for line in proc.stdout.splitlines() if "| dpsgd_hier |" in line)
     cells = [c.strip() for c in hier.split("|")]
     assert cells[5] == cells[7] and cells[6] == cells[8]  # model == GPU model, same error
