@@ -1,30 +1,39 @@
 """The cost model of ``lightning-gossip plan`` against the emulated cluster's measurements:
-calibrate its two host constants on some runs, validate them on the others.
+calibrate its host and link constants on some runs, validate them on the others.
 
-Reads ``benchmarks/results/cluster*.json`` (written by ``benchmarks/cluster.py``), runs
-:mod:`lightning_gossip.plan` with each run's model size, processes per node, nodes and link rate,
-and prints predicted vs measured time per step and inter-node bytes per rank per step, with the
-relative error, for every case that ran. With ``--write-docs`` the comparison replaces the part
-of ``docs/plan.md`` between its ``plan_vs_cluster`` markers; ``--json`` writes it as JSON.
+Reads ``benchmarks/results/cluster*.json`` (written by ``benchmarks/cluster.py``; by default
+all but :data:`SUPERSEDED`), runs :mod:`lightning_gossip.plan` with each run's model size,
+processes per node, nodes and link rate, and prints predicted vs measured time per step and
+inter-node bytes per rank per step, with the relative error, for every case that ran. With
+``--write-docs`` the comparison replaces the part of ``docs/plan.md`` between its
+``plan_vs_cluster`` markers; ``--json`` writes it as JSON.
 
 Calibration, in two parts:
 
 * **per run, one number: the compute time per step** = the measured ``ddp`` step minus the
-  model's ring all-reduce (link and host time), so ``ddp`` matches by construction and is not a
-  test of the model. (On a real cluster: time a step on one GPU.)
-* **for all runs, two host constants** (:class:`lightning_gossip.plan.Cluster`): ``overlap``,
-  the fraction of the communication scheduled against compute that really runs hidden, and
-  ``host_bandwidth``, the bytes/s of communication one rank's CPU handles. They are fitted on
-  the ``--calibrate`` runs only (least squares of the log ratio predicted/measured over their
-  non-ddp cases, on a grid) and then used unchanged on the other runs: those are the validation.
+  model's ring all-reduce (link and host time). ``ddp`` then matches by construction unless
+  that difference is negative (compute clamped at 0), so it is no test of the model; on a real
+  cluster, time a step on one GPU instead.
+* **for all runs, four constants** (:class:`lightning_gossip.plan.Cluster`): ``overlap`` (the
+  fraction of the communication scheduled against compute that really runs hidden),
+  ``host_bandwidth`` (bytes/s of gossip one rank's CPU handles), ``ddp_host_bandwidth`` (the
+  same for ddp's all-reduce) and ``exchange_efficiency`` (the fraction of the link rate one
+  process's exchanges get, both directions at once). They are fitted on the ``--calibrate``
+  runs only (the 2 x 2 runs by default: least squares of the log ratio predicted/measured over
+  all their cases, on a grid) and then used unchanged on the other runs (the 4 x 1 runs): those
+  are the validation, never used in the fit. ``--without`` leaves terms out of the fit, to
+  measure what each brings; ``--efficiency-per-node`` fits the efficiency as one fraction of
+  every node's rate (the form first tried).
 
 Assumed, not measured: the intra-node "links" (loopback TCP on the same cores) at
 ``--intra-gbyte`` GB/s with no latency (their CPU cost is the host term), and 3% of the link
 rate lost to Ethernet/IP/TCP headers. The "GPU model" column is the model with its GPU defaults
-(``overlap=1``, free host), as before calibration.
+(``overlap=1``, free hosts, exchange efficiency 1), as before calibration.
 
     .venv/bin/python benchmarks/plan_vs_cluster.py               # print
-    .venv/bin/python benchmarks/plan_vs_cluster.py --write-docs  # also update docs/plan.md
+    .venv/bin/python benchmarks/plan_vs_cluster.py --write-docs \
+        --json benchmarks/results/plan_vs_cluster.json            # update docs/plan.md, JSON
+    .venv/bin/python benchmarks/plan_vs_cluster.py --without ddp_host efficiency  # ablation
 """
 
 from __future__ import annotations
@@ -281,11 +290,11 @@ def render(rows: list[list[str]], notes: list[str], summary: list[str]) -> str:
             "MB/rank", "model"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    legend = ("ms/step: measured; model: predicted with the calibrated host constants, in the "
-              "strategy's\nmode (overlap for dpsgd, max_staleness=4 for adpsgd); GPU model: "
-              "overlap=1, free host (the\ndefaults); role: cal = used to fit the constants, "
-              "val = not; MB/rank: measured inter-node MB\nper rank per step (headers "
-              "included), and the model's.")
+    legend = ("ms/step: measured; model: predicted with the calibrated constants, in the "
+              "strategy's mode\n(overlap for dpsgd, the case's max_staleness for adpsgd); GPU "
+              "model: overlap 1, free hosts,\nexchange efficiency 1 (the defaults); role: cal = "
+              "used to fit the constants, val = not;\nMB/rank: measured inter-node MB per rank "
+              "per step (headers included), and the model's.")
     bullets = []
     for n in summary + notes:
         indent = "    " if n.startswith("  ") else "  "

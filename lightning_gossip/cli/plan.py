@@ -100,7 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the same for ddp's gradient all-reduce (default: --host-gbyte)")
     p.add_argument("--exchange-efficiency", type=_efficiency,
                    help="fraction of the inter-node rate one process's gossip exchanges get, "
-                        "both directions at once (default 1: full duplex; 0.5 calibrated on "
+                        "both directions at once (default 1: full duplex; 0.45 calibrated on "
                         "the emulated cluster, docs/plan.md)")
     p.add_argument("--topology", choices=list(_topology.TOPOLOGIES),
                    help=f"dpsgd topology (default {d['topology']})")

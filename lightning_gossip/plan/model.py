@@ -28,13 +28,13 @@ class Cluster:
     ``inter_bandwidth`` is one node's network interface, each direction, shared by its GPUs;
     ``intra_bandwidth`` is one GPU's link inside the node.
 
-    Two properties of the hosts say how much communication costs besides the links:
+    Three properties of the hosts say how much communication costs besides the links:
 
     * ``overlap`` (0 to 1): the fraction of the communication a strategy schedules against
       compute that really runs hidden behind it. 1 (the default) on GPUs, where DMA engines and
-      a separate stream move the bytes while the GPU computes; lower where compute and
-      communication share the same CPU cores (0 calibrated on the emulated cluster, 2 cores
-      for 4 ranks: docs/plan.md).
+      a separate stream move the bytes while the GPU computes; possibly lower where compute
+      and communication share the same CPU cores (on the emulated cluster, 2 cores for 4
+      ranks, the calibration gives 1 once the host and link terms are right: docs/plan.md).
     * ``host_bandwidth`` (bytes/s): how fast one rank's CPU pushes bytes through the
       communication stack (copies into and out of the transport, the kernel's socket copies,
       reductions). Every byte a rank sends or receives costs ``1 / host_bandwidth`` s of that
@@ -58,7 +58,7 @@ class Cluster:
       ``gpus_per_node`` processes of a node drive its interface independently, so the node gets
       ``1 - (1 - d) ** gpus_per_node`` of the rate for exchanges
       (:attr:`exchange_bandwidth`). Calibrated on the emulated cluster (gloo over TCP through
-      ``tbf`` shapers: 0.5, docs/plan.md); ddp's ring all-reduce (each connection one way,
+      ``tbf`` shapers: 0.45, docs/plan.md); ddp's ring all-reduce (each connection one way,
       pipelined chunks) keeps the full rate.
 
     >>> Cluster(nodes=0, gpus_per_node=8, inter_bandwidth=1e9)
