@@ -130,17 +130,6 @@ def distributed_is_initialized() -> bool:
     return _distributed_is_initialized()
 
 
-def sync_ddp_if_available(tensor: Tensor, group: Any | None = None,
-                          reduce_op: Any | None = "mean") -> Tensor:
-    """Lightning's all-reduce for ``self.log(..., sync_dist=True)``.
-
-    lightning 2.6.6: ``lightning.fabric.utilities.distributed._sync_ddp_if_available``.
-    """
-    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
-
-    return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-
-
 def optimizers_to_device(optimizers: Any, device: torch.device) -> None:
     """Move optimizer state to ``device``.
 

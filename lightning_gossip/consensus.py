@@ -25,17 +25,27 @@ The per-rank term needs no process group:
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_gossip.liveness.heartbeat import watched_collective
+
 __all__ = ["all_average", "check_every", "consensus_distance", "relative_distance"]
 
 
-def all_average(flat: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
-    """The element-wise mean of ``flat`` over the ranks of ``group`` (a new tensor)."""
+def all_average(flat: Tensor, group: dist.ProcessGroup | None = None, *,
+                timeout: timedelta | None = None, what: str = "averaging the replicas") -> Tensor:
+    """The element-wise mean of ``flat`` over the ranks of ``group`` (a new tensor).
+
+    With ``timeout`` the all-reduce is waited for like a gossip wait
+    (:func:`~lightning_gossip.liveness.watched_collective`): a rank that stops beating makes the
+    others fail naming it and ``what``; without, it is a plain blocking all-reduce.
+    """
     out = flat.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    _sum(out, group, timeout, what)
     out.div_(dist.get_world_size(group))
     return out
 
@@ -47,12 +57,27 @@ def relative_distance(x: Tensor, mean: Tensor) -> Tensor:
     return torch.where(den > 0, num / den.clamp_min(1e-300), num)
 
 
-def consensus_distance(flat: Tensor, group: dist.ProcessGroup | None = None) -> float:
-    """Mean over ranks of ``||x_i - mean||^2 / ||mean||^2``: 0 when all replicas agree."""
-    mean = all_average(flat, group)
+def consensus_distance(flat: Tensor, group: dist.ProcessGroup | None = None, *,
+                       timeout: timedelta | None = None,
+                       what: str = "measuring the consensus distance") -> float:
+    """Mean over ranks of ``||x_i - mean||^2 / ||mean||^2``: 0 when all replicas agree.
+
+    ``timeout`` and ``what`` as for :func:`all_average`.
+    """
+    mean = all_average(flat, group, timeout=timeout, what=what)
     local = relative_distance(flat, mean).to(flat.device)
-    dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    _sum(local, group, timeout, what)
     return float(local) / dist.get_world_size(group)
+
+
+def _sum(t: Tensor, group: dist.ProcessGroup | None, timeout: timedelta | None,
+         what: str) -> None:
+    """In-place sum over the ranks of ``group``; watched when ``timeout`` is given."""
+    if timeout is None:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    else:
+        watched_collective(dist.all_reduce, t, op=dist.ReduceOp.SUM, group=group,
+                           timeout=timeout, what=what)
 
 
 def check_every(name: str, value: int | None) -> int | None:

@@ -213,6 +213,7 @@ def launch_processes(
                     on_line(line)
 
     timed_out, diagnostics = False, ""
+    stragglers: list[int] = []
     with _sigterm_raises():
         try:
             for argv, env in commands:
@@ -232,12 +233,16 @@ def launch_processes(
                     timed_out = True
                     break
             if timed_out:
+                # every process now: once a launcher dies its workers are reparented and
+                # no longer found from it (a SIGSTOPped rank does not die of SIGABRT)
+                stragglers = _tree([r.proc for r in readers])
                 diagnostics = dump_stacks([r.proc for r in readers])
                 end = time.monotonic() + STACK_DUMP_GRACE_S
                 while time.monotonic() < end and any(r.proc.poll() is None for r in readers):
                     time.sleep(0.1)
         finally:
             _kill_tree([r.proc for r in readers])
+            signal_all(stragglers, signal.SIGKILL)
             for r in readers:
                 r.proc.wait()
                 if r.thread is not None:

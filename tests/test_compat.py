@@ -129,12 +129,6 @@ def test_default_store_is_the_default_groups_store(world1):
     assert store.get("compat/key") == b"value"
 
 
-def test_sync_ddp_if_available_reduces_on_the_default_group(world1):
-    assert _compat.sync_ddp_if_available(torch.tensor([2.0, 4.0])).tolist() == [2.0, 4.0]
-    out = _compat.sync_ddp_if_available(torch.tensor([3.0]), reduce_op="sum")
-    assert out.tolist() == [3.0]
-
-
 def test_default_backend_for_device():
     assert _compat.default_backend_for_device(torch.device("cpu")) == "gloo"
     assert _compat.default_backend_for_device(torch.device("cuda", 0)) == "nccl"

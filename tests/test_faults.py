@@ -62,6 +62,13 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
     launched = launch_processes([(cmd, env)], timeout)
     text = launched.stdout
     (out / "output.txt").write_text(text)
+    if launched.timed_out:  # a frozen (SIGSTOP) rank may be outside the killed process group
+        for r in range(nprocs):
+            if (out / f"pid{r}").exists():
+                try:
+                    os.kill(int((out / f"pid{r}").read_text()), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert not launched.timed_out, text[-12000:]
     events: dict = {}
     for e in parse_events(text):
@@ -135,6 +142,31 @@ def test_frozen_rank_is_named(tmp_path, strategy, launcher):
     assert named, text[-8000:]
     print(f"\nfrozen rank 2 ({strategy}, {launcher}) named with heartbeat_timeout {hb} s by: "
           + ", ".join(f"rank {r} after {s:.1f} s" for r, s in named))
+
+
+SYNC_POINT_CASES = [("adpsgd", "torchrun", "on_train_end"),
+                    ("dpsgd", "lightning", "on_validation_start")]
+
+
+@pytest.mark.parametrize("strategy,launcher,hook", SYNC_POINT_CASES)
+def test_rank_frozen_before_a_sync_point_is_named(tmp_path, strategy, launcher, hook):
+    """A rank frozen just before a sync point (the final average, the consensus evaluation)
+    leaves its peer in a collective of the whole world: the peer names it after about
+    ``heartbeat_timeout`` (the fuzz harness once saw this wait run to the 600 s ``timeout``)."""
+    hb = 5.0
+    spec = {"strategy": strategy, "epochs": 2, "samples": 32, "heartbeat_timeout": hb,
+            "timeout": 600, "val_batches": 2,
+            "fault": {"kind": "freeze", "rank": 1, "hook": hook}}
+    events, survivors, text = run_case(tmp_path, f"sync-{strategy}-{hook}", spec, launcher,
+                                       nprocs=2, frozen=1)
+    assert not survivors, text[-8000:]
+    assert ("fault", 1) in events and ("error", 0) in events, text[-8000:]
+    message = events[("error", 0)]["message"]
+    assert "rank(s) 1 sent no heartbeat" in message, message
+    assert "averaging the replicas" in message, message
+    after = events[("error", 0)]["time"] - events[("fault", 1)]["time"]
+    print(f"\nrank 1 frozen in {hook} ({strategy}, {launcher}): rank 0 named it after "
+          f"{after:.1f} s: {message}")
 
 
 def test_configuration_mismatch_fails_on_every_rank(tmp_path):

@@ -37,10 +37,11 @@ from lightning_gossip.liveness.heartbeat import (
     Heartbeat,
     PeerSilent,
     current,
+    keep_alive_at_exit,
     watched_collective,
 )
 from lightning_gossip.liveness.waits import GRACE_S as GRACE_S  # used by the strategies
 from lightning_gossip.liveness.waits import make_sigterm_check_local, wait_for_peers
 
-__all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "make_sigterm_check_local",
-           "wait_for_peers", "watched_collective"]
+__all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "keep_alive_at_exit",
+           "make_sigterm_check_local", "wait_for_peers", "watched_collective"]

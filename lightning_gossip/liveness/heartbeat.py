@@ -274,7 +274,34 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
     me = dist.get_rank()
     members = (range(dist.get_world_size()) if group is None
                else dist.get_process_group_ranks(group))
-    wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
+    try:
+        wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
+    except BaseException:
+        keep_alive_at_exit(group)
+        raise
+
+
+_kept: list[Any] = []
+
+
+def keep_alive_at_exit(group: dist.ProcessGroup | None) -> None:
+    """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned.
+
+    Gloo runs a collective on the process group's worker threads, and the group's destructor
+    joins them: with a peer frozen, the abandoned collective keeps its thread until the group's
+    ``timeout``, so the interpreter's exit would hang that long after the error was raised
+    (measured: a rank that named a frozen peer then hung at exit until its test killed it, 7
+    minutes later). One extra reference, never released, lets the process exit at once; the
+    operating system reclaims the group. ``ProcessGroupGloo.abort()`` does not release the
+    thread (measured, torch 2.9).
+    """
+    import ctypes
+
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None or any(k is pg for k in _kept):
+        return
+    _kept.append(pg)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 def _ranks(ranks: Sequence[int]) -> str:

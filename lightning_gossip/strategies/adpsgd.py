@@ -380,10 +380,8 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         if self.engine is not None and self.engine.in_phase:
             if self._node_group is not None and self.layout is not None:
                 # hierarchical: the node's ranks step together, so they decide together
-                box = [obj]
                 first = self.layout.node_ranks(self.layout.node)[0]
-                dist.broadcast_object_list(box, first, group=self._node_group)
-                return box[0]
+                return self.broadcast_object(obj, first, group=self._node_group)
             return obj
         return super().broadcast(obj, src)
 

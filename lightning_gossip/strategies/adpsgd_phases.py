@@ -12,7 +12,6 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gossip import _compat
-from lightning_gossip.liveness import wait_for_peers
 
 
 class _PhasesMixin:
@@ -46,16 +45,9 @@ class _PhasesMixin:
             kwargs: dict[str, Any] = {}
             if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
                 kwargs["device_ids"] = [self.root_device.index]
-            self._meet(dist.barrier(async_op=True, **kwargs),
-                       "the barrier that opens a gossip phase")
+            self.watched(dist.barrier, what="waiting for every rank at the barrier that opens "
+                         "a gossip phase", **kwargs)
             self.engine.begin_phase()
-
-    def _meet(self, work: Any, what: str) -> None:
-        """Wait for a collective on the world group, failing fast (naming the ranks) when a
-        rank stops beating (the epoch-end meeting, the start of a phase)."""
-        others = [r for r in range(self.world_size) if r != self.global_rank]
-        wait_for_peers([work], others, self.heartbeat, self.timeout,
-                       f"rank {self.global_rank} waiting for every rank at {what}")
 
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """Epoch end on this rank: quiet the network, agree on stopping, log consensus."""
@@ -70,8 +62,9 @@ class _PhasesMixin:
         stop = torch.zeros(2 + self.world_size, device=self.root_device)
         stop[0], stop[1] = float(local_stop), float(self.step)
         stop[2 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
-        self._meet(dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True),
-                   "the epoch-end meeting (agreeing on whether to stop)")
+        self.watched(dist.all_reduce, stop, op=dist.ReduceOp.MAX,
+                     what="waiting for every rank at the epoch-end meeting (agreeing on whether "
+                     "to stop)")
         bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
         if bad:
             raise FloatingPointError(
@@ -87,6 +80,6 @@ class _PhasesMixin:
             # global average, so every replica becomes the exact average (one all-reduce).
             self._global_averages = int(stop[1].item()) // n
             assert self._flat is not None
-            self._flat.copy_(self.average_replicas())
+            self._flat.copy_(self.average_replicas("for the periodic global average"))
         if self.consensus_every_n_steps is not None:
             self.log_consensus_distance()

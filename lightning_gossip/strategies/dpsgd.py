@@ -273,7 +273,8 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         """
         if not self._exchanging:
             flag = torch.tensor([1 if received else 0], device=self.root_device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=self._group,
+                         what=f"agreeing whether to stop (SIGTERM) at step {self.step}")
             stop = bool(flag.item())
         else:
             if received and not self._stop_proposed:
@@ -356,7 +357,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         """Replace this rank's replica by the exact average of all replicas (a collective on
         the default group; in-flight ``delay_by_one`` exchanges stay in flight)."""
         assert self._flat is not None
-        self._flat.copy_(self.average_replicas())
+        self._flat.copy_(self.average_replicas("for the periodic global average"))
 
     @override
     def quiesce(self) -> None:

@@ -11,6 +11,7 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 from __future__ import annotations
 
 import logging
+import pickle
 from abc import ABC
 from datetime import timedelta
 from typing import Any
@@ -31,7 +32,11 @@ from typing_extensions import override
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement
 from lightning_gossip.flat import FlatState
-from lightning_gossip.liveness import Heartbeat, make_sigterm_check_local
+from lightning_gossip.liveness import (
+    Heartbeat,
+    make_sigterm_check_local,
+    watched_collective,
+)
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
 from lightning_gossip.strategies.replicas import _ReplicasMixin
 
@@ -293,33 +298,77 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
         assert self.model is not None
         self.model.to(self.root_device)
 
+    def watched(self, collective: Any, *args: Any, what: str, group: Any | None = None,
+                **kwargs: Any) -> None:
+        """Run ``collective(*args, group=group, async_op=True, **kwargs)`` (every rank of
+        ``group`` meets) and wait for it like a gossip wait: within :attr:`timeout`, and failing
+        fast, naming the rank and ``what``, when a rank of the group stops beating
+        (:func:`~lightning_gossip.liveness.watched_collective`). Every sync point of the
+        strategies waits this way, so no collective can hang a rank for the whole ``timeout``.
+
+        Example: ``self.watched(dist.barrier, what="the barrier before a checkpoint")``.
+        """
+        beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.running else None
+        watched_collective(collective, *args, what=f"rank {self.global_rank}: {what}",
+                           timeout=self._timeout, group=group, heartbeat=beat, **kwargs)
+
     @override
     def reduce(
         self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
     ) -> Tensor:
-        """All-reduce ``tensor`` (mean by default); anything else is returned as is."""
-        if isinstance(tensor, Tensor):
-            return _compat.sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-        return tensor
+        """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
+        ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
+        ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
+        if not isinstance(tensor, Tensor) or not _compat.distributed_is_initialized():
+            return tensor
+        mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
+        if reduce_op is None or mean:
+            op = dist.ReduceOp.SUM
+        elif isinstance(reduce_op, str):
+            op = getattr(dist.ReduceOp, reduce_op.upper())
+        else:
+            op = reduce_op
+        self.watched(dist.all_reduce, tensor, op=op, group=group,
+                     what=f"the all-reduce of a logged or monitored value ({reduce_op})")
+        if not mean:
+            return tensor
+        n = dist.get_world_size(group)
+        if not torch.is_floating_point(tensor):
+            return tensor.copy_(tensor / n)
+        return tensor.div_(n)
 
     @override
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        """Wait for every rank (no-op without a process group)."""
+    def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        """Wait for every rank (no-op without a process group); a watched wait."""
         if not _compat.distributed_is_initialized():
             return
+        extra: dict[str, Any] = {}
         if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
-            dist.barrier(device_ids=[self.root_device.index])
-        else:
-            dist.barrier()
+            extra["device_ids"] = [self.root_device.index]
+        self.watched(dist.barrier, what=f"the barrier {name or ''}".rstrip(), **extra)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """``obj`` from rank ``src`` on every rank (a picklable object)."""
+        """``obj`` from rank ``src`` on every rank (a picklable object): its pickled bytes
+        are broadcast as a length and a byte tensor, each a watched wait."""
         if not _compat.distributed_is_initialized():
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src)
-        return box[0]
+        return self.broadcast_object(obj, src)
+
+    def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
+        """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
+        device = (self.root_device if dist.get_backend(group) == "nccl"
+                  else torch.device("cpu"))
+        mine = self.global_rank == src
+        data = (torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if mine
+                else torch.empty(0, dtype=torch.uint8))
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        what = f"the broadcast of an object from rank {src}"
+        self.watched(dist.broadcast, size, src=src, group=group, what=what)
+        buf = data.to(device) if mine else torch.empty(int(size.item()), dtype=torch.uint8,
+                                                       device=device)
+        self.watched(dist.broadcast, buf, src=src, group=group, what=what)
+        return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301
 
     @override
     def on_exception(self, exception: BaseException) -> None:

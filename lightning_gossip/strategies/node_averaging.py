@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lightning_gossip.exchange import GossipTimeout
 from lightning_gossip.hierarchy import check_layout
-from lightning_gossip.liveness import GRACE_S, PeerSilent, wait_for_peers
+from lightning_gossip.liveness import GRACE_S, PeerSilent, keep_alive_at_exit, wait_for_peers
 
 
 class _NodeAveragingMixin:
@@ -98,8 +98,10 @@ class _NodeAveragingMixin:
         try:
             wait_for_peers([work], ranks, self.heartbeat, self.timeout, label)
         except GossipTimeout:
+            keep_alive_at_exit(self._node_group)
             raise
         except RuntimeError as e:
+            keep_alive_at_exit(self._node_group)
             silent: list[int] = []
             if self.heartbeat is not None:  # the failed rank marks itself gone as it exits
                 deadline = time.monotonic() + GRACE_S

@@ -47,7 +47,7 @@ class _ReplicasMixin:
     def _broadcast_initial_weights(self) -> None:
         assert self._flat is not None
         flat = self._flat.pack()
-        dist.broadcast(flat, src=0)
+        self.watched(dist.broadcast, flat, src=0, what="the broadcast of rank 0's initial weights")
         self._flat.copy_(flat)
 
     # ------------------------------------------------------------------------------------------
@@ -56,13 +56,18 @@ class _ReplicasMixin:
     def quiesce(self) -> None:
         """Finish all in-flight gossip so the replicas are stable (subclasses override)."""
 
-    def average_replicas(self) -> Tensor:
-        """The exact average of all replicas as a flat fp32 vector (a collective)."""
+    def average_replicas(self, why: str = "") -> Tensor:
+        """The exact average of all replicas as a flat fp32 vector (a collective, watched like
+        every sync point: a silent rank is named). ``why`` completes error messages."""
         assert self._flat is not None
         local = self._flat.pack()
         if not self.gossip_enabled:
             return local
-        return all_average(local)
+        return self._all_average(local, why)
+
+    def _all_average(self, local: Tensor, why: str) -> Tensor:
+        return all_average(local, timeout=self.timeout,
+                           what=f"rank {self.global_rank}: averaging the replicas {why}".rstrip())
 
     @override
     def on_train_start(self) -> None:
@@ -76,7 +81,7 @@ class _ReplicasMixin:
         if self.gossip_enabled and self._flat is not None:
             self.quiesce()
             if self.final_average:
-                self._flat.copy_(self.average_replicas())
+                self._flat.copy_(self.average_replicas("at the end of training"))
         self.teardown_gossip()
 
     def teardown_gossip(self) -> None:
@@ -109,7 +114,7 @@ class _ReplicasMixin:
         if self.evaluate != "consensus":
             return
         self._local_backup = self._flat.pack()
-        self._flat.copy_(all_average(self._local_backup))
+        self._flat.copy_(self._all_average(self._local_backup, "for evaluation"))
 
     def _restore_local(self) -> None:
         if self._local_backup is not None and self._flat is not None:
@@ -131,7 +136,7 @@ class _ReplicasMixin:
         if self._local_backup is not None:  # evaluation already holds the consensus weights
             return state
         self.quiesce()
-        views = self._flat.views(self.average_replicas())
+        views = self._flat.views(self.average_replicas("for a checkpoint"))
         averaged = {id(t): v for t, v in zip(self._flat.tensors, views)}
         for name, t in itertools.chain(
             module.named_parameters(remove_duplicate=False),
@@ -155,7 +160,9 @@ class _ReplicasMixin:
         """Measure the consensus distance now (a collective); rank 0 logs it at step = optimizer
         steps done. Also stored in :attr:`last_consensus_distance`."""
         assert self._flat is not None
-        value = consensus_distance(self._flat.pack())
+        value = consensus_distance(
+            self._flat.pack(), timeout=self.timeout,
+            what=f"rank {self.global_rank}: measuring the consensus distance at step {self.step}")
         self.last_consensus_distance = value
         if self.is_global_zero and np.isfinite(value):
             for logger in self.lightning_module.trainer.loggers:

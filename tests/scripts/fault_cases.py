@@ -13,7 +13,10 @@ Faults (``fault``: ``{"kind", "rank", "step"}``): ``raise`` (an exception in a t
 ``freeze`` (SIGSTOP of itself), ``sigterm`` (SIGTERM to itself), ``sigint_launcher`` (SIGINT to
 the launcher: the parent process under torchrun, itself under Lightning's launcher), ``sigkill``
 (SIGKILL of itself), ``nan`` (its weights become NaN). A fault with ``"restart": k`` fires only
-in torchrun's restart round k.
+in torchrun's restart round k. With ``"hook"`` (``on_validation_start`` or ``on_train_end``)
+it fires in that callback hook instead of after a batch: callbacks run before the strategy's
+hook of the same name, so its peers then wait in a sync point (the consensus evaluation, the
+final average).
 
 Restarts: ``checkpoint_dir`` adds ``ModelCheckpoint(dirpath, save_last=True)`` (epoch ends) and
 ``fit(ckpt_path="last")``; ``done`` then reports the held-out accuracy ``val_acc`` (the task is
@@ -85,12 +88,24 @@ class Fault(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.delay_ms:
             time.sleep(self.rng.uniform(0, self.delay_ms) / 1000)
+        if trainer.global_step == self.fault.get("step"):
+            self.maybe_fire(trainer, module, None)
+
+    def on_validation_start(self, trainer, module):
+        self.maybe_fire(trainer, module, "on_validation_start")
+
+    def on_train_end(self, trainer, module):
+        self.maybe_fire(trainer, module, "on_train_end")
+
+    def maybe_fire(self, trainer, module, hook: str | None) -> None:
+        """Inject the fault if this is its rank, restart round and hook (``None``: a batch)."""
         f = self.fault
-        if not f or f["rank"] != trainer.global_rank or trainer.global_step != f["step"]:
+        if not f or f["rank"] != trainer.global_rank or f.get("hook") != hook:
             return
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != f.get("restart", 0):
             return
-        event("fault", kind=f["kind"])
+        self.fault = {}  # once
+        event("fault", kind=f["kind"], hook=hook)
         if f["kind"] == "raise":
             raise RuntimeError(f"injected failure on rank {trainer.global_rank}")
         if f["kind"] == "freeze":
