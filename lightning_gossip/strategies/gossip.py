@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement
-from lightning_gossip.flat import FlatState
+from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.liveness import (
     Heartbeat,
     make_sigterm_check_local,
@@ -117,6 +117,10 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
         self.heartbeat: Heartbeat | None = None
         self._num_nodes = 1
         self._flat: FlatState | None = None
+        #: flat storage (docs/architecture.md): at set-up, move the replica's parameters and
+        #: floating buffers into one buffer per dtype (``flatten_module_``); ``False`` keeps
+        #: them where they are (same results, per-tensor copies in every gossip step)
+        self._flat_storage = True
         self._local_backup: Tensor | None = None
         #: optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``)
         self.step = 0
@@ -253,8 +257,10 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        """Move the model to its device, check the replicas match, broadcast rank 0's initial
-        weights and start gossip (the last two when fitting)."""
+        """Move the model to its device, put its parameters and floating buffers into flat
+        storage (:func:`~lightning_gossip.flat.flatten_module_`, before the optimizers are
+        created; with more than one process), check the replicas match, broadcast rank 0's
+        initial weights and start gossip (the last two when fitting)."""
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -263,6 +269,9 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
             self.model = layer_sync.apply(self.model)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
+        if self._flat_storage and self.world_size > 1:
+            # before the optimizers: they see the same Parameters, now views of the buffers
+            flatten_module_(self.lightning_module)
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
