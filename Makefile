@@ -15,7 +15,7 @@ demo: setup
 
 # Everything: unit tests, doctests, the multi-process fits, the recipes' smoke runs.
 test: setup
-	$(PY) -m pytest -q $(DOCTESTS) tests
+	$(PY) -m pytest -q --durations=25 $(DOCTESTS) tests
 
 # The inner loop: no process launches (LG_NO_LAUNCH=1 makes a launch fail loudly), doctests.
 test-fast: setup

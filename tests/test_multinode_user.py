@@ -118,12 +118,6 @@ def test_global_averages_under_max_time(run):
 
 
 @multiprocess
-@pytest.mark.xfail(
-    reason="racy: torchrun's agent may stop the other ranks (one was seen to abort with SIGABRT) "
-           "before any of them prints the message naming rank 1; passed once, failed once at "
-           "load ~6. To investigate: the abort and the agent race (docs/faults.md)",
-    strict=False,
-)
 def test_a_raising_rank_fails_the_whole_run_with_its_message(run):
     out, stdout, returncode = run
     assert returncode != 0

@@ -19,6 +19,10 @@ DOWN = 1 << 40
 """Added to a rank's counter when it leaves after an error: readers see it at once."""
 
 
+LINGER_S = 2.5
+"""Seconds a rank that failed stays alive after marking itself gone (:meth:`Heartbeat.leave`):
+a reader checks at most once a second and gives pending work a one-second grace."""
+
 _current: Heartbeat | None = None
 
 
@@ -142,18 +146,22 @@ class Heartbeat:
             self._thread.join(timeout=self.interval + 1.0)
         self._thread = None
 
-    def leave(self, failed: bool) -> None:
+    def leave(self, failed: bool, linger_s: float = LINGER_S) -> None:
         """Stop beating; with ``failed`` also tell every reader at once that this rank is gone.
 
-        Called when this rank ends with an error: its peers fail at their next check (well
-        under a second) instead of after ``timeout``. Never raises.
+        Called when this rank ends with an error: its peers fail at their next check (within
+        about a second) instead of after ``timeout``. A failed rank then stays alive for
+        ``linger_s`` seconds: a launcher (torchrun's agent) stops every other rank as soon as
+        this process exits, and without the pause they could be stopped before reading the
+        marker, ending without the message that names this rank. Never raises.
         """
         self.stop()
         if failed:
             try:
                 self.writer_store.add(_key(self.rank), DOWN)
             except Exception:  # noqa: BLE001, S110 - the store is gone: readers notice that too
-                pass
+                return
+            time.sleep(max(0.0, linger_s))
 
     @property
     def running(self) -> bool:
