@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -50,6 +54,45 @@ def test_unreachable_store_is_reported_as_silence():
             beat.silent([0])
             time.sleep(0.1)
     assert info.value.ranks == (0,)
+
+
+STORE_HOST = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=True,
+                      wait_for_workers=False, timeout=timedelta(seconds=60))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_frozen_store_host_is_reported_within_the_heartbeat_timeout():
+    """A frozen (SIGSTOP) store host keeps its connections open and never answers: a TCPStore
+    client waits on it with no deadline (a fuzz run hung so, rank 0 frozen under Lightning's
+    launcher). Reads and the failure mark are bounded by the heartbeat's own limits."""
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", STORE_HOST, str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "ready"
+        client = dist.TCPStore("127.0.0.1", port, 2, is_master=False,
+                               timeout=timedelta(seconds=60))
+        beat = Heartbeat(client, 1, 2, timeout=2.0, store_host=0)
+        assert beat.silent([0]) == []
+        os.kill(host.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(PeerSilent, match="store hosted by rank 0 is unreachable") as info:
+            beat.silent([0])
+        assert info.value.ranks == (0,)
+        assert "no answer from the store within 2 s" in str(info.value)
+        t1 = time.monotonic()
+        beat.leave(failed=True)  # the mark cannot be written: gives up, never hangs
+        print(f"frozen store host reported after {t1 - t0:.1f} s; leave gave up after "
+              f"{time.monotonic() - t1:.1f} s")
+    finally:
+        host.kill()
+        host.wait()
 
 
 def test_left_rank_is_seen_at_once_and_counts_move():

@@ -41,6 +41,34 @@ def _key(rank: int) -> str:
     return f"lightning_gossip/heartbeat/{restart}/{rank}"
 
 
+def bounded(operation: Callable[[], Any], limit_s: float, what: str) -> Any:
+    """``operation()`` on a daemon thread, waited for at most ``limit_s`` seconds
+    (``TimeoutError`` naming ``what`` after that).
+
+    A c10d ``TCPStore`` client has no deadline against a host that is frozen rather than
+    dead (SIGSTOP: its connections stay open and nothing answers; measured, torch 2.9.1: a
+    rank read the heartbeats of a frozen store host for over 10 minutes). An abandoned
+    operation keeps its thread until the host answers or the process exits.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = operation()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="lightning-gossip-store").start()
+    if not done.wait(limit_s):
+        raise TimeoutError(f"{what}: no answer from the store within {limit_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class PeerSilent(GossipTimeout):
     """A rank that others wait on stopped beating (frozen, killed or cut off).
 
@@ -158,8 +186,9 @@ class Heartbeat:
         self.stop()
         if failed:
             try:
-                self.writer_store.add(_key(self.rank), DOWN)
-            except Exception:  # noqa: BLE001, S110 - the store is gone: readers notice that too
+                bounded(lambda: self.writer_store.add(_key(self.rank), DOWN),
+                        min(self.timeout, 10.0), "marking this rank as gone")
+            except Exception:  # noqa: BLE001 - the store is gone or frozen: readers notice too
                 return
             time.sleep(max(0.0, linger_s))
 
@@ -211,18 +240,18 @@ class Heartbeat:
         now = time.monotonic()
         starved = self._starved
         out = []
-        for r in ranks:
-            if r == self.rank:
-                continue
-            try:
-                count = int(self.store.add(_key(r), 0))
-            except Exception as e:  # noqa: BLE001
-                host = (f"rank {self.store_host}" if self.store_host is not None
-                        else "the launcher (torchrun's agent)")
-                culprits = [self.store_host] if self.store_host is not None else ranks
-                raise PeerSilent(
-                    f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
-                    f"({e}); that process has exited or is frozen", culprits) from e
+        others = [r for r in ranks if r != self.rank]
+        try:
+            counts = bounded(lambda: [int(self.store.add(_key(r), 0)) for r in others],
+                             self.timeout, "reading the heartbeats")
+        except Exception as e:  # noqa: BLE001
+            host = (f"rank {self.store_host}" if self.store_host is not None
+                    else "the launcher (torchrun's agent)")
+            culprits = [self.store_host] if self.store_host is not None else ranks
+            raise PeerSilent(
+                f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
+                f"({e}); that process has exited or is frozen", culprits) from e
+        for r, count in zip(others, counts):
             if count >= DOWN:
                 with self._seen_lock:
                     self._down.add(r)
