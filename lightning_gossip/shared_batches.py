@@ -43,6 +43,8 @@ from typing import Protocol, runtime_checkable
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from lightning_gossip.liveness.heartbeat import store_call
+
 __all__ = ["SharedBatchSampler", "SharedBatches"]
 
 
@@ -150,7 +152,8 @@ class SharedBatchSampler(Sampler[list[int]]):
             self.claimed += 1
             yield batch
         while generation == self._generation:
-            index = int(self.store.add(counter, 1)) - 1
+            index = int(store_call(lambda: self.store.add(counter, 1),
+                                   f"claiming a batch of epoch {self.epoch}")) - 1
             if index >= len(batches):
                 self._taken_done = True
                 return

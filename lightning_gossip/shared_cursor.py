@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from lightning_gossip import _compat
+from lightning_gossip.liveness.heartbeat import store_call
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 
 __all__ = ["SharedCursorSampler", "default_store", "shared_cursor_loader"]
@@ -98,7 +99,8 @@ class SharedCursorSampler(Sampler[int]):
         counter = f"{self.key}/epoch{self.epoch}"
         self.claimed = 0
         while True:
-            chunk = int(self.store.add(counter, 1)) - 1
+            chunk = int(store_call(lambda: self.store.add(counter, 1),
+                                   f"claiming a chunk of epoch {self.epoch}")) - 1
             if chunk >= self.num_chunks:
                 return
             self.claimed += 1

@@ -241,16 +241,8 @@ class Heartbeat:
         starved = self._starved
         out = []
         others = [r for r in ranks if r != self.rank]
-        try:
-            counts = bounded(lambda: [int(self.store.add(_key(r), 0)) for r in others],
-                             self.timeout, "reading the heartbeats")
-        except Exception as e:  # noqa: BLE001
-            host = (f"rank {self.store_host}" if self.store_host is not None
-                    else "the launcher (torchrun's agent)")
-            culprits = [self.store_host] if self.store_host is not None else ranks
-            raise PeerSilent(
-                f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
-                f"({e}); that process has exited or is frozen", culprits) from e
+        counts = self.store_call(lambda: [int(self.store.add(_key(r), 0)) for r in others],
+                                 "reading the heartbeats", ranks)
         for r, count in zip(others, counts):
             if count >= DOWN:
                 with self._seen_lock:
@@ -266,6 +258,21 @@ class Heartbeat:
                 elif now - last[1] - (starved - last[2]) > self.timeout:
                     out.append(r)
         return out
+
+    def store_call(self, operation: Callable[[], Any], what: str,
+                   ranks: Sequence[int] = ()) -> Any:
+        """``operation()`` (on a store that the rank hosting it serves), bounded by
+        ``timeout`` (:func:`bounded`); :class:`PeerSilent` naming the store's host (or
+        ``ranks`` when a launcher hosts it) when the store fails or does not answer."""
+        try:
+            return bounded(operation, self.timeout, what)
+        except Exception as e:  # noqa: BLE001
+            host = (f"rank {self.store_host}" if self.store_host is not None
+                    else "the launcher (torchrun's agent)")
+            culprits = [self.store_host] if self.store_host is not None else list(ranks)
+            raise PeerSilent(
+                f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
+                f"({e}); that process has exited or is frozen", culprits) from e
 
     def describe(self, silent: Sequence[int]) -> str:
         """Why ``silent`` (from :meth:`silent`) count as silent, naming them."""
@@ -339,6 +346,14 @@ def keep_alive_at_exit(group: dist.ProcessGroup | None) -> None:
         return
     _kept.append(pg)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+
+
+def store_call(operation: Callable[[], Any], what: str) -> Any:
+    """``operation()`` on the rendezvous store, bounded like a heartbeat read when this process
+    runs a heartbeat (:meth:`Heartbeat.store_call`; a frozen store host is named after about
+    ``heartbeat_timeout``), else run as is. The shared samplers claim every batch this way."""
+    beat = current()
+    return operation() if beat is None else beat.store_call(operation, what)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
