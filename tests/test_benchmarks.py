@@ -40,6 +40,18 @@ def test_help(script: str) -> None:
     assert "--quick" in out and "--out" in out
 
 
+def test_flat_ops_reports_both_layouts(tmp_path: Path) -> None:
+    out = tmp_path / "flat_ops.json"
+    _run("flat_ops.py", "--repeats", "2", "--out", str(out), timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["layout"]) for r in rows] == [
+        (m, lay) for m in ("mlp_10.5M_8_tensors", "many_small_600_tensors")
+        for lay in ("plain", "flat")]
+    for r in rows:
+        assert r["segments"] == (1 if r["layout"] == "flat" else r["tensors"])
+        assert all(_positive(r["ms"][op]) for op in ("pack", "add_", "copy_"))
+
+
 def test_step_time_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "step_time.json"
     stdout = _run("step_time.py", "--quick", "--out", str(out_path))
