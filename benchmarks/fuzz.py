@@ -179,10 +179,16 @@ def starvation_clock() -> StarvationClock:
     return _clock
 
 
+FROZEN_GRACE_S = 5.0
+"""Seconds a launch whose only live processes are stopped (SIGSTOP) is left before they are
+killed: nothing else can end it."""
+
+
 def _launch(commands: list, limit_s: float) -> tuple[Launched, bool]:
     """:func:`launch_processes` with a limit of ``limit_s`` seconds not counting starved time
     (``(launched, timed_out)``). At the limit every process of the launch gets ``SIGABRT``
-    (faulthandler prints its stacks), then ``SIGKILL``."""
+    (faulthandler prints its stacks), then ``SIGKILL``. A launch of which only frozen
+    processes are left is ended after :data:`FROZEN_GRACE_S` (not a time-out)."""
     clock = starvation_clock()
     box: dict[str, Launched] = {}
     # launch_processes' own limit is only a backstop (20x: a machine starved that much)
@@ -199,10 +205,21 @@ def _launch(commands: list, limit_s: float) -> tuple[Launched, bool]:
 
         signal.signal(signal.SIGTERM, raise_exit)
     timed_out = False
+    frozen_since: float | None = None
     try:
         thread.start()
         while thread.is_alive():
             thread.join(1.0)
+            # A frozen rank that is also the launcher (rank 0 under Lightning's launcher) cannot
+            # end the launch: once only stopped processes are left, the others all ended
+            if thread.is_alive() and _only_frozen_left(descendants(os.getpid())):
+                frozen_since = frozen_since or time.monotonic()
+                if time.monotonic() - frozen_since > FROZEN_GRACE_S:
+                    signal_all(descendants(os.getpid()), signal.SIGKILL)
+                    thread.join()
+                    break
+            else:
+                frozen_since = None
             if thread.is_alive() and time.time() - t0 - (clock.starved - s0) > limit_s:
                 timed_out = True
                 for pid in descendants(os.getpid()):
@@ -221,12 +238,24 @@ def _launch(commands: list, limit_s: float) -> tuple[Launched, bool]:
     return launched, timed_out or launched.timed_out
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str | None:
+    """The process state letter of ``/proc/PID/stat`` (``None``: gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z")
+
+
+def _only_frozen_left(pids: list[int]) -> bool:
+    """Whether every live process among ``pids`` is stopped (SIGSTOP: state ``T``)."""
+    states = [_state(p) for p in pids]
+    live = [st for st in states if st not in (None, "Z")]
+    return bool(live) and all(st in ("T", "t") for st in live)
 
 
 def run_one(spec: dict[str, Any], work: Path, limit_s: float = 600) -> dict[str, Any]:
