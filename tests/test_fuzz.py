@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -15,6 +20,24 @@ def test_draws_are_seeded_and_varied():
     assert {s["strategy"] for s in specs} == {"dpsgd", "adpsgd"}
     assert all(2 <= s["devices"] <= 3 for s in specs)
     assert all(s["samples"] % 2 == 1 for s in specs)  # never splits evenly
+
+
+def test_a_launch_with_only_frozen_processes_left_is_recognised():
+    """Rank 0 frozen under Lightning's launcher is the launcher itself: once every other rank
+    ended, only stopped processes are left and the harness ends the launch."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not fuzz._only_frozen_left([sleeper.pid])  # running (sleeping)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not fuzz._only_frozen_left([sleeper.pid]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fuzz._only_frozen_left([sleeper.pid])
+        assert not fuzz._only_frozen_left([sleeper.pid, os.getpid()])  # one still runs
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not fuzz._only_frozen_left([sleeper.pid])  # gone
 
 
 @pytest.mark.multiprocess
