@@ -5,6 +5,7 @@ this process runs."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,31 +43,46 @@ def _key(rank: int) -> str:
 
 
 def bounded(operation: Callable[[], Any], limit_s: float, what: str) -> Any:
-    """``operation()`` on a daemon thread, waited for at most ``limit_s`` seconds
+    """``operation()`` on this process's store thread, waited for at most ``limit_s`` seconds
     (``TimeoutError`` naming ``what`` after that).
 
     A c10d ``TCPStore`` client has no deadline against a host that is frozen rather than
     dead (SIGSTOP: its connections stay open and nothing answers; measured, torch 2.9.1: a
-    rank read the heartbeats of a frozen store host for over 10 minutes). An abandoned
-    operation keeps its thread until the host answers or the process exits.
+    rank read the heartbeats of a frozen store host for over 10 minutes). One daemon thread
+    runs the operations in turn (a hand-off, not a new thread per call: the shared samplers
+    claim every batch here); while it is stuck on a frozen host, later operations time out
+    too, and it ends when the host answers or the process exits.
     """
+    global _store_thread
+    with _store_lock:
+        if _store_thread is None or not _store_thread.is_alive():  # first use, or after fork
+            _store_thread = threading.Thread(target=_serve_store_jobs, daemon=True,
+                                             name="lightning-gossip-store")
+            _store_thread.start()
     box: dict[str, Any] = {}
     done = threading.Event()
+    _store_jobs.put((operation, box, done))
+    if not done.wait(limit_s):
+        raise TimeoutError(f"{what}: no answer from the store within {limit_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
-    def run() -> None:
+
+_store_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_store_lock = threading.Lock()
+_store_thread: threading.Thread | None = None
+
+
+def _serve_store_jobs() -> None:
+    while True:
+        operation, box, done = _store_jobs.get()
         try:
             box["value"] = operation()
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             box["error"] = e
         finally:
             done.set()
-
-    threading.Thread(target=run, daemon=True, name="lightning-gossip-store").start()
-    if not done.wait(limit_s):
-        raise TimeoutError(f"{what}: no answer from the store within {limit_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 class PeerSilent(GossipTimeout):
