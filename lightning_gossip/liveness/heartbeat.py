@@ -134,6 +134,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store_error: BaseException | None = None
+        self._unreachable = False  # a bounded store call failed: the host is gone or frozen
         self._down: set[int] = set()
 
     @classmethod
@@ -187,7 +188,8 @@ class Heartbeat:
             _current = None
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.interval + 1.0)
+            # a beat stuck on an unreachable store host never returns in time: do not wait
+            self._thread.join(timeout=0.1 if self._unreachable else self.interval + 1.0)
         self._thread = None
 
     def leave(self, failed: bool, linger_s: float = LINGER_S) -> None:
@@ -197,16 +199,25 @@ class Heartbeat:
         about a second) instead of after ``timeout``. A failed rank then stays alive for
         ``linger_s`` seconds: a launcher (torchrun's agent) stops every other rank as soon as
         this process exits, and without the pause they could be stopped before reading the
-        marker, ending without the message that names this rank. Never raises.
+        marker, ending without the message that names this rank. When this rank already
+        found the store unreachable (:meth:`store_call`), nothing is written and nothing is
+        waited for: the peers find the store gone too. Never raises.
         """
         self.stop()
-        if failed:
+        if failed and not self._unreachable:
             try:
                 bounded(lambda: self.writer_store.add(_key(self.rank), DOWN),
                         min(self.timeout, 10.0), "marking this rank as gone")
             except Exception:  # noqa: BLE001 - the store is gone or frozen: readers notice too
                 return
             time.sleep(max(0.0, linger_s))
+
+    @property
+    def store_unreachable(self) -> bool:
+        """Whether a bounded store call of this rank failed (:meth:`store_call`): the store's
+        host is gone or frozen, so :meth:`leave` neither writes the failure mark nor waits for
+        the beating thread."""
+        return self._unreachable
 
     @property
     def running(self) -> bool:
@@ -283,6 +294,7 @@ class Heartbeat:
         try:
             return bounded(operation, self.timeout, what)
         except Exception as e:  # noqa: BLE001
+            self._unreachable = True
             host = (f"rank {self.store_host}" if self.store_host is not None
                     else "the launcher (torchrun's agent)")
             culprits = [self.store_host] if self.store_host is not None else list(ranks)
