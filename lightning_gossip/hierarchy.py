@@ -8,8 +8,10 @@ bit-identical weights, and gossip runs between nodes only. Lightning numbers ran
 The inter-node exchange is sharded: the flat replica is cut into ``devices`` equal slices
 (zero-padded), local rank ``l`` exchanges slice ``l`` with local rank ``l`` of the peer nodes
 on its *column* group (the ranks with local rank ``l`` on every node), and the node then
-all-gathers the mixed slices on its *node* group. Every inter-node link carries ``1/devices``
-of the replica.
+all-gathers the mixed slices. Every inter-node link carries ``1/devices`` of the replica.
+``DPSGDStrategy`` finishes these rounds on its communication thread, which all-gathers on a
+second group per node (:attr:`NodeGroups.node_gossip`) so that the training thread's
+collectives on the node group (gradients, buffers) never meet another thread's.
 
 ``ADPSGDStrategy(hierarchical=True)`` uses the same layout and groups: local rank ``l`` runs
 AD-PSGD's gossip thread on its column for slice ``l``, with the pairing over nodes
@@ -46,7 +48,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_gossip.compression import pairwise_delta, quantize
-from lightning_gossip.exchange import NeighborExchange
+from lightning_gossip.exchange import NeighborExchange, wait_all
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.topology import Peers
 
@@ -178,17 +180,33 @@ def check_layout(entries: list[tuple[int, int, int]], num_nodes: int, devices: i
 
 @dataclass
 class NodeGroups:
-    """This rank's process groups: its node (all-reduce, all-gather) and its column (gossip)."""
+    """This rank's process groups: its node (all-reduce, all-gather) and its column (gossip).
+
+    ``node_gossip`` (optional) spans the same ranks as ``node`` but is used by one thread
+    only, the communication thread of :class:`~lightning_gossip.strategies.DPSGDStrategy`,
+    for the all-gather of a sharded round, while the training thread keeps ``node`` for the
+    gradients, the buffers and the broadcasts: two threads never issue collectives on one
+    group (their order could differ between ranks: a deadlock, or wrong data). With NCCL it
+    is its own communicator.
+    """
 
     node: dist.ProcessGroup
     column: dist.ProcessGroup
+    node_gossip: dist.ProcessGroup | None = None
+
+    @property
+    def gossip_node(self) -> dist.ProcessGroup:
+        """The group of the sharded rounds' all-gather: ``node_gossip``, else ``node``."""
+        return self.node if self.node_gossip is None else self.node_gossip
 
 
-def make_node_groups(layout: NodeLayout, backend: str | None,
-                     timeout: timedelta) -> NodeGroups:
-    """Create every node group, then every column group, on every rank in the same order
-    (``dist.new_group`` is collective over the default group), and return this rank's."""
-    node_group = column_group = None
+def make_node_groups(layout: NodeLayout, backend: str | None, timeout: timedelta, *,
+                     gossip_node_group: bool = False) -> NodeGroups:
+    """Create every node group, then every column group, then (``gossip_node_group``) every
+    node group once more for the communication thread (:attr:`NodeGroups.node_gossip`), on
+    every rank in the same order (``dist.new_group`` is collective over the default group),
+    and return this rank's."""
+    node_group = column_group = node_gossip = None
     for n in range(layout.num_nodes):
         g = dist.new_group(layout.node_ranks(n), backend=backend, timeout=timeout)
         if n == layout.node:
@@ -197,8 +215,14 @@ def make_node_groups(layout: NodeLayout, backend: str | None,
         g = dist.new_group(layout.column_ranks(k), backend=backend, timeout=timeout)
         if k == layout.local:
             column_group = g
+    if gossip_node_group:
+        for n in range(layout.num_nodes):
+            g = dist.new_group(layout.node_ranks(n), backend=backend, timeout=timeout)
+            if n == layout.node:
+                node_gossip = g
+        assert node_gossip is not None
     assert node_group is not None and column_group is not None
-    return NodeGroups(node_group, column_group)
+    return NodeGroups(node_group, column_group, node_gossip)
 
 
 class ShardedExchange:
@@ -210,7 +234,8 @@ class ShardedExchange:
             not change until :meth:`delta` returns.
         layout: the node layout.
         node_peers: this node's peers at this step, in the topology over nodes.
-        groups: this rank's node and column groups.
+        groups: this rank's node and column groups (the all-gather uses
+            :attr:`NodeGroups.gossip_node`).
         wire_dtype: what is sent (``torch.float32``, ``bfloat16`` or ``float16``).
         buffers: reusable wire buffers (``[send, recv...]``) of an earlier round, or ``None``.
     """
@@ -238,16 +263,52 @@ class ShardedExchange:
         """The wire buffers ``[send, recv...]``, for reuse by a later round."""
         return [self.exchange.send] + [b for _, b in self.exchange.recv]
 
-    def delta(self, timeout: timedelta, step: int, out: Tensor) -> Tensor:
+    @property
+    def mates(self) -> list[int]:
+        """The other ranks of this rank's node (the all-gather's)."""
+        return [r for r in self.layout.node_ranks(self.layout.node) if r != self.layout.rank]
+
+    @property
+    def others(self) -> list[int]:
+        """Every rank this round depends on: its column peers and its node's other ranks."""
+        return sorted(set(self.exchange.others) | set(self.mates))
+
+    def describe(self, step: int | None = None) -> str:
+        """What this round is, for error messages (names the ranks)."""
+        at = f" at step {step}" if step is not None else ""
+        return (f"sharded gossip exchange of rank {self.layout.rank} with ranks "
+                f"{self.exchange.others} and all-gather in node {self.layout.node} (ranks "
+                f"{self.layout.node_ranks(self.layout.node)}){at}")
+
+    def delta(self, timeout: timedelta, step: int, out: Tensor, watch_peers: bool = True,
+              gather: bool = True) -> Tensor:
         """Wait, then ``out`` (like ``snapshot``) = ``sum_j W_ij (x_j - x_i)`` for the whole node
-        replica (each slice computed by its local rank and all-gathered on the node group)."""
+        replica (each slice computed by its local rank and all-gathered on
+        :attr:`NodeGroups.gossip_node`; with ``gather=False`` only this rank's slice of
+        ``out`` is written, the caller all-gathers).
+
+        ``out`` may be the snapshot itself: it is not read once the constructor copied this
+        rank's slice onto the wire. ``watch_peers=False`` waits plainly (up to ``timeout``):
+        for a :class:`~lightning_gossip.exchange.CommWorker`, whose job is watched instead.
+        """
         ex = self.exchange
-        ex.wait(timeout, step=step)
+        ex.wait(timeout, step=step, watch_peers=watch_peers)
         size = self.shard.numel()
         slices = list(out.split(size))
         mine = slices[self.layout.local]
         theirs = [(buf, w) for (_, buf), (_, w) in zip(ex.recv, ex.peers.recv_from)]
         pairwise_delta(ex.send, theirs, out=mine)
-        if self.layout.devices > 1:
-            dist.all_gather(slices, mine.clone(), group=self.groups.node)
+        if gather and self.layout.devices > 1:
+            group = self.groups.gossip_node
+            work = dist.all_gather(slices, mine.clone(), group=group, async_op=True)
+            what = (f"all-gather of the mixing change of rank {self.layout.rank} in node "
+                    f"{self.layout.node} (ranks {self.layout.node_ranks(self.layout.node)}) "
+                    f"at step {step}")
+            try:
+                wait_all([work], timeout, what, peers=self.mates if watch_peers else ())
+            except BaseException:
+                from lightning_gossip.liveness import keep_alive_at_exit
+
+                keep_alive_at_exit(group)  # an abandoned gloo collective: exit at once
+                raise
         return out

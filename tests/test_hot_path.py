@@ -13,6 +13,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,15 @@ from lightning_gossip.exchange import CommWorker, GossipTimeout, NonFiniteFromPe
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
 from lightning_gossip.topology import build
-from tests.launch import ROOT, base_env, free_port, launch_processes, torchrun_command
+from tests.launch import (
+    ROOT,
+    base_env,
+    check,
+    free_port,
+    launch_processes,
+    run_torchrun,
+    torchrun_command,
+)
 
 SCRIPT = ROOT / "tests/scripts/hot_path_ranks.py"
 
@@ -165,3 +174,194 @@ def test_no_world_group_collective_during_dpsgd_steps(tmp_path):
         assert res["final_global_step"] == 12
         assert res["default_in_steps"] == {}, ranks
         assert res["other_groups_in_steps"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded rounds are mixed on the communication thread (2 nodes x 2 processes, real gloo)
+# ----------------------------------------------------------------------------------------------
+#: The rank script: lr = 0 fits of 2 x 2 hierarchical dpsgd that record on which thread every
+#: sharded round was mixed (``ShardedExchange.delta``) and on which thread and group every
+#: all-gather / all-reduce ran (the wrappers call ``torch.distributed`` unchanged).
+_SHARDED_SCRIPT = '''
+import functools, json, os, sys, threading
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[2])
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_gossip.flat import FlatState
+from lightning_gossip.hierarchy import ShardedExchange
+from lightning_gossip.strategies import DPSGDStrategy
+
+CALLS = []  # [what, thread name, group label or gather flag]
+CURRENT = {}
+
+
+def label(group):
+    s = CURRENT.get("strategy")
+    groups = getattr(s, "_groups", None)
+    if groups is None or group is None:
+        return "other"
+    if group is groups.node:
+        return "node"
+    if groups.node_gossip is not None and group is groups.node_gossip:
+        return "node_gossip"
+    return "other"
+
+
+def recording(name, fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        CALLS.append([name, threading.current_thread().name, label(kwargs.get("group"))])
+        return fn(*args, **kwargs)
+    return call
+
+
+for _name in ("all_gather", "all_reduce", "broadcast"):
+    setattr(dist, _name, recording(_name, getattr(dist, _name)))
+_delta = ShardedExchange.delta
+
+
+def delta(self, *args, **kwargs):
+    CALLS.append(["delta", threading.current_thread().name, bool(kwargs.get("gather", True))])
+    return _delta(self, *args, **kwargs)
+
+
+ShardedExchange.delta = delta
+
+
+class TrainingThreadGather(DPSGDStrategy):
+    """What an NCCL node group does: the training thread all-gathers."""
+
+    def _gather_on_worker(self):
+        return False
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(5, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class Record(Callback):
+    def __init__(self):
+        self.x0, self.steps = None, []
+
+    def on_train_start(self, trainer, module):
+        flat = FlatState(module)
+        g = torch.Generator().manual_seed(1000 + trainer.node_rank)  # one replica per node
+        flat.add_(torch.randn(flat.numel, generator=g))
+        self.x0 = flat.pack().tolist()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.steps.append(FlatState(module).pack().tolist())
+
+
+def main():
+    out = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    w2 = [[0.75, 0.25], [0.25, 0.75]]
+    cases = [("worker", DPSGDStrategy, {}), ("training_gather", TrainingThreadGather, {}),
+             ("blocking", DPSGDStrategy, {"overlap": False}),
+             ("bf16_delay", DPSGDStrategy, {"wire_dtype": "bf16", "delay_by_one": True})]
+    for name, cls, kwargs in cases:
+        CALLS.clear()
+        torch.manual_seed(0)
+        x = torch.randn(16, 5)
+        data = TensorDataset(x, (x.sum(-1) > 0).long())
+        strategy = cls(hierarchical=True, topology=w2, final_average=False,
+                       consensus_every_n_steps=None, timeout=300.0, **kwargs)
+        CURRENT["strategy"] = strategy
+        record = Record()
+        trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=2, num_nodes=2,
+                            max_steps=4, callbacks=[record], logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0)
+        trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+        result = {"x0": record.x0, "steps": record.steps, "calls": list(CALLS),
+                  "comm_thread": f"lightning-gossip-comm-{rank}"}
+        (out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.multiprocess
+def test_sharded_rounds_are_mixed_on_the_communication_thread(tmp_path):
+    """2 nodes x 2 processes (hierarchical, lr = 0): every sharded round is waited on, mixed
+    and all-gathered on the communication thread, whose all-gathers use the node's second
+    group only (the training thread keeps the node group: no group sees two threads); with
+    the training thread all-gathering (the NCCL path) the replicas are bit-identical; in every
+    mode the nodes' ranks stay bit-identical and the node replicas follow ``W2`` exactly."""
+    script = tmp_path / "sharded_ranks.py"
+    script.write_text(_SHARDED_SCRIPT)
+    check(run_torchrun(script, str(tmp_path), str(ROOT), nprocs=2, nnodes=2, timeout=900))
+    nodes, devices = 2, 2
+    w2 = np.array([[0.75, 0.25], [0.25, 0.75]])
+    runs = {name: [json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
+                   for r in range(nodes * devices)]
+            for name in ("worker", "training_gather", "blocking", "bf16_delay")}
+    for name, ranks in runs.items():
+        for res in ranks:
+            comm, calls = res["comm_thread"], res["calls"]
+            deltas = [c for c in calls if c[0] == "delta"]
+            assert len(deltas) >= 4 and all(c[1] == comm for c in deltas), (name, calls)
+            on_node = [c for c in calls if c[2] == "node"]
+            on_gossip = [c for c in calls if c[2] == "node_gossip"]
+            assert all(c[1] == "MainThread" for c in on_node), (name, calls)
+            gathers = [c for c in calls if c[0] == "all_gather" and c[2] != "other"]
+            assert len(gathers) == len(deltas), (name, calls)
+            if name == "training_gather":
+                assert not on_gossip and all(c[2] is False for c in deltas), (name, calls)
+                assert all(c[2] == "node" for c in gathers), (name, calls)
+            else:
+                assert all(c[1] == comm for c in on_gossip), (name, calls)
+                assert all(c[2] == "node_gossip" for c in gathers), (name, calls)
+        steps = np.array([r["steps"] for r in ranks], dtype=np.float64).transpose(1, 0, 2)
+        for t, x in enumerate(steps):
+            for node in range(nodes):
+                mates = x[node * devices:(node + 1) * devices]
+                assert (mates == mates[0]).all(), f"{name}: node {node} differs at step {t}"
+        if name == "bf16_delay":
+            continue
+        x0 = np.array([r["x0"] for r in ranks], dtype=np.float64)[::devices]
+        want = x0
+        for t, x in enumerate(steps):
+            want = w2 @ want
+            np.testing.assert_allclose(x[::devices], want, rtol=0, atol=2e-6,
+                                       err_msg=f"{name}: step {t}")
+    same = [r["steps"] for r in runs["worker"]] == [r["steps"] for r in runs["training_gather"]]
+    assert same, "the training thread's all-gather gave other replicas"
+
+
+@pytest.mark.multiprocess
+def test_frozen_peer_of_a_sharded_round_is_named(tmp_path):
+    """A rank frozen (SIGSTOP) in a run of sharded rounds (a compressed wire: every round is
+    finished by the communication thread) is named by the ranks that wait on it, after about
+    ``heartbeat_timeout``: the job's wait watches its peers as a flat round's does."""
+    from tests.test_faults import run_case
+
+    hb = 5.0
+    spec = {"strategy": "dpsgd", "strategy_kwargs": {"wire_dtype": "bf16"}, "epochs": 1000,
+            "samples": 64, "heartbeat_timeout": hb, "timeout": 600,
+            "fault": {"kind": "freeze", "rank": 2, "step": 3}}
+    events, survivors, text = run_case(tmp_path, "freeze-dpsgd-bf16", spec, "torchrun",
+                                       nprocs=3, frozen=2)
+    assert not survivors, text[-8000:]
+    named = [r for r in (0, 1)
+             if ("error", r) in events and "rank(s) 2" in events[("error", r)]["message"]]
+    assert named, text[-8000:]

@@ -34,6 +34,7 @@ from lightning_gossip.hierarchy import (
     NodeLayout,
     make_node_groups,
 )
+from lightning_gossip.liveness import keep_alive_at_exit
 from lightning_gossip.liveness.waits import make_sigterm_check_local
 from lightning_gossip.strategies.dpsgd_rounds import NO_STOP, _Round, _RoundsMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -170,8 +171,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         self._group: dist.ProcessGroup | None = None
         self._pending: list[_Round] = []  # started, not yet applied (oldest first)
         self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
-        self._scratch: Tensor | None = None  # where the mixed vector is computed (sharded)
-        self._worker: CommWorker | None = None  # finishes flat rounds off the training thread
+        self._worker: CommWorker | None = None  # finishes the rounds off the training thread
         self._stop_lock = threading.Lock()
         self._stop_at = NO_STOP  # the smallest "stop at step s" known (SIGTERM)
         self._stop_proposed = False
@@ -202,7 +202,11 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             )
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
-                self._groups = make_node_groups(layout, self.process_group_backend, self.timeout)
+                # the communication thread's own node group for the sharded rounds' all-gather;
+                # none with NCCL, where the training thread all-gathers (dpsgd_rounds)
+                backend = self.process_group_backend or dist.get_backend()
+                self._groups = make_node_groups(layout, self.process_group_backend, self.timeout,
+                                                gossip_node_group="nccl" not in str(backend))
             else:
                 layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self._group, column=self._group)
@@ -244,9 +248,12 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         """Drop in-flight exchanges and buffers, and stop the communication thread."""
         self._pending.clear()
         self._spare.clear()
-        self._scratch = None
         if self._worker is not None:
             self._worker.close(timeout=0.5)
+            groups = self._groups
+            if self._worker.alive and groups is not None and groups.node_gossip is not None:
+                # maybe inside a sharded round's all-gather: its group must outlive the process
+                keep_alive_at_exit(groups.node_gossip)
             self._worker = None
 
     # ------------------------------------------------------------------------------------------

@@ -2,12 +2,28 @@
 an exchange with the neighbours (flat or sharded over the node), count it, and apply its delta
 when it is due (``overlap``, ``delay_by_one``) or at once (blocking).
 
-Flat rounds are finished off the training thread: a :class:`~lightning_gossip.exchange.CommWorker`
+Rounds are finished off the training thread: a :class:`~lightning_gossip.exchange.CommWorker`
 waits on the messages, checks them and mixes them into the round's own delta buffer while the
 training thread computes, so the training thread's share of a step is one snapshot copy
-(:meth:`FlatState.pack`) and one add (:meth:`FlatState.add_`). Every round also carries a
-one-element side message, the smallest "stop at step s" this rank knows of (SIGTERM, see
-:meth:`_RoundsMixin.stop_step_for`), on the same group and to the same peers.
+(:meth:`FlatState.pack`, and for a sharded round the copy of its slice onto the wire, quantized
+for a compressed ``wire_dtype``), posting the messages, and one add (:meth:`FlatState.add_`).
+
+Sharded rounds (:class:`~lightning_gossip.hierarchy.ShardedExchange`) are finished by the same
+worker: the wait, the pairwise (mean-preserving) delta of this rank's slice, and with several
+processes per node the all-gather of the slices. That all-gather runs on the node's second
+group, :attr:`~lightning_gossip.hierarchy.NodeGroups.node_gossip`, which only the
+communication thread uses: the training thread keeps the node group for the gradients and
+buffers, so no group ever sees collectives from two threads. With NCCL (untested: no GPU in
+the test suite) that group is its own communicator; as for flat rounds the worker's kernels go
+to the device's default stream of its thread, the stream the training thread uses too (so
+the snapshot is complete before the worker reads it, and the delta before the add). But NCCL
+does not promise progress for two communicators driven from two threads in different orders
+on different ranks, so with an NCCL node group the training thread issues the all-gather
+itself (on the node group, right before the add) and the worker only waits and mixes.
+
+Every round also carries a one-element side message, the smallest "stop at step s" this rank
+knows of (SIGTERM, see :meth:`_RoundsMixin.stop_step_for`), on the same group and to the same
+peers; the worker waits for it too.
 """
 
 from __future__ import annotations
@@ -45,7 +61,7 @@ class _Round:
 
     step: int
     exchange: NeighborExchange | ShardedExchange
-    delta: Tensor | None = None  # flat rounds: where the worker mixes
+    delta: Tensor | None = None  # where the worker mixes (sharded: the snapshot, padded)
     stop: _StopMessages | None = None
     job: Job | None = None
 
@@ -85,16 +101,26 @@ class _RoundsMixin:
         assert self._flat is not None and self.topology is not None
         assert self.layout is not None and self._groups is not None
         bufs = self._spare.pop() if self._spare else [self._padded()]
-        snapshot = bufs[0]
+        snapshot = bufs[0]  # a recycled one holds an earlier round's delta: pack, zero the pad
         self._flat.pack(out=snapshot[: self._flat.numel])
+        snapshot[self._flat.numel:].zero_()
         exchange = ShardedExchange(snapshot, self.layout,
                                    self.topology.peers(self.layout.node, step), self._groups,
                                    self._wire, buffers=bufs[1:])
         self._count(exchange.exchange)
-        rnd = _Round(step, exchange, stop=self._post_stop(step))
+        # the worker writes the delta over the snapshot (dead once the slice is on the wire)
+        rnd = _Round(step, exchange, delta=snapshot, stop=self._post_stop(step))
+        rnd.job = self._comm().submit(lambda: self._finish_sharded(rnd), exchange.others,
+                                      exchange.describe(step))
         if self.overlap:
             self._pending.append(rnd)
         return rnd
+
+    def _gather_on_worker(self) -> bool:
+        """Whether the worker all-gathers a sharded round's slices (not with NCCL: see the
+        module docstring); one process per node has nothing to gather."""
+        assert self._groups is not None
+        return self._groups.node_gossip is not None
 
     def _comm(self) -> CommWorker:
         if self._worker is None or not self._worker.alive:
@@ -129,13 +155,41 @@ class _RoundsMixin:
         if self.overlap:
             out.sub_(ex.send)
 
+    def _finish_sharded(self, rnd: _Round) -> None:
+        """Wait for a sharded round's messages (plainly, as :meth:`_finish_round`), then
+        ``delta = sum_j W_ij (x_j - x_i)`` over the node replica, written over the snapshot:
+        this rank's slice, and the all-gather on the worker's own node group."""
+        ex = rnd.exchange
+        assert isinstance(ex, ShardedExchange) and rnd.delta is not None
+        ex.delta(self.timeout, rnd.step, out=rnd.delta, watch_peers=False,
+                 gather=self._gather_on_worker())
+        self._merge_stop(rnd, watch_peers=False)
+
     def _collect(self, rnd: _Round) -> Tensor:
-        """The training thread's wait for a flat round: its mixed result."""
-        assert rnd.job is not None and rnd.delta is not None
-        rnd.job.result(self.timeout, self.heartbeat)
-        return rnd.delta
+        """The training thread's wait for a round: its mixed result (flat), or its delta
+        (sharded, unpadded)."""
+        assert rnd.job is not None and rnd.delta is not None and self._flat is not None
+        ex = rnd.exchange
+        if not isinstance(ex, ShardedExchange):
+            rnd.job.result(self.timeout, self.heartbeat)
+            return rnd.delta
+        try:
+            rnd.job.result(self.timeout, self.heartbeat)
+        except BaseException:
+            if self._gather_on_worker():  # the worker may still be inside the all-gather:
+                from lightning_gossip.liveness import keep_alive_at_exit  # keep its group
+
+                assert self._groups is not None
+                keep_alive_at_exit(self._groups.node_gossip)
+            raise
+        if self.layout is not None and self.layout.devices > 1 and not self._gather_on_worker():
+            size = ex.shard.numel()
+            mine = rnd.delta[self.layout.local * size:(self.layout.local + 1) * size]
+            self._node_all_gather(mine.clone(), rnd.delta)  # NCCL: the training thread's
+        return rnd.delta[: self._flat.numel]
 
     def _recycle(self, rnd: _Round) -> None:
+        """Keep the buffers of a collected round (its job is done) for a later one."""
         ex = rnd.exchange
         if isinstance(ex, ShardedExchange):
             self._spare.append([ex.snapshot, *ex.buffers])
@@ -143,22 +197,10 @@ class _RoundsMixin:
             assert rnd.delta is not None
             self._spare.append([ex.send, rnd.delta] + [b for _, b in ex.recv])
 
-    def _sharded_delta(self, rnd: _Round) -> Tensor:
-        """``sum_j W_ij (x_j - x_i)`` of the round (the node's, all-gathered), unpadded."""
-        assert self._flat is not None and isinstance(rnd.exchange, ShardedExchange)
-        if self._scratch is None:
-            self._scratch = self._padded()
-        delta = rnd.exchange.delta(self.timeout, rnd.step, out=self._scratch)
-        self._merge_stop(rnd, watch_peers=True)
-        return delta[: self._flat.numel]
-
     def _apply_delta(self, rnd: _Round) -> None:
         """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
         assert self._flat is not None
-        if isinstance(rnd.exchange, ShardedExchange):
-            self._flat.add_(self._sharded_delta(rnd))
-        else:
-            self._flat.add_(self._collect(rnd))
+        self._flat.add_(self._collect(rnd))
         self._recycle(rnd)
 
     def _finish_blocking(self, rnd: _Round) -> None:
