@@ -44,6 +44,9 @@ from lightning_gossip._compat import foreach_add_
 
 __all__ = ["FlatState", "Segment", "flatten_module_", "mixed_tensors"]
 
+#: dtypes that widen to fp32 exactly: ``target + plus`` into fp32 = ``fp32(target) + plus``
+_WIDEN_EXACTLY = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def mixed_tensors(module: nn.Module) -> list[tuple[str, Tensor]]:
     """``(name, tensor)`` for every tensor gossip mixes: parameters and floating buffers.
@@ -197,17 +200,31 @@ class FlatState:
 
     # -- copies ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def pack(self, out: Tensor | None = None) -> Tensor:
-        """Copy the current values into ``out`` (or a new fp32 vector) and return it."""
+    def pack(self, out: Tensor | None = None, plus: Tensor | None = None) -> Tensor:
+        """Copy the current values into ``out`` (or a new fp32 vector) and return it.
+
+        ``plus``: an fp32 vector (not ``out``) to add on the way. The values are those of
+        ``pack(out).add_(plus)``, bit for bit; with flat storage it is one pass per buffer
+        (``out = target + plus``) instead of a copy and an add.
+        """
         out = self.empty() if out is None else out
         if self._fast():
             for s in self.segments:
-                out[s.lo:s.hi].view(s.target.shape).copy_(s.target)
-        elif self._all_fp32:
+                dst = out[s.lo:s.hi].view(s.target.shape)
+                if plus is None:
+                    dst.copy_(s.target)
+                elif s.target.dtype in _WIDEN_EXACTLY:  # computed in fp32, as copy_ + add_
+                    torch.add(s.target, plus[s.lo:s.hi].view(s.target.shape), out=dst)
+                else:  # fp64 would be added before rounding to fp32
+                    dst.copy_(s.target).add_(plus[s.lo:s.hi].view(s.target.shape))
+            return out
+        if self._all_fp32:
             torch.cat([t.detach().reshape(-1) for t in self.tensors], out=out)
         else:
             for v, t in zip(out.split(self.numels), self.tensors):
                 v.copy_(t.detach().reshape(-1))
+        if plus is not None:
+            out.add_(plus)
         return out
 
     @torch.no_grad()

@@ -112,6 +112,35 @@ def test_low_precision_gets_one_buffer_per_dtype_and_packs_fp32():
     assert torch.equal(state.pack(), ref.pack())
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32)
+
+
+@pytest.mark.parametrize("dtypes", ["fp32", "bf16+fp32", "fp16+fp64"])
+@pytest.mark.parametrize("layout", ["plain", "flat"])
+def test_pack_plus_is_pack_then_add_bit_for_bit(dtypes, layout):
+    """``pack(out, plus)`` (one fused pass per buffer with flat storage) equals ``pack(out)``
+    then ``add_(plus)`` in every bit, for every dtype mix (fp64 is not fused)."""
+    model = _model()
+    if dtypes != "fp32":
+        low, high = (torch.bfloat16, torch.float32) if dtypes == "bf16+fp32" else (
+            torch.float16, torch.float64)
+        model = model.to(low)
+        model[1].running_var.data = model[1].running_var.data.to(high)
+    if layout == "flat":
+        flatten_module_(model)
+    state = FlatState(model)
+    assert state.is_flat == (layout == "flat")
+    g = torch.Generator().manual_seed(3)
+    plus = torch.randn(state.numel, generator=g) * torch.rand(state.numel, generator=g) ** 9
+    plus[:3] = torch.tensor([-0.0, 0.0, 1e-30])
+    expected = state.pack().add_(plus)
+    out = torch.full((state.numel,), float("nan"))
+    assert state.pack(out=out, plus=plus) is out
+    assert torch.equal(_bits(out), _bits(expected))
+    assert torch.equal(_bits(state.pack(plus=plus)), _bits(expected))
+
+
 def test_non_contiguous_and_overlapping_tensors_keep_their_memory():
     model = _model()
     w = model[3].weight

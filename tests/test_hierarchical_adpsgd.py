@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from lightning_gossip.async_gossip import DeltaMailbox
-from lightning_gossip.flat import FlatState
+from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.hierarchy import ColumnPairing, NodeLayout
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.strategies import ADPSGDStrategy
@@ -257,6 +257,186 @@ def test_sharded_mailbox_takes_only_its_slice():
         box.take_all(out, steps=2)
         assert out.tolist() == [1.0] * 3 and box.gossiped == 2
     assert torch.equal(flat.pack(), x)  # the weights are the training thread's to change
+
+
+class _ZeroingMailbox(DeltaMailbox):
+    """The mailbox before issue #11 (zero-filled delta buffers, snapshot = copy + adds): the
+    reference the dirty-flag mailbox must match bit for bit."""
+
+    def apply_due(self) -> None:
+        if not self.delay_by_one:
+            if self.acc_dirty:
+                self.flat.add_(self.acc)
+                self.acc.zero_()
+                self.acc_dirty = False
+            return
+        if self.ready_dirty:
+            self.flat.add_(self.ready)
+            self.ready.zero_()
+            self.ready_dirty = False
+        if self.acc_dirty:
+            self.ready, self.acc = self.acc, self.ready
+            self.ready_dirty, self.acc_dirty = True, False
+
+    def leave_snapshot(self, step: int) -> None:
+        self.flat.pack(out=self.fresh)
+        if self.acc_dirty:
+            self.fresh.add_(self.acc)
+        if self.ready_dirty:
+            self.fresh.add_(self.ready)
+        self.fresh_step = step
+        self.fresh_ready = True
+
+    def apply_all(self, steps: int) -> None:
+        self.flat.add_(self.acc)
+        self.acc.zero_()
+        if self.delay_by_one:
+            self.flat.add_(self.ready)
+            self.ready.zero_()
+        self.acc_dirty = self.ready_dirty = False
+        self.fresh_ready = False
+        self.gossiped = steps
+
+    def take_due(self, out: torch.Tensor) -> None:
+        out.zero_()
+        lo, hi = self.lo, self.hi
+        if not self.delay_by_one:
+            if self.acc_dirty:
+                out[:hi - lo].copy_(self.acc[lo:hi])
+                self.acc.zero_()
+                self.acc_dirty = False
+            return
+        if self.ready_dirty:
+            out[:hi - lo].copy_(self.ready[lo:hi])
+            self.ready.zero_()
+            self.ready_dirty = False
+        if self.acc_dirty:
+            self.ready, self.acc = self.acc, self.ready
+            self.ready_dirty, self.acc_dirty = True, False
+
+    def take_all(self, out: torch.Tensor, steps: int) -> None:
+        out.zero_()
+        n = self.hi - self.lo
+        out[:n].add_(self.acc[self.lo:self.hi])
+        out[:n].add_(self.ready[self.lo:self.hi])
+        self.acc.zero_()
+        self.ready.zero_()
+        self.acc_dirty = self.ready_dirty = False
+        self.fresh_ready = False
+        self.gossiped = steps
+
+    def post_delta(self, delta: torch.Tensor, covered: int) -> None:
+        self.acc[self.lo:self.hi].add_(delta)
+        if self.fresh_ready:
+            self.fresh[self.lo:self.hi].add_(delta)
+        self.acc_dirty = True
+        self.gossiped = max(self.gossiped, covered)
+
+
+def _bits(x: torch.Tensor) -> list[int]:
+    return x.float().view(torch.int32).tolist()
+
+
+class _Rank:
+    """One mailbox driven as the engine drives it (one rank; a sharded node of one rank adds
+    its own slice as the gathered delta)."""
+
+    def __init__(self, box_type: type[DeltaMailbox], dtype: torch.dtype, delay: bool,
+                 shard: tuple[int, int] | None) -> None:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(dtype)
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 4)
+        flatten_module_(model)
+        self.flat = FlatState(model)
+        self.box = box_type(self.flat, delay_by_one=delay, shard=shard)
+        self.sharded = shard is not None
+        self.out = torch.full((self.box.hi - self.box.lo + 1,), 9.0)  # one value of padding
+        self.steps = 0
+        self.box.reset(0)
+
+    def _add_taken(self) -> None:
+        full = torch.zeros(self.flat.numel)
+        full[self.box.lo:self.box.hi] = self.out[:self.box.hi - self.box.lo]
+        self.flat.add_(full)
+
+    def boundary(self) -> None:  # AsyncGossip.after_step
+        self.steps += 1
+        box = self.box
+        if self.sharded:
+            box.take_due(self.out)
+            self._add_taken()
+        elif box.due_now():
+            box.apply_due()
+        if not box.fresh_ready:
+            box.leave_snapshot(self.steps)
+
+    def exchange(self, delta: torch.Tensor) -> int:  # the gossip thread's side
+        covered = self.box.take_snapshot()
+        self.box.post_delta(delta[self.box.lo:self.box.hi], covered)
+        return covered
+
+    def end_phase(self) -> None:  # AsyncGossip.quiesce, then the next begin_phase
+        if self.sharded:
+            self.box.take_all(self.out, self.steps)
+            self._add_taken()
+        else:
+            self.box.apply_all(self.steps)
+        self.box.reset(self.steps)
+
+    def state(self) -> dict:
+        box, lo, hi = self.box, self.box.lo, self.box.hi
+        return {"weights": _bits(self.flat.pack()), "view": _bits(box.view[lo:hi]),
+                "fresh": _bits(box.fresh[lo:hi]) if box.fresh_ready else None,
+                "out": _bits(self.out) if self.sharded else None,
+                "flags": (box.acc_dirty, box.ready_dirty, box.fresh_ready, box.fresh_step,
+                          box.gossiped)}
+
+
+@pytest.mark.parametrize("shard", [None, (0, 4), (4, 23)], ids=["whole", "head", "tail"])
+@pytest.mark.parametrize("delay", [False, True], ids=["now", "delay_by_one"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mailbox_without_zeroing_matches_the_zeroing_one_bit_for_bit(shard, delay, dtype):
+    """Clean delta buffers hold stale values instead of zeros, and the snapshot is packed and
+    added in one pass: a random interleaving of exchanges, step boundaries and phase ends gives
+    the same weights, views, snapshots and taken deltas, bit for bit, as the zeroing mailbox."""
+    new, old = (_Rank(t, dtype, delay, shard) for t in (DeltaMailbox, _ZeroingMailbox))
+    assert new.state() == old.state()
+    g = torch.Generator().manual_seed(11)
+    zeros = torch.tensor([0.0, -0.0])
+    for i in range(300):
+        op = torch.randint(10, (1,), generator=g).item()
+        if op < 5:  # exchanges, often several between two boundaries
+            delta = torch.randn(new.flat.numel, generator=g) * 2.0 ** -torch.randint(
+                0, 30, (new.flat.numel,), generator=g)
+            delta[torch.rand(new.flat.numel, generator=g) < 0.2] = zeros[i % 2]
+            assert new.exchange(delta) == old.exchange(delta)
+        elif op < 9:
+            new.boundary()
+            old.boundary()
+        else:
+            new.end_phase()
+            old.end_phase()
+        assert new.state() == old.state(), (i, op)
+    assert new.box.acc_dirty or new.box.ready_dirty or new.steps > 0
+
+
+def test_a_clean_buffer_is_overwritten_as_a_zeroed_one_would_be_added_to():
+    """``post_delta`` on a clean ``acc`` writes ``0.0 + delta``: -0.0 becomes +0.0, as it did
+    with zero-filled buffers, so a -0.0 weight ends +0.0 either way."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[-0.0, 1.0]]))
+    box = DeltaMailbox(FlatState(model), delay_by_one=False)
+    box.post_delta(torch.tensor([5.0, 6.0]), covered=0)
+    box.apply_due()  # acc is clean now and still holds [5, 6]
+    assert box.acc.tolist() == [5.0, 6.0] and not box.acc_dirty
+    box.post_delta(torch.tensor([-0.0, 0.5]), covered=0)
+    assert _bits(box.acc) == _bits(torch.tensor([0.0, 0.5]))
+    model.weight.data.copy_(torch.tensor([[-0.0, 1.0]]))
+    box.apply_due()
+    assert _bits(model.weight.detach().reshape(-1)) == _bits(torch.tensor([0.0, 1.5]))
 
 
 def test_options_and_configuration():

@@ -124,8 +124,13 @@ class AsyncGossip:
     def after_step(self) -> None:
         """At a step boundary: apply deltas, leave a fresh snapshot, bound the staleness.
 
+        Unsharded, the replica-sized work is at most one add (the due deltas) and one copy
+        (the snapshot, with any pending deltas added on the way): see
+        :class:`~lightning_gossip.async_gossip.mailbox.DeltaMailbox`.
+
         Sharded: the node's ranks all-gather their due slice deltas (every step, zeros where
-        none) and each adds the same full delta, before the fresh snapshot is packed.
+        none) and each adds the same full delta, before the fresh snapshot is packed (the
+        deltas still pending are added to this rank's slice of it only).
         """
         shared, box, clock = self._shared, self._shared.mailbox, self._shared.clock
         if self._gather is not None:
@@ -134,18 +139,23 @@ class AsyncGossip:
                 shared.handoff.wait_for_thread()
                 assert self._mine is not None
                 box.take_due(self._mine)
+                shared.handoff.to_thread()  # the thread may overwrite the buffers read here
             self._apply_gathered()
         with shared.cv:
             shared.raise_if_failed()
             self._steps += 1
             shared.stats.steps = self._steps
+            handed = False
             if self._gather is None and box.due_now():
                 shared.handoff.wait_for_thread()
                 box.apply_due()
+                handed = True  # clean delta buffers: the thread overwrites what was read here
             if not box.fresh_ready:  # the thread took the last snapshot: leave a new one
                 box.leave_snapshot(self._steps)
-                shared.handoff.to_thread()
+                handed = True
                 shared.cv.notify_all()
+            if handed:
+                shared.handoff.to_thread()
             if self.max_staleness is not None and clock.is_open:
                 # A passive whose actives have all ended the phase gets no more gossip: go on.
                 bound = self.max_staleness

@@ -11,6 +11,14 @@ boundary and leaves a fresh snapshot for the next exchange.
 * ``fresh``: the snapshot the training thread leaves (weights + deltas not yet applied);
   the gossip thread adopts it as its :attr:`~DeltaMailbox.view` for its next exchange.
 
+A step boundary costs the training thread at most one add and one snapshot copy over the
+replica: a delta buffer is never zeroed. Its dirty flag says whether it holds deltas; a clean
+one holds stale values that nobody reads, and the next :meth:`~DeltaMailbox.post_delta`
+overwrites it instead of adding. With ``delay_by_one`` the snapshot is packed and the pending
+``ready`` added in one pass (:meth:`~lightning_gossip.flat.FlatState.pack` with ``plus``). The
+values are those of zero-filled buffers, bit for bit (but for a -0.0 weight at a phase end, see
+:meth:`~DeltaMailbox.apply_all`).
+
 With a *shard* ``[lo, hi)`` (hierarchical AD-PSGD) the gossip thread exchanges and posts deltas
 for that slice only; the training thread takes the due slice deltas out
 (:meth:`DeltaMailbox.take_due`) for the node's all-gather instead of applying them itself.
@@ -28,6 +36,8 @@ Example (CPU; one thread plays both sides here, the engine holds its lock around
     >>> box.post_delta(torch.tensor([0.5]), covered=1)   # after an exchange
     >>> box.apply_due(); model.weight.item()       # training thread, next boundary
     1.5
+    >>> box.acc_dirty, box.acc.tolist()           # applied: clean, not zeroed (never read)
+    (False, [0.5])
 """
 
 from __future__ import annotations
@@ -63,10 +73,12 @@ class DeltaMailbox:
         fresh_step: the number of steps the snapshot in ``fresh`` covers (training thread).
         gossiped: steps covered by the last exchanged snapshot. Raised by the gossip thread
             after an exchange; reset by the training thread between phases.
-        acc: deltas not yet applied; ``acc_dirty`` says it is non-zero. Added to by the
-            gossip thread, applied and zeroed by the training thread.
-        ready: (``delay_by_one``) deltas due at the next boundary; ``ready_dirty`` says it is
-            non-zero. Training thread only.
+        acc: deltas not yet applied, valid only while ``acc_dirty``: a clean ``acc`` holds
+            stale values (in the shard; zeros outside it, never written). Written (clean) or
+            added to (dirty) by the gossip thread; applied, and marked clean, by the training
+            thread.
+        ready: (``delay_by_one``) deltas due at the next boundary, valid only while
+            ``ready_dirty``. Training thread only.
     """
 
     def __init__(self, flat: FlatState, delay_by_one: bool,
@@ -92,18 +104,21 @@ class DeltaMailbox:
         self.gossiped = steps
 
     def apply_due(self) -> None:
-        """Add the deltas that are due to the weights (see :meth:`due_now`)."""
+        """Add the deltas that are due to the weights (see :meth:`due_now`): one add."""
         if not self.delay_by_one:
             if self.acc_dirty:
                 self.flat.add_(self.acc)
-                self.acc.zero_()
-                self.acc_dirty = False
+                self.acc_dirty = False  # not zeroed: the next post overwrites it
             return
         if self.ready_dirty:
             self.flat.add_(self.ready)
-            self.ready.zero_()
             self.ready_dirty = False
-        if self.acc_dirty:  # what arrived since the last boundary is due at the next one
+        self._promote()
+
+    def _promote(self) -> None:
+        """(``delay_by_one``, ``ready`` clean) what arrived since the last boundary is due at
+        the next one: swap the buffers."""
+        if self.acc_dirty:
             self.ready, self.acc = self.acc, self.ready
             self.ready_dirty, self.acc_dirty = True, False
 
@@ -112,53 +127,69 @@ class DeltaMailbox:
         return self.acc_dirty or (self.delay_by_one and self.ready_dirty)
 
     def leave_snapshot(self, step: int) -> None:
-        """Pack a fresh snapshot, including the deltas not yet in the weights."""
-        self.flat.pack(out=self.fresh)
-        if self.acc_dirty:
-            self.fresh.add_(self.acc)
-        if self.ready_dirty:
-            self.fresh.add_(self.ready)
+        """Pack a fresh snapshot, including the deltas not yet in the weights.
+
+        After :meth:`apply_due` at most one buffer is pending (``ready``, with
+        ``delay_by_one``): one pass, the copy and the add fused. Sharded, the pending deltas
+        are added to the shard's slice only (the gossip thread reads no other).
+        """
+        pending = [buf for buf, dirty in ((self.acc, self.acc_dirty),
+                                          (self.ready, self.ready_dirty)) if dirty]
+        lo, hi = self.lo, self.hi
+        if pending and hi - lo == self.flat.numel:
+            self.flat.pack(out=self.fresh, plus=pending.pop(0))
+        else:
+            self.flat.pack(out=self.fresh)
+        for buf in pending:  # same order as adding acc, then ready
+            self.fresh[lo:hi].add_(buf[lo:hi])
         self.fresh_step = step
         self.fresh_ready = True
 
     def apply_all(self, steps: int) -> None:
-        """At the end of a phase (the gossip thread is quiet): apply every pending delta."""
-        self.flat.add_(self.acc)
-        self.acc.zero_()
-        if self.delay_by_one:
+        """At the end of a phase (the gossip thread is quiet): apply every pending delta.
+
+        A clean buffer is skipped (zero-filled ones were added, which turned a -0.0 weight
+        into +0.0; it now stays -0.0, the only difference).
+        """
+        if self.acc_dirty:
+            self.flat.add_(self.acc)
+        if self.ready_dirty:
             self.flat.add_(self.ready)
-            self.ready.zero_()
         self.acc_dirty = self.ready_dirty = False
         self.fresh_ready = False
         self.gossiped = steps
 
     def take_due(self, out: Tensor) -> None:
         """Like :meth:`apply_due`, but the due deltas of the shard go into ``out[:hi - lo]``
-        (the rest of ``out`` is zeroed) instead of into the weights."""
-        out.zero_()
+        (the rest of ``out`` is zeroed, and all of it when nothing is due) instead of into the
+        weights."""
         lo, hi = self.lo, self.hi
+        out[hi - lo:].zero_()
+        due: Tensor | None = None
         if not self.delay_by_one:
             if self.acc_dirty:
-                out[:hi - lo].copy_(self.acc[lo:hi])
-                self.acc.zero_()
-                self.acc_dirty = False
-            return
-        if self.ready_dirty:
-            out[:hi - lo].copy_(self.ready[lo:hi])
-            self.ready.zero_()
-            self.ready_dirty = False
-        if self.acc_dirty:
-            self.ready, self.acc = self.acc, self.ready
-            self.ready_dirty, self.acc_dirty = True, False
+                due, self.acc_dirty = self.acc, False
+        elif self.ready_dirty:
+            due, self.ready_dirty = self.ready, False
+        if due is None:
+            out[:hi - lo].zero_()
+        else:
+            out[:hi - lo].copy_(due[lo:hi])
+        if self.delay_by_one:
+            self._promote()
 
     def take_all(self, out: Tensor, steps: int) -> None:
         """Like :meth:`apply_all`, but every pending delta of the shard goes into ``out``."""
-        out.zero_()
-        n = self.hi - self.lo
-        out[:n].add_(self.acc[self.lo:self.hi])
-        out[:n].add_(self.ready[self.lo:self.hi])
-        self.acc.zero_()
-        self.ready.zero_()
+        lo, hi = self.lo, self.hi
+        out[hi - lo:].zero_()
+        pending = [buf[lo:hi] for buf, dirty in ((self.acc, self.acc_dirty),
+                                                 (self.ready, self.ready_dirty)) if dirty]
+        if len(pending) == 2:
+            torch.add(pending[0], pending[1], out=out[:hi - lo])
+        elif pending:
+            out[:hi - lo].copy_(pending[0])
+        else:
+            out[:hi - lo].zero_()
         self.acc_dirty = self.ready_dirty = False
         self.fresh_ready = False
         self.gossiped = steps
@@ -175,7 +206,11 @@ class DeltaMailbox:
     def post_delta(self, delta: Tensor, covered: int) -> None:
         """Hand over the delta (of the shard: ``hi - lo`` values) of an exchange whose snapshot
         covered ``covered`` steps."""
-        self.acc[self.lo:self.hi].add_(delta)
+        mine = self.acc[self.lo:self.hi]
+        if self.acc_dirty:
+            mine.add_(delta)
+        else:  # overwrite the stale values; ``delta + 0.0`` is what a zeroed buffer would hold
+            torch.add(delta, 0.0, out=mine)  # (-0.0 becomes +0.0), in one pass like a copy
         if self.fresh_ready:  # a snapshot left meanwhile lacks this delta
             self.fresh[self.lo:self.hi].add_(delta)
         self.acc_dirty = True
