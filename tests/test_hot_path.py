@@ -9,6 +9,8 @@ ranks); the counting there wraps ``torch.distributed``'s functions without chang
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -183,7 +185,7 @@ def test_no_world_group_collective_during_dpsgd_steps(tmp_path):
 #: sharded round was mixed (``ShardedExchange.delta``) and on which thread and group every
 #: all-gather / all-reduce ran (the wrappers call ``torch.distributed`` unchanged).
 _SHARDED_SCRIPT = '''
-import functools, json, os, sys, threading
+import functools, json, os, signal, sys, threading
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[2])
@@ -269,10 +271,42 @@ class Record(Callback):
         self.steps.append(FlatState(module).pack().tolist())
 
 
+class Freeze(Callback):
+    """Rank 3 (node 1, local rank 1) stops itself (SIGSTOP) after step 2."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_rank == 3 and trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def frozen(out, rank, w2):
+    """A long lr = 0 fit in which rank 3 freezes: what each rank raised."""
+    (out / f"pid{rank}").write_text(str(os.getpid()))
+    x = torch.randn(4000, 5)
+    data = TensorDataset(x, (x.sum(-1) > 0).long())
+    strategy = DPSGDStrategy(hierarchical=True, topology=w2, final_average=False,
+                             consensus_every_n_steps=None, timeout=600.0,
+                             heartbeat_timeout=5.0)
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=2, num_nodes=2,
+                        max_steps=1000, callbacks=[Freeze()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)
+    try:
+        trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+        error = None
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+    (out / f"frozen-rank{rank}.json").write_text(json.dumps({"error": error}))
+    sys.stdout.flush()
+    sys.exit(1 if error else 0)
+
+
 def main():
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     w2 = [[0.75, 0.25], [0.25, 0.75]]
+    if sys.argv[3:] == ["freeze"]:
+        frozen(out, rank, w2)
     cases = [("worker", DPSGDStrategy, {}), ("training_gather", TrainingThreadGather, {}),
              ("blocking", DPSGDStrategy, {"overlap": False}),
              ("bf16_delay", DPSGDStrategy, {"wire_dtype": "bf16", "delay_by_one": True})]
@@ -365,3 +399,34 @@ def test_frozen_peer_of_a_sharded_round_is_named(tmp_path):
     named = [r for r in (0, 1)
              if ("error", r) in events and "rank(s) 2" in events[("error", r)]["message"]]
     assert named, text[-8000:]
+
+
+@pytest.mark.multiprocess
+def test_frozen_node_mate_in_sharded_rounds_is_named(tmp_path):
+    """2 nodes x 2 processes (hierarchical): rank 3 freezes (SIGSTOP). A rank that waits on it
+    (its node mate in the all-gather on the communication thread or the gradient all-reduce,
+    its column peer in the exchange) names it after about ``heartbeat_timeout``, and the
+    launch ends (no rank hangs at exit in the abandoned all-gather)."""
+    script = tmp_path / "sharded_ranks.py"
+    script.write_text(_SHARDED_SCRIPT)
+    port = free_port()
+    commands = [(torchrun_command(script, str(tmp_path), str(ROOT), "freeze", nprocs=2,
+                                  nnodes=2, node_rank=node, port=port), base_env())
+                for node in range(2)]
+    try:
+        launched = launch_processes(commands, timeout=420)
+    finally:
+        pid = tmp_path / "pid3"
+        if pid.exists():  # a stopped rank may be outside the killed process groups
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = launched.stdout
+    assert not launched.timed_out, text[-12000:]
+    errors = {r: json.loads(f.read_text())["error"]
+              for r in range(3) if (f := tmp_path / f"frozen-rank{r}.json").exists()}
+    named = [r for r, e in errors.items() if e and "rank(s) 3" in e]
+    assert named, (errors, text[-8000:])
+    print("\nrank 3 frozen (2 x 2 hierarchical): " + "; ".join(
+        f"rank {r}: {errors.get(r)}" for r in range(3)))
