@@ -106,6 +106,8 @@ class GossipLoop:
         self._delta.mul_(0.5)
         mine.add_(self._delta)
         with shared.cv:
+            # order after the training thread's latest reads of acc / writes of fresh (CUDA)
+            shared.handoff.wait_for_training()
             box.post_delta(self._delta, covered)
             shared.handoff.to_training()
             shared.stats.exchanges += 1
