@@ -202,14 +202,15 @@ class Job:
         A task that already finished costs one flag test. ``heartbeat`` defaults to the
         process's running one.
         """
-        if not self.done.is_set():
-            from lightning_gossip import liveness
-            from lightning_gossip.liveness.waits import wait_done
+        if self.done.is_set() and self.error is None:
+            return
+        from lightning_gossip import liveness
+        from lightning_gossip.liveness.waits import blame, wait_done
 
-            heartbeat = heartbeat if heartbeat is not None else liveness.current()
-            wait_done(self.done, self.peers, heartbeat, timeout, self.what)
-        if self.error is not None:
-            raise self.error
+        heartbeat = heartbeat if heartbeat is not None else liveness.current()
+        wait_done(self.done, self.peers, heartbeat, timeout, self.what)
+        if self.error is not None:  # a broken connection names no rank: find who caused it
+            raise blame(self.error, self.peers, heartbeat, self.what)
 
 
 class CommWorker:

@@ -133,3 +133,27 @@ def test_plain_wait_without_heartbeat_completes():
             return True
 
     assert wait_for_peers([Done()], [1], None, timedelta(seconds=1), "nothing")
+
+
+@pytest.mark.multiprocess
+def test_killed_rank_behind_a_broken_connection_is_named():
+    """A killed rank (no error, no mark) breaks the connections of a collective at once, and
+    gloo's error names an address, not a rank (a fuzz run ended so, "waiting on rank(s) 1, 2"):
+    the waiting ranks look at the heartbeats and name the rank that stopped beating."""
+    from tests.launch import base_env, launch_processes
+
+    port = str(free_port())
+    script = str(ROOT / "tests/scripts/killed_rank_blame.py")
+    commands = [([sys.executable, script], base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                                    WORLD_SIZE="3", RANK=str(r)))
+                for r in range(3)]
+    launched = launch_processes(commands, timeout=240)
+    assert not launched.timed_out, launched.stdout[-6000:]
+    results = [json.loads(ln[len("RESULT "):]) for ln in launched.stdout.splitlines()
+               if ln.startswith("RESULT ")]
+    assert len(results) == 2, launched.stdout[-6000:]  # rank 2 is dead
+    for result in results:
+        assert result["error"] == "PeerSilent", result
+        assert result["ranks"] == [2], result
+        assert "rank(s) 2 sent no heartbeat" in result["message"], result
+        print(f"killed rank named after {result['seconds']:.1f} s")

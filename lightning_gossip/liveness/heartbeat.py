@@ -255,15 +255,16 @@ class Heartbeat:
                 return
 
     # -- reader -----------------------------------------------------------------------------------
-    def silent(self, ranks: Iterable[int]) -> list[int]:
-        """The ranks among ``ranks`` whose beat has not moved for ``timeout`` seconds, and
-        those that left after an error (:meth:`leave`).
+    def silent(self, ranks: Iterable[int], threshold: float | None = None) -> list[int]:
+        """The ranks among ``ranks`` whose beat has not moved for ``threshold`` seconds
+        (default ``timeout``), and those that left after an error (:meth:`leave`).
 
         The first call for a rank starts its clock; seconds in which this process was starved
         of CPU (:attr:`starved_s`) do not count. Raises :class:`PeerSilent` (naming the
         store's host, or all of ``ranks``) when the store cannot be reached.
         """
         ranks = list(ranks)
+        limit = self.timeout if threshold is None else threshold
         now = time.monotonic()
         starved = self._starved
         out = []
@@ -282,7 +283,7 @@ class Heartbeat:
                 last = self._seen.get(r)
                 if last is None or last[0] != count:
                     self._seen[r] = (count, now, starved)
-                elif now - last[1] - (starved - last[2]) > self.timeout:
+                elif now - last[1] - (starved - last[2]) > limit:
                     out.append(r)
         return out
 
@@ -302,8 +303,9 @@ class Heartbeat:
                 f"rank {self.rank}: the rendezvous store hosted by {host} is unreachable "
                 f"({e}); that process has exited or is frozen", culprits) from e
 
-    def describe(self, silent: Sequence[int]) -> str:
-        """Why ``silent`` (from :meth:`silent`) count as silent, naming them."""
+    def describe(self, silent: Sequence[int], threshold: float | None = None) -> str:
+        """Why ``silent`` (from :meth:`silent` with the same ``threshold``) count as silent,
+        naming them."""
         with self._seen_lock:
             down = [r for r in silent if r in self._down]
         quiet = [r for r in silent if r not in down]
@@ -311,8 +313,9 @@ class Heartbeat:
         if down:
             parts.append(f"rank(s) {_ranks(down)} failed with an error and left the run")
         if quiet:
+            limit = self.timeout if threshold is None else threshold
             parts.append(f"rank(s) {_ranks(quiet)} sent no heartbeat for more than "
-                         f"{self.timeout:g} s (frozen, killed or cut off)")
+                         f"{limit:g} s (frozen, killed or cut off)")
         return "; ".join(parts)
 
     def seconds_since_beat(self, rank: int) -> float | None:

@@ -63,8 +63,42 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
             if silent and not waiter.done.wait(GRACE_S):
                 raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
     if waiter.error is not None:
-        raise waiter.error
+        raise blame(waiter.error, peers, heartbeat, what)
     return True
+
+
+def blame(error: BaseException, peers: Iterable[int], heartbeat: Heartbeat | None,
+          what: str) -> BaseException:
+    """The error to raise for ``error``, a failed wait on several ``peers``: when it does not
+    say which peer failed (a broken connection: gloo names an address, not a rank), look at
+    the heartbeats for a little while for the rank that caused it.
+
+    A rank that failed with an error marks itself gone (found at once); a killed one stops
+    beating, found once its beat is ``2.5 * interval`` late (at most ``3.5 * interval`` of
+    looking: 17.5 s with the default ``heartbeat_timeout`` of 60 s). Returns a
+    :class:`PeerSilent` naming them, else ``error`` unchanged (also without a heartbeat, for
+    one peer, which the message names already, and for errors that name their culprits).
+    """
+    peers = sorted(set(peers))
+    if heartbeat is None or len(peers) < 2 or isinstance(error, PeerSilent) or not isinstance(
+            error, (GossipTimeout, RuntimeError)):
+        return error
+    threshold = 2.5 * heartbeat.interval
+    deadline = time.monotonic() + threshold + heartbeat.interval
+    try:
+        while True:
+            silent = heartbeat.silent(peers, threshold=threshold)
+            if silent:
+                found = PeerSilent(f"{what}: {heartbeat.describe(silent, threshold)} (the wait "
+                                   f"failed: {str(error)[:300]})", silent)
+                found.__cause__ = error
+                return found
+            if time.monotonic() >= deadline:
+                return error
+            time.sleep(min(0.5, heartbeat.interval / 2))
+    except PeerSilent as e:  # the store is unreachable: its host is the culprit
+        e.__cause__ = error
+        return e
 
 
 class _Waiter:
