@@ -15,7 +15,9 @@ rank) and times, back to back in the same processes, every case below on the sam
 * ``dpsgd_overlap``  DPSGDStrategy(overlap=True, the default): exchange posted before
                      forward/backward;
 * ``dpsgd_delay1``   DPSGDStrategy(delay_by_one=True): each exchange has a whole step to hide;
-* ``adpsgd``         ADPSGDStrategy() (asynchronous pairwise gossip on a background thread).
+* ``adpsgd``         ADPSGDStrategy() (asynchronous pairwise gossip on a background thread);
+* ``dpsgd_overlap_bf16`` DPSGDStrategy(wire_dtype="bf16"): overlapped, a compressed wire (the
+                     sharded rounds of ``lightning_gossip.hierarchy.ShardedExchange``).
 
 Gossip on the training thread: ``time.perf_counter`` around the strategy methods the training
 thread runs for gossip in a step (``DPSGDStrategy._start``, ``_apply_delta``,
@@ -56,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
 
-CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1", "adpsgd")
+CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1", "adpsgd",
+         "dpsgd_overlap_bf16")
 DEFAULT_CASES = CASES[1:]
 #: the strategy methods the training thread runs for gossip, timed per step
 GOSSIP_METHODS = {"dpsgd": ("_start", "_apply_delta", "_finish_blocking"),
@@ -173,7 +176,8 @@ def _worker(spec_path: Path) -> None:
                 strategy = lightning_gossip.DPSGDStrategy(
                     topology=spec["topology"], overlap="blocking" not in case,
                     delay_by_one=case == "dpsgd_delay1", consensus_every_n_steps=None,
-                    final_average=False, process_group_backend="gloo")
+                    final_average=False, process_group_backend="gloo",
+                    wire_dtype="bf16" if case.endswith("_bf16") else "fp32")
             trainer = L.Trainer(strategy=strategy, devices=world, **common)
             trainer.fit(model, loader)
         ends, clock = timer.ends, timer.gossip
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         args.width, args.depth, args.in_features = 256, 2, 128
         args.steps, args.warmup, args.repeats, args.ranks = 4, 2, 1, [2]
         args.simulated_compute_ms = args.simulated_compute_ms[:1]
-        args.cases = args.cases or list(CASES[:-1])
+        args.cases = args.cases or list(CASES[:-2])
     args.cases = args.cases or list(DEFAULT_CASES)
 
     params = _param_count(args.in_features, args.width, args.depth, args.classes)
