@@ -25,6 +25,13 @@ thread runs for gossip in a step (``DPSGDStrategy._start``, ``_apply_delta``,
 median over the measured steps is reported. The same wrapping works on older versions of the
 package, so before/after figures come from this one script.
 
+CPU per thread: at the first and the last measured step every rank reads the CPU time of
+each of its threads from ``/proc/self/task`` (``schedstat``, in ns; Linux only), grouped as
+``training`` (the main thread), the Python threads by name (``lightning-gossip-comm``: the
+thread that finishes dpsgd rounds; adpsgd's gossip thread, the heartbeat) and ``native``
+(threads Python does not know: gloo's transport and torch's); reported as CPU ms per step,
+averaged over ranks. Where the busy CPU time is larger than the cores, overlap cannot hide it.
+
 Step time = wall time between consecutive ``on_train_batch_end`` calls (data, forward,
 backward, optimizer, gossip: everything the user waits for). The first ``--warmup`` steps of
 every fit are dropped; the reported figure is the median over the remaining steps (pooled over
@@ -49,7 +56,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +79,42 @@ DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
 # ----------------------------------------------------------------------------------------------
 # Worker side (runs inside every torchrun rank)
 # ----------------------------------------------------------------------------------------------
+def _thread_cpu() -> dict[str, float] | None:
+    """CPU seconds used so far by this process's threads, grouped: ``training`` (the main
+    thread), Python threads by name without their trailing number, ``native`` for the
+    threads Python does not know (gloo's, torch's). ``None`` where ``/proc`` has no tasks."""
+    task = Path("/proc/self/task")
+    if not task.is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    named = {th.native_id: th.name for th in threading.enumerate()}
+    main = threading.main_thread().native_id
+    groups: dict[str, float] = {}
+    for d in task.iterdir():
+        try:  # schedstat: nanoseconds on the CPU; stat: user + system in clock ticks
+            seconds = int((d / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:  # the thread ended meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+        tid = int(d.name)
+        group = ("training" if tid == main else
+                 re.sub(r"[-_]?\d+$", "", named[tid]) if tid in named else "native")
+        groups[group] = groups.get(group, 0.0) + seconds
+    return groups
+
+
+def _per_step(start: dict[str, float] | None, end: dict[str, float] | None,
+              steps: int) -> dict[str, float]:
+    """CPU seconds per step and group between two :func:`_thread_cpu` readings."""
+    if not start or not end or steps <= 0:
+        return {}
+    return {g: (end[g] - start.get(g, 0.0)) / steps for g in end}
+
+
 def _param_count(in_features: int, width: int, depth: int, classes: int) -> int:
     dims = [in_features] + [width] * depth + [classes]
     return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
@@ -137,23 +182,29 @@ def _worker(spec_path: Path) -> None:
             return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
 
     class StepTimer(Callback):
-        def __init__(self) -> None:
+        def __init__(self, first: int, last: int) -> None:
             self.ends: list[float] = []
             self.gossip: list[float] = []
+            self.first, self.last = first, last  # batch ends bounding the measured steps
+            self.cpu: list[dict[str, float] | None] = []
 
         def on_train_batch_end(self, *args: Any) -> None:
             self.ends.append(time.perf_counter())
             self.gossip.append(gossip_clock[0])
+            if len(self.ends) - 1 in (self.first, self.last):
+                self.cpu.append(_thread_cpu())
 
     compute_ms = [0.0]
 
     steps_total = spec["warmup"] + spec["steps"]
     n_samples = (steps_total + 1) * spec["batch_size"] * world
 
-    def fit(case: str) -> tuple[list[float], list[float]]:
+    skip = max(spec["warmup"] - 1, 0)
+
+    def fit(case: str) -> tuple[list[float], list[float], dict[str, float]]:
         torch.manual_seed(0)
         model = MLP()
-        timer = StepTimer()
+        timer = StepTimer(first=skip, last=steps_total - 1)
         common = dict(accelerator="cpu", max_steps=steps_total, max_epochs=-1, logger=False,
                       enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False, callbacks=[timer], num_sanity_val_steps=0,
@@ -181,13 +232,14 @@ def _worker(spec_path: Path) -> None:
             trainer = L.Trainer(strategy=strategy, devices=world, **common)
             trainer.fit(model, loader)
         ends, clock = timer.ends, timer.gossip
-        skip = max(spec["warmup"] - 1, 0)
+        cpu = _per_step(*timer.cpu, steps=steps_total - 1 - skip) if len(timer.cpu) == 2 else {}
         return ([b - a for a, b in zip(ends[:-1], ends[1:])][skip:],
-                [b - a for a, b in zip(clock[:-1], clock[1:])][skip:])
+                [b - a for a, b in zip(clock[:-1], clock[1:])][skip:], cpu)
 
     keys = [f"{case}@{ms:g}" for ms in spec["simulated_compute_ms"] for case in spec["cases"]]
     results: dict[str, list[list[float]]] = {k: [] for k in keys}
     gossip: dict[str, list[list[float]]] = {k: [] for k in keys}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in keys}
     for ms in spec["simulated_compute_ms"]:
         compute_ms[0] = ms
         for rnd in range(spec["repeats"]):
@@ -196,16 +248,18 @@ def _worker(spec_path: Path) -> None:
                 dist.barrier()
                 H.progress(f"round {rnd + 1}/{spec['repeats']} {case}, {ms:g} ms compute "
                            f"({world} ranks)")
-                times, in_gossip = fit(case) if case != "solo" or rank == 0 else ([], [])
+                times, in_gossip, per_step = (fit(case) if case != "solo" or rank == 0
+                                              else ([], [], {}))
                 results[key].append(times)
                 gossip[key].append(in_gossip)
+                cpu[key].append(per_step)
                 dist.barrier()
                 if rank == 0 and times:
                     H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms, "
                                f"gossip on the training thread "
                                f"{H.median(in_gossip) * 1e3:.2f} ms")
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "times": results,
-                                                      "gossip": gossip}))
+                                                      "gossip": gossip, "cpu": cpu}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -219,21 +273,27 @@ def _summarise(ranks: list[dict[str, Any]], cases: list[str], ms: float) -> dict
     summary: dict[str, Any] = {}
     for case in cases:
         key = f"{case}@{ms:g}"
-        per_rank, per_round, in_gossip = [], [], []
+        per_rank, per_round, in_gossip, means = [], [], [], []
         for r in ranks:
             rounds = r["times"][key]
             pooled = [t for rnd in rounds for t in rnd]
             if pooled:
                 per_rank.append(H.median(pooled))
+                means.append(sum(pooled) / len(pooled))
                 in_gossip.append(H.median([g for rnd in r["gossip"][key] for g in rnd]))
             per_round.append([H.median(rnd) for rnd in rounds if rnd])
         round_medians = [sum(col) / len(col) for col in zip(*[x for x in per_round if x])]
+        readings = [c for r in ranks for c in r.get("cpu", {}).get(key, []) if c]
+        groups = sorted({g for c in readings for g in c})
+        cpu = {g: sum(c.get(g, 0.0) for c in readings) / len(readings) for g in groups}
         summary[case] = {
             "median_step_s": sum(per_rank) / len(per_rank),
             "per_rank_median_step_s": per_rank,
             "round_median_step_s": round_medians,
             "train_thread_gossip_s": sum(in_gossip) / len(in_gossip),
             "steps_measured_per_rank": len([t for rnd in ranks[0]["times"][key] for t in rnd]),
+            "mean_step_s": sum(means) / len(means),
+            "cpu_s_per_step": cpu,  # per rank, by thread group (mean over ranks and rounds)
         }
     return summary
 
@@ -253,6 +313,26 @@ def _rows(world: int, summary: dict[str, Any]) -> list[list[Any]]:
         rows.append([name, t * 1e3, spread, t / solo if solo else float("nan"),
                      t / local if local else float("nan"), g * 1e3 if timed else "-",
                      g / blocking if timed and blocking else "-"])
+    return rows
+
+
+CPU_HEADERS = ["case", "mean step ms", "training", "lightning-gossip-comm", "native", "other",
+               "busy cores"]
+
+
+def _cpu_rows(world: int, summary: dict[str, Any]) -> list[list[Any]]:
+    """CPU ms per step per rank by thread group, and the cores the ranks keep busy."""
+    rows = []
+    for case, s in summary.items():
+        cpu = s.get("cpu_s_per_step") or {}
+        if not cpu:
+            continue
+        main_groups = ("training", "lightning-gossip-comm", "native")
+        other = sum(v for g, v in cpu.items() if g not in main_groups)
+        ranks = 1 if case == "solo" else world
+        busy = sum(cpu.values()) * ranks / s["mean_step_s"]
+        rows.append([f"local_x{world}" if case == "local" else case, s["mean_step_s"] * 1e3,
+                     *(cpu.get(g, 0.0) * 1e3 for g in main_groups), other * 1e3, busy])
     return rows
 
 
@@ -330,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         sim = f", {ms:g} ms simulated compute (sleep) per step" if ms else ", no simulated compute"
         md += ["", f"**{world} ranks{sim}**", "",
                H.markdown_table(headers, _rows(world, summary))]
+        cpu_rows = _cpu_rows(world, summary)
+        if cpu_rows:
+            md += ["", "CPU ms per step per rank, by thread (mean over the measured steps; "
+                   "busy cores = all ranks' CPU time / wall time):", "",
+                   H.markdown_table(CPU_HEADERS, cpu_rows)]
         b = summary.get("dpsgd_blocking", {}).get("median_step_s")
         o = summary.get("dpsgd_overlap", {}).get("median_step_s")
         if b and o:

@@ -13,7 +13,7 @@ their messages, checks them and mixes them, in the order they were handed to it;
 thread collects each result with :meth:`Job.result` (which watches the peers' heartbeats).
 
 Every wait has a timeout, and values received from a peer are checked to be finite before
-they are mixed in (:class:`NonFiniteFromPeer` names the peer).
+anything mixed from them is applied (:class:`NonFiniteFromPeer` names the peer).
 
 Example (inside an initialised process group)::
 
@@ -123,17 +123,28 @@ class NeighborExchange:
         peers: this step's :class:`~lightning_gossip.topology.Peers` for this rank.
         group: the process group to use (its ranks must be the global ranks).
         recv_buffers: optional reusable buffers, at least ``len(peers.recv_from)`` of them.
+        post_now: post the messages in the constructor (the default); with ``False`` they are
+            posted by :meth:`post` (e.g. on a :class:`CommWorker`: gloo's send starts writing
+            to the socket on the calling thread).
     """
 
     def __init__(self, send: Tensor, peers: Peers, group: dist.ProcessGroup,
-                 recv_buffers: list[Tensor] | None = None) -> None:
+                 recv_buffers: list[Tensor] | None = None, post_now: bool = True) -> None:
         self.send = send
         self.peers = peers
+        self.group = group
         bufs = list(recv_buffers or [])
         while len(bufs) < len(peers.recv_from):
             bufs.append(torch.empty_like(send))
         self.recv = [(j, bufs[k]) for k, (j, _) in enumerate(peers.recv_from)]
-        self._works = post(send, peers.send_to, self.recv, group)
+        self._works: list | None = None
+        if post_now:
+            self.post()
+
+    def post(self) -> None:
+        """Post the round's non-blocking sends and receives (once)."""
+        if self._works is None:
+            self._works = post(self.send, self.peers.send_to, self.recv, self.group)
 
     @property
     def others(self) -> list[int]:
@@ -146,24 +157,49 @@ class NeighborExchange:
         return f"gossip exchange of rank {self.peers.rank} with ranks {self.others}{at}"
 
     def wait(self, timeout: timedelta, step: int | None = None,
-             heartbeat: Heartbeat | None = None, watch_peers: bool = True) -> None:
+             heartbeat: Heartbeat | None = None, watch_peers: bool = True,
+             check: bool = True) -> None:
         """Block until all messages of this round are sent and received, then check them.
 
         With a ``heartbeat`` (or the process's running one) a silent peer fails the wait at
         once (``PeerSilent`` names it). ``watch_peers=False`` waits plainly, up to
         ``timeout``: for a :class:`CommWorker`, whose :class:`Job` is watched instead.
+        ``check=False`` leaves the check to :meth:`check_mixed` (one pass instead of one per
+        received buffer).
         """
+        self.post()
+        assert self._works is not None
         wait_all(self._works, timeout, self.describe(step), heartbeat=heartbeat,
                  peers=self.others if watch_peers else ())
+        if check:
+            self.check()
+
+    def check(self) -> None:
+        """Raise :class:`NonFiniteFromPeer` naming the first peer whose replica is not
+        finite."""
         for j, buf in self.recv:
             check_finite(buf, peer=j, rank=self.peers.rank)
 
-    def mixed(self, out: Tensor | None = None) -> Tensor:
-        """``W_ii x_i + sum_j W_ij x_j`` in fp32 (call after :meth:`wait`)."""
-        out = torch.mul(self.send, self.peers.self_weight, out=out)
-        for (_, buf), (_, w) in zip(self.recv, self.peers.recv_from):
+    def check_mixed(self, mixed: Tensor) -> None:
+        """:meth:`check` at the cost of one reduction: a NaN/Inf in a received replica makes
+        ``mixed`` (from :meth:`mixed`, all weights positive) non-finite, so only then are the
+        received buffers checked one by one. Non-finite values of this rank's own snapshot
+        (or an overflow) pass, as with :meth:`check`."""
+        if not bool(torch.isfinite(mixed.sum())):
+            self.check()
+
+    def mixed(self, out: Tensor | None = None, delta: bool = False) -> Tensor:
+        """``W_ii x_i + sum_j W_ij x_j`` in fp32 (call after :meth:`wait`); with ``delta``,
+        minus ``x_i`` (the change the mixing makes), in the same number of passes."""
+        w_self = self.peers.self_weight - (1.0 if delta else 0.0)
+        terms = [(buf, w) for (_, buf), (_, w) in zip(self.recv, self.peers.recv_from)]
+        if not terms:
+            return torch.mul(self.send, w_self, out=out)
+        first, w = terms[0]
+        out = torch.mul(first, w, out=out)
+        for buf, w in terms[1:]:
             out.add_(buf, alpha=w)
-        return out
+        return out.add_(self.send, alpha=w_self)
 
 
 def pairwise_exchange(mine: Tensor, theirs: Tensor, peer: int, group: dist.ProcessGroup,

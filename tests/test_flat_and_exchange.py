@@ -1,4 +1,4 @@
-"""Pure pieces of the data path: the flat replica buffer and the finite-value check."""
+"""Pure pieces of the data path: the flat replica buffer, the finite-value check, the mixing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_gossip.exchange import NonFiniteFromPeer, check_finite
+from lightning_gossip.exchange import NeighborExchange, NonFiniteFromPeer, check_finite
 from lightning_gossip.flat import FlatState, mixed_tensors
+from lightning_gossip.topology import Peers
 
 
 def test_flat_state_covers_parameters_and_float_buffers_once():
@@ -42,3 +43,41 @@ def test_finite_check_finds_nan_and_inf_and_tolerates_sum_overflow():
         with pytest.raises(NonFiniteFromPeer, match="from rank 3") as err:
             check_finite(t, peer=3, rank=0)
         assert err.value.peer == 3
+
+
+def _received(send: torch.Tensor, recv: dict[int, torch.Tensor]) -> NeighborExchange:
+    """A finished round of rank 0 as :meth:`NeighborExchange.wait` leaves it (the buffers
+    filled), without a process group: the mixing and the check are local arithmetic."""
+    ex = NeighborExchange.__new__(NeighborExchange)
+    ex.send = send
+    ex.peers = Peers(rank=0, self_weight=0.4,
+                     recv_from=tuple((j, 0.6 / len(recv)) for j in recv),
+                     send_to=tuple(recv))
+    ex.recv = list(recv.items())
+    return ex
+
+
+def test_mixed_delta_is_the_mixing_minus_the_snapshot_in_as_many_passes():
+    g = torch.Generator().manual_seed(0)
+    x, a, b = (torch.randn(1000, generator=g) for _ in range(3))
+    ex = _received(x, {1: a, 3: b})
+    want = 0.4 * x.double() + 0.3 * a.double() + 0.3 * b.double()
+    torch.testing.assert_close(ex.mixed().double(), want)
+    out = torch.empty_like(x)
+    assert ex.mixed(out=out, delta=True) is out
+    torch.testing.assert_close(out.double(), want - x.double())
+    ex.check_mixed(out)  # finite: no error
+
+
+def test_check_of_the_mixed_result_names_the_peer_that_sent_nan_or_inf():
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x, a, b = torch.randn(100), torch.randn(100), torch.randn(100)
+        b[7] = bad
+        ex = _received(x, {1: a, 3: b})
+        with pytest.raises(NonFiniteFromPeer, match="from rank 3") as err:
+            ex.check_mixed(ex.mixed(delta=True))
+        assert err.value.peer == 3
+    x = torch.randn(100)
+    x[0] = float("nan")  # this rank's own snapshot: not a peer's fault (as the check before)
+    ex = _received(x, {1: torch.randn(100)})
+    ex.check_mixed(ex.mixed(delta=True))
