@@ -69,6 +69,11 @@ def test_step_time_quick(tmp_path: Path) -> None:
     for key in ("blocking_over_overlap", "overlap_over_solo", "overlap_over_local"):
         assert _positive(launch[key])
     assert "| dpsgd_overlap |" in stdout and "| dpsgd_overlap |" in report["markdown"]
+    if Path("/proc/self/task").is_dir():  # CPU per thread (Linux): the training thread works,
+        for name, case in launch["cases"].items():  # dpsgd's communication thread mixes
+            assert case["cpu_s_per_step"]["training"] > 0, name
+        assert launch["cases"]["dpsgd_overlap"]["cpu_s_per_step"]["lightning-gossip-comm"] > 0
+        assert "CPU ms per step per rank" in report["markdown"]
 
 
 def test_straggler_quick(tmp_path: Path) -> None:
