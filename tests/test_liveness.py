@@ -119,6 +119,36 @@ def test_left_rank_is_seen_at_once_and_counts_move():
     b.stop()
 
 
+def test_blame_returns_at_once_for_errors_that_name_their_culprit():
+    """Only a failure that names no rank (a broken connection) is worth watching the heartbeats
+    for; a NaN from a peer names it, and waiting there delayed a fuzz run's end by 18 s."""
+    from lightning_gossip.exchange import GossipTimeout, NonFiniteFromPeer
+    from lightning_gossip.liveness.waits import blame
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    me = Heartbeat(store, 0, 3, timeout=30.0, interval=0.4)
+    peers = [Heartbeat(store, r, 3, timeout=30.0, interval=0.4) for r in (1, 2)]
+    for beat in peers:
+        beat.start()
+    try:
+        for error in (NonFiniteFromPeer(2, 0), PeerSilent("rank(s) 2 left", [2])):
+            t0 = time.monotonic()
+            assert blame(error, [1, 2], me, "a round") is error
+            assert time.monotonic() - t0 < 0.1
+        t0 = time.monotonic()  # a broken connection, every peer alive: looks, then gives up
+        broken = GossipTimeout("a round failed: Read error [127.0.0.1]:1234")
+        assert blame(broken, [1, 2], me, "a round") is broken
+        assert time.monotonic() - t0 >= 3.5 * 0.4 - 0.1
+        peers[1].leave(failed=True)  # rank 2 fails: named at once
+        found = blame(broken, [1, 2], me, "a round")
+        assert isinstance(found, PeerSilent) and found.ranks == (2,) and found.__cause__ is broken
+    finally:
+        for beat in peers:
+            beat.stop()
+
+
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="heartbeat timeout must be positive"):
         Heartbeat(None, 0, 2, timeout=0)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_gossip.exchange import GossipTimeout
+from lightning_gossip.exchange import GossipTimeout, NonFiniteFromPeer
 from lightning_gossip.liveness.heartbeat import Heartbeat, PeerSilent, _ranks
 
 #: seconds a wait still gives its works once a peer is found silent (its last message may be
@@ -80,7 +80,8 @@ def blame(error: BaseException, peers: Iterable[int], heartbeat: Heartbeat | Non
     one peer, which the message names already, and for errors that name their culprits).
     """
     peers = sorted(set(peers))
-    if heartbeat is None or len(peers) < 2 or isinstance(error, PeerSilent) or not isinstance(
+    names_culprit = isinstance(error, (PeerSilent, NonFiniteFromPeer))
+    if heartbeat is None or len(peers) < 2 or names_culprit or not isinstance(
             error, (GossipTimeout, RuntimeError)):
         return error
     threshold = 2.5 * heartbeat.interval
