@@ -106,13 +106,18 @@ def post(send: Tensor, send_to: Sequence[int], recv: Sequence[tuple[int, Tensor]
     ``tag`` keeps a side message (e.g. a one-element flag) apart from the replicas (gloo; NCCL
     matches point-to-point messages in posting order).
     """
-    if dist.get_backend(group) == "nccl":
-        ops = [dist.P2POp(dist.isend, send, r, group, tag) for r in send_to]
-        ops += [dist.P2POp(dist.irecv, buf, j, group, tag) for j, buf in recv]
-        return dist.batch_isend_irecv(ops) if ops else []
-    works = [dist.isend(send, r, group=group, tag=tag) for r in send_to]
-    works += [dist.irecv(buf, j, group=group, tag=tag) for j, buf in recv]
-    return works
+    try:
+        if dist.get_backend(group) == "nccl":
+            ops = [dist.P2POp(dist.isend, send, r, group, tag) for r in send_to]
+            ops += [dist.P2POp(dist.irecv, buf, j, group, tag) for j, buf in recv]
+            return dist.batch_isend_irecv(ops) if ops else []
+        works = [dist.isend(send, r, group=group, tag=tag) for r in send_to]
+        works += [dist.irecv(buf, j, group=group, tag=tag) for j, buf in recv]
+        return works
+    except RuntimeError as e:  # gloo fails at once on a closed connection, naming an address
+        ranks = ", ".join(str(r) for r in sorted(set(send_to) | {j for j, _ in recv}))
+        raise GossipTimeout(f"posting messages to and from rank(s) {ranks} failed at once (a "
+                            f"closed connection: such a rank has exited): {e}") from e
 
 
 class NeighborExchange:

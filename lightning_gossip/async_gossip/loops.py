@@ -20,7 +20,7 @@ import torch.distributed as dist
 from lightning_gossip._compat import work_source_rank
 from lightning_gossip.async_gossip.state import SharedState
 from lightning_gossip.compression import quantize
-from lightning_gossip.exchange import pairwise_exchange, wait_all
+from lightning_gossip.exchange import pairwise_exchange, post, wait_all
 from lightning_gossip.liveness import Heartbeat, wait_for_peers
 from lightning_gossip.pairing import Pairing
 
@@ -117,11 +117,11 @@ class GossipLoop:
     def send_control(self, kind: MessageKind, phase: int, dst: int) -> None:
         """Send ``[kind, phase]`` to ``dst`` on the control group (with the timeout)."""
         msg = torch.tensor([kind, phase], dtype=torch.int64)
-        work = dist.isend(msg, dst, group=self.control_group)
+        works = post(msg, (dst,), (), self.control_group)
         what = "request" if kind == MessageKind.REQUEST else "end-of-phase message (BYE)"
         what = f"rank {self.rank} sending a gossip {what} for phase {phase} to rank {dst}"
         self.shared.waiting_on = what
-        wait_all([work], self.timeout, what, heartbeat=self.heartbeat, peers=(dst,))
+        wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,))
         self.shared.waiting_on = "nothing (idle)"
 
     def receive_control(self, phase: int = 0, missing: tuple[int, ...] = ()
