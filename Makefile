@@ -2,10 +2,14 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 export OMP_NUM_THREADS ?= 1
+# make test runs on this many pytest-xdist workers (the multi-process tests wait more than
+# they compute); TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group).
 DOCTESTS := --doctest-modules lightning_gossip
 
-.PHONY: setup demo test test-fast lint docs bench
+.PHONY: setup demo test test-slow test-all test-fast lint docs bench
 
 setup:
 	@bash scripts/setup.sh
@@ -13,13 +17,22 @@ setup:
 demo: setup
 	$(PY) -m recipes.asr.demo
 
-# Everything: unit tests, doctests, the multi-process fits, the recipes' smoke runs.
+# Unit tests, doctests, the multi-process fits, every fault kind, the recipes' smoke runs; not
+# the tests marked `slow` (pyproject.toml's addopts deselects them). About 15 minutes.
 test: setup
-	$(PY) -m pytest -q --durations=25 $(DOCTESTS) tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 $(DOCTESTS) tests
+
+# The tests marked `slow`: the seeded fuzz subset, soak runs, benchmark smoke runs (tests/README.md).
+test-slow: setup
+	$(PY) -m pytest -q $(XDIST) --durations=25 -m slow tests
+
+# Both of the above in one run.
+test-all: setup
+	$(PY) -m pytest -q $(XDIST) --durations=25 -m "slow or not slow" $(DOCTESTS) tests
 
 # The inner loop: no process launches (LG_NO_LAUNCH=1 makes a launch fail loudly), doctests.
 test-fast: setup
-	LG_NO_LAUNCH=1 $(PY) -m pytest -q -m "not multiprocess" $(DOCTESTS) tests
+	LG_NO_LAUNCH=1 $(PY) -m pytest -q -m "not multiprocess and not slow" $(DOCTESTS) tests
 
 # ruff (E501 included), a docstring on every public name, the API reference in strict mode.
 lint: setup

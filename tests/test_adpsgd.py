@@ -1,7 +1,7 @@
 """AD-PSGD on real processes (gloo): conservation, consensus, no deadlock, failures, data.
 
 The fits run once per world size (``world_run``); assertions compare the ranks' JSON here.
-``LG_SLOW=1`` adds a soak test that repeats the randomized no-deadlock run (``LG_REPEATS``
+``make test-slow`` adds a soak test that repeats the randomized no-deadlock run (``LG_REPEATS``
 times per world size, default 5).
 """
 

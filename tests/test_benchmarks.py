@@ -40,6 +40,7 @@ def test_help(script: str) -> None:
     assert "--quick" in out and "--out" in out
 
 
+@pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_flat_ops_reports_both_layouts(tmp_path: Path) -> None:
     out = tmp_path / "flat_ops.json"
     _run("flat_ops.py", "--repeats", "2", "--out", str(out), timeout=300)
@@ -52,6 +53,7 @@ def test_flat_ops_reports_both_layouts(tmp_path: Path) -> None:
         assert all(_positive(r["ms"][op]) for op in ("pack", "add_", "copy_"))
 
 
+@pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_step_time_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "step_time.json"
     stdout = _run("step_time.py", "--quick", "--out", str(out_path))
@@ -76,6 +78,7 @@ def test_step_time_quick(tmp_path: Path) -> None:
         assert "CPU ms per step per rank" in report["markdown"]
 
 
+@pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_straggler_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "straggler.json"
     stdout = _run("straggler.py", "--quick", "--out", str(out_path))
@@ -95,6 +98,7 @@ def test_straggler_quick(tmp_path: Path) -> None:
     assert "| adpsgd | straggler |" in stdout
 
 
+@pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_wire_convergence_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "wire.json"
     stdout = _run("wire_convergence.py", "--quick", "--cases", "dpsgd_fp32", "dpsgd_bf16",

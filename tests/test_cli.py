@@ -206,20 +206,19 @@ def test_simulate_table_json_plot(capsys, tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_simulate_delay_by_one_and_the_deprecated_delay_flag(capsys):
+def test_simulate_delay_by_one_and_no_overlap(capsys):
     pytest.importorskip("sklearn")
     common = ["simulate", "-n", "4", "-a", "dpsgd", "adpsgd", "-t", "ring", "--steps", "4",
               "--eval-every", "4", "--hidden", "4", "--no-progress"]
-    code, new, _ = run(capsys, *common, "--delay-by-one")
+    code, default, _ = run(capsys, *common)
     assert code == 0
-    with pytest.warns(DeprecationWarning, match="--delay is deprecated"):
-        code, old, err = run(capsys, *common, "--delay", "2")
-    assert code == 0 and "--delay is deprecated" in err
-    rows = [line for line in new.splitlines() if line.startswith("adpsgd")]
-    assert rows and rows == [line for line in old.splitlines() if line.startswith("adpsgd")]
-    with pytest.warns(DeprecationWarning):
-        code, zero, _ = run(capsys, *common, "--delay", "0")
-    code, atomic, _ = run(capsys, *common, "--adpsgd-no-overlap")
-    assert code == 0 and zero.splitlines()[2:4] == atomic.splitlines()[2:4]
-    code, _, err = run(capsys, *common, "--delay", "1", "--delay-by-one")
-    assert code == 2 and "deprecated alias" in err
+    rows = {}
+    for flag in ("--delay-by-one", "--adpsgd-no-overlap"):
+        code, out, _ = run(capsys, *common, flag)
+        assert code == 0
+        rows[flag] = [line for line in out.splitlines() if line.startswith("adpsgd")]
+        assert rows[flag]
+    plain = [line for line in default.splitlines() if line.startswith("adpsgd")]
+    assert rows["--delay-by-one"] != plain and rows["--adpsgd-no-overlap"] != plain
+    code, _, err = run(capsys, *common, "--delay", "2")  # never released; removed
+    assert code == 2 and "unrecognized arguments: 2" in err

@@ -3,8 +3,7 @@
 An upgrade of Lightning or torch that removes or renames one of them fails here, by name,
 instead of deep inside a multi-process training run. Also: the ``@override`` markers on the
 strategies (a Lightning hook that disappears fails here), the strategy registration, and the
-deprecated names that keep working (``ADPSGDStrategy(topology=...)``,
-``GossipStrategy.consensus_distance``).
+deprecated names that keep working (``ADPSGDStrategy(topology=...)``).
 
 No process launches: the distributed accessors run on a single-process gloo group (and two
 threads for the one point-to-point accessor).
@@ -326,11 +325,9 @@ def test_adpsgd_pairing_keyword_and_its_deprecated_name():
         ADPSGDStrategy(pairing="torus")
 
 
-def test_last_consensus_distance_and_its_deprecated_alias():
+def test_last_consensus_distance_starts_unset():
     from lightning_gossip import DPSGDStrategy
 
     strategy = DPSGDStrategy()
     assert strategy.last_consensus_distance is None
-    strategy.last_consensus_distance = 0.5
-    with pytest.warns(DeprecationWarning, match="last_consensus_distance"):
-        assert strategy.consensus_distance == 0.5
+    assert not hasattr(strategy, "consensus_distance")  # the never-released alias is gone

@@ -40,6 +40,7 @@ def test_a_launch_with_only_frozen_processes_left_is_recognised():
     assert not fuzz._only_frozen_left([sleeper.pid])  # gone
 
 
+@pytest.mark.slow  # 7 minutes: make test-slow; tests/test_faults.py covers every fault kind
 @pytest.mark.multiprocess
 @pytest.mark.timeout(7200)  # 10 launches of 1-3 minutes each, more on a loaded machine
 def test_seeded_subset_never_hangs_and_names_the_culprit(tmp_path):

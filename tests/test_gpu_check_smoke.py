@@ -37,6 +37,7 @@ def test_help() -> None:
     assert code == 0 and "--device" in out and "--json" in out and "--quick" in out
 
 
+@pytest.mark.slow  # benchmark smoke run (1-2 minutes): make test-slow
 def test_cpu_dry_run(tmp_path: Path) -> None:
     """``nccl,gloo``: NCCL refuses CPU tensors here, as it refuses two ranks on one GPU
     there, so the fallback to gloo runs as on the GPU machine."""

@@ -167,26 +167,6 @@ def test_adpsgd_conserves_the_sum_at_lr0(delay, pairing):
     assert sim.local_steps[-1] < sim.local_steps[0]  # slow learners did fewer steps
 
 
-def test_deprecated_delay_keyword_and_consensus_name_still_work():
-    n = 6
-    kwargs = dict(lr=0.0, pairing="random", compute=ComputeModel.with_slow(n, 1, 2.0), seed=2)
-    x0 = torch.randn(n, 26)  # the parameters of _linear()
-    for k in (0, 1, 2, 3):
-        with pytest.warns(DeprecationWarning, match="delay_by_one=True"):
-            old = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, delay=k, **kwargs)
-        assert old.steps_in_flight == k
-        if k <= 2:
-            new = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, **IN_FLIGHT[k], **kwargs)
-            for s in (old, new):
-                s.set_replicas(x0)
-                s.run_until(7.0, lambda r, s: _batches(len(r), 0))
-            torch.testing.assert_close(old.replicas, new.replicas, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="delay must be an integer >= 0"):
-        ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, delay=-1)
-    with pytest.warns(DeprecationWarning, match="absolute_consensus_distance"):
-        assert float(old.consensus_distance()) == float(old.absolute_consensus_distance())
-
-
 def test_adpsgd_staleness_comes_from_slow_learners():
     n = 8
     lockstep = ADPSGDSimulator(_linear(), nn.functional.mse_loss, n, lr=0.1, overlap=False,
@@ -222,10 +202,6 @@ def test_runs_are_deterministic_for_a_seed():
                    eval_every=3).loss for _ in range(2)]
     b = [run_adpsgd(model, loss_fn, shards, (x, y), "random", 6, 0.3, seed=1, compute=compute,
                     eval_every=3).loss for _ in range(2)]
-    with pytest.warns(DeprecationWarning, match="run_adpsgd"):
-        c = run_adpsgd(model, loss_fn, shards, (x, y), "random", 6, 0.3, seed=1, compute=compute,
-                       eval_every=3, delay=1).loss
-    assert c == b[0]
     assert a[0] == a[1] and b[0] == b[1]
     assert a[0][-1] < a[0][0] and b[0][-1] < b[0][0]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import warnings
 
 from lightning_gossip import topology as _topology
 from lightning_gossip.cli.common import (
@@ -63,9 +61,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--delay-by-one", action="store_true",
                    help="apply each exchange one step later, as the strategies' delay_by_one "
                         "(D-PSGD and AD-PSGD)")
-    p.add_argument("--delay", type=non_negative_int, default=None, metavar="K",
-                   help="deprecated: AD-PSGD steps an exchange stays in flight (0: "
-                        "--adpsgd-no-overlap, 1: the default, 2: --delay-by-one)")
     p.add_argument("--slow", type=non_negative_int, default=0,
                    help="number of slow learners (default 0)")
     p.add_argument("--slow-factor", type=positive_float, default=4.0,
@@ -94,14 +89,6 @@ def _check(args: argparse.Namespace) -> None:
     if args.slow > min(args.world_sizes):
         raise CLIError(f"--slow {args.slow} is more than the smallest world size "
                        f"{min(args.world_sizes)}")
-    if args.delay is not None:
-        if args.delay_by_one or args.adpsgd_no_overlap:
-            raise CLIError("--delay is a deprecated alias of --delay-by-one and "
-                           "--adpsgd-no-overlap; use only those")
-        message = ("--delay is deprecated: use --delay-by-one (for --delay 2) or "
-                   "--adpsgd-no-overlap (for --delay 0); --delay 1 is the default")
-        warnings.warn(message, DeprecationWarning, stacklevel=3)
-        print(f"lightning-gossip simulate: warning: {message}", file=sys.stderr)
     if "dpsgd" in args.algorithms:  # check every run before starting the first
         for n in args.world_sizes:
             for topo in args.topologies:
@@ -149,13 +136,11 @@ def run(args: argparse.Namespace) -> int:
                         eval_every=args.eval_every, progress=progress))
             else:
                 for pairing in args.pairings:
-                    with warnings.catch_warnings():  # --delay warned once, above
-                        warnings.simplefilter("ignore", DeprecationWarning)
-                        results.append(sim.run_adpsgd(
-                            model, loss_fn, shards, (x, y), pairing, args.steps, args.lr,
-                            momentum=args.momentum, seed=args.seed, delay=args.delay,
-                            overlap=not args.adpsgd_no_overlap, delay_by_one=args.delay_by_one,
-                            compute=compute, eval_every=args.eval_every, progress=progress))
+                    results.append(sim.run_adpsgd(
+                        model, loss_fn, shards, (x, y), pairing, args.steps, args.lr,
+                        momentum=args.momentum, seed=args.seed,
+                        overlap=not args.adpsgd_no_overlap, delay_by_one=args.delay_by_one,
+                        compute=compute, eval_every=args.eval_every, progress=progress))
     headers = ["algorithm", "topology", "n", "time", "steps", "loss", "accuracy", "consensus",
                f"steps to loss {args.target_loss:g}", f"time to loss {args.target_loss:g}"]
     cells = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -13,7 +12,7 @@ from lightning_gossip.pairing import Pairing
 from lightning_gossip.sim.base import Simulator
 from lightning_gossip.sim.workloads import ComputeModel, LossFn
 
-__all__ = ["ADPSGDSimulator", "BatchFn", "steps_in_flight_from_delay"]
+__all__ = ["ADPSGDSimulator", "BatchFn"]
 
 #: ``batches(ranks, local_steps) -> (x, y)``: one minibatch per rank, stacked
 BatchFn = Callable[[np.ndarray, np.ndarray], tuple[torch.Tensor, torch.Tensor]]
@@ -44,8 +43,6 @@ class ADPSGDSimulator(Simulator):
         delay_by_one: apply each exchange one step boundary later (``k = 2``; implies
             ``overlap``).
         seed: seeds the random pairing.
-        delay: deprecated: ``k`` itself (``0``: ``overlap=False``, ``1``: the default, ``2``:
-            ``delay_by_one=True``); warns with a :class:`DeprecationWarning`.
         Other arguments: see :class:`~lightning_gossip.sim.Simulator`.
 
     Example::
@@ -75,7 +72,6 @@ class ADPSGDSimulator(Simulator):
         overlap: bool = True,
         delay_by_one: bool = False,
         seed: int = 0,
-        delay: int | None = None,
     ) -> None:
         super().__init__(model, loss_fn, world_size, lr, momentum, weight_decay)
         self.pairing = Pairing(pairing, self.world_size, seed)
@@ -89,10 +85,6 @@ class ADPSGDSimulator(Simulator):
         self.delay_by_one = bool(delay_by_one)
         #: steps of the active an exchange stays in flight (0, 1 or 2; see above)
         self.steps_in_flight = (2 if self.delay_by_one else 1) if self.overlap else 0
-        if delay is not None:
-            self.steps_in_flight = steps_in_flight_from_delay(delay, "ADPSGDSimulator(delay=...)")
-            self.overlap = self.steps_in_flight > 0
-            self.delay_by_one = self.steps_in_flight == 2
         n = self.world_size
         self.time = 0.0
         self.local_steps = np.zeros(n, dtype=np.int64)
@@ -183,19 +175,3 @@ class ADPSGDSimulator(Simulator):
             self.buffers[i] += delta[d:]
             self.buffers[j] -= delta[d:]
         self._hits[j] += 1  # lands at i's step boundary, but in the middle of j's step
-
-
-
-def steps_in_flight_from_delay(delay: object, where: str) -> int:
-    """Validate the deprecated ``delay`` (an exchange's steps in flight) and warn about it.
-
-    ``where`` names the caller in the :class:`DeprecationWarning` and in the error.
-    """
-    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
-        raise ValueError(f"delay must be an integer >= 0, got {delay!r}")
-    warnings.warn(
-        f"{where} is deprecated: use the default (delay 1), delay_by_one=True (delay 2) "
-        "or overlap=False (delay 0)",
-        DeprecationWarning, stacklevel=3,
-    )
-    return delay

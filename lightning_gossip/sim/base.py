@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -145,15 +144,6 @@ class Simulator:
         :func:`lightning_gossip.consensus.consensus_distance` is.
         """
         return ((self.replicas - self.mean_params()) ** 2).sum(dim=1).mean()
-
-    def consensus_distance(self) -> torch.Tensor:
-        """Deprecated name of :meth:`absolute_consensus_distance` (same value)."""
-        warnings.warn(
-            "Simulator.consensus_distance() is deprecated; use absolute_consensus_distance() "
-            "(the same value; lightning_gossip.consensus.consensus_distance is the relative one)",
-            DeprecationWarning, stacklevel=2,
-        )
-        return self.absolute_consensus_distance()
 
     def state_dict(self, rank: int) -> dict[str, torch.Tensor]:
         """Learner ``rank``'s parameters and buffers, named as in the model's ``state_dict``."""

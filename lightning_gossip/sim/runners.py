@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_gossip.sim.adpsgd import ADPSGDSimulator, steps_in_flight_from_delay
+from lightning_gossip.sim.adpsgd import ADPSGDSimulator
 from lightning_gossip.sim.dpsgd import DPSGDSimulator
 from lightning_gossip.sim.workloads import ComputeModel, DataShards, LossFn
 
@@ -135,7 +135,6 @@ def run_adpsgd(
     lr: float,
     momentum: float = 0.0,
     seed: int = 0,
-    delay: int | None = None,
     compute: ComputeModel | None = None,
     eval_every: float = 10.0,
     progress: bool = False,
@@ -145,17 +144,12 @@ def run_adpsgd(
     """Run AD-PSGD for ``duration`` virtual time units; record every ``eval_every``.
 
     ``steps`` in the result is the total number of local steps divided by the number of
-    learners (comparable with synchronous steps). ``overlap``, ``delay_by_one`` and the
-    deprecated ``delay``: see :class:`~lightning_gossip.sim.ADPSGDSimulator`.
+    learners (comparable with synchronous steps). ``overlap`` and ``delay_by_one``: see
+    :class:`~lightning_gossip.sim.ADPSGDSimulator`.
     """
     n = shards.world_size
-    if delay is not None:  # warn here, naming this function
-        steps = steps_in_flight_from_delay(delay, "run_adpsgd(delay=...)")
-        overlap, delay_by_one = steps > 0, steps == 2
     sim = ADPSGDSimulator(model, loss_fn, n, lr=lr, momentum=momentum, pairing=pairing,
                           compute=compute, overlap=overlap, delay_by_one=delay_by_one, seed=seed)
-    if delay is not None:
-        sim.steps_in_flight = delay
     res = SimResult("adpsgd", pairing, n)
     t = 0.0
     with _progress(duration, f"adpsgd {pairing} n={n}", progress) as bar:

@@ -6,7 +6,6 @@ average, the consensus distance)."""
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import Any
 
 import numpy as np
@@ -168,16 +167,6 @@ class _ReplicasMixin:
             for logger in self.lightning_module.trainer.loggers:
                 logger.log_metrics({CONSENSUS_METRIC: value}, step=self.step)
         return value
-
-    @property
-    def consensus_distance(self) -> float | None:
-        """Deprecated alias of :attr:`last_consensus_distance`."""
-        warnings.warn(
-            "GossipStrategy.consensus_distance is deprecated; use last_consensus_distance",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.last_consensus_distance
 
 
 def _describe(sig: tuple[str, tuple[int, ...], str] | None) -> str:
