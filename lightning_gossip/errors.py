@@ -3,21 +3,15 @@
 Each one is a :class:`GossipError` and carries ``ranks``, the ranks it points at, so that a
 launcher, a test or a retry policy can act on them without parsing the message:
 
-================================  ==============================  ================================
-error                             raised when                     ``ranks``
-================================  ==============================  ================================
-:class:`GossipTimeout`            a gossip message did not        the ranks waited on (empty when
-                                  arrive (timeout, closed         the wait named none)
-                                  connection)
-:class:`PeerSilent`               a rank waited on stopped        the silent or departed ranks (or
-                                  beating, left after an error,   the store's host)
-                                  or the store is unreachable
-:class:`NonFiniteFromPeer`        a peer sent NaN/Inf values      the peer
-:class:`NonFiniteReplica`         a replica holds NaN/Inf at an   the ranks whose replica is not
-                                  epoch-end meeting (adpsgd)      finite
-:class:`ConfigMismatch`           the ranks were given different  the ranks whose configuration
-                                  gossip configurations           differs from the most common one
-================================  ==============================  ================================
+* :class:`GossipTimeout`: a gossip message did not arrive in time, or its connection failed;
+  ``ranks``: the ranks that were waited on (empty when the wait named none).
+* :class:`PeerSilent` (a :class:`GossipTimeout`): a rank waited on stopped beating, left after
+  an error, or the store is unreachable; ``ranks``: those ranks (or the store's host).
+* :class:`NonFiniteFromPeer`: a peer sent NaN/Inf values; ``ranks``: that peer.
+* :class:`NonFiniteReplica`: replicas hold NaN/Inf where every rank meets (adpsgd's epoch end);
+  ``ranks``: the ranks whose replica is not finite.
+* :class:`ConfigMismatch`: the ranks were given different gossip configurations; ``ranks``: the
+  ranks whose configuration differs from the most common one.
 
 The module imports nothing from the package (and nothing but the standard library), so every
 module can import it, ``import lightning_gossip`` exports its names without importing torch, and
