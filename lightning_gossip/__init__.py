@@ -32,6 +32,10 @@ looks the name up it is registered, in either import order. If the registration 
 says why the names are missing, and ``lightning_gossip.DPSGDStrategy`` raises the real
 error. The standalone ``pytorch_lightning`` package is not hooked (the strategies are built on
 ``lightning.pytorch``).
+
+The errors of :mod:`lightning_gossip.errors` (:class:`GossipError` and the errors under it,
+each carrying the ``ranks`` to blame) are exported here too; that module imports only the
+standard library.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lightning_gossip import topology
+from lightning_gossip.errors import (
+    ConfigMismatch,
+    GossipError,
+    GossipTimeout,
+    NonFiniteFromPeer,
+    NonFiniteReplica,
+    PeerSilent,
+)
 from lightning_gossip.topology import Topology, build
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
@@ -54,8 +66,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ADPSGDStrategy",
+    "ConfigMismatch",
     "DPSGDStrategy",
+    "GossipError",
     "GossipStrategy",
+    "GossipTimeout",
+    "NonFiniteFromPeer",
+    "NonFiniteReplica",
+    "PeerSilent",
     "Topology",
     "build",
     "topology",

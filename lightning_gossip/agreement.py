@@ -14,6 +14,8 @@ Example::
     ['seed: 0 on rank(s) 0, 1; 5 on rank(s) 2']
     >>> config_differences(configs[:2])
     []
+    >>> config_outliers(configs)
+    [2]
 """
 
 from __future__ import annotations
@@ -23,19 +25,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["ConfigMismatch", "check_agreement", "config_differences"]
+from lightning_gossip.errors import ConfigMismatch
 
-
-class ConfigMismatch(ValueError):
-    """The ranks were given different gossip configurations.
-
-    Attributes:
-        differences: one line per differing key (see :func:`config_differences`).
-    """
-
-    def __init__(self, message: str, differences: Sequence[str]) -> None:
-        super().__init__(message)
-        self.differences = list(differences)
+__all__ = ["ConfigMismatch", "check_agreement", "config_differences", "config_outliers"]
 
 
 def config_differences(configs: Sequence[dict[str, Any]]) -> list[str]:
@@ -57,6 +49,17 @@ def config_differences(configs: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def config_outliers(configs: Sequence[dict[str, Any]]) -> list[int]:
+    """The ranks whose configuration differs from the most common one (``configs[r]`` is rank
+    r's; on a tie, the one of the lowest rank counts as the most common): the ranks a
+    :class:`ConfigMismatch` blames. Configurations are compared by ``repr`` of their items.
+    """
+    keys = [repr(sorted(c.items())) for c in configs]
+    counts = {k: keys.count(k) for k in keys}
+    common = max(keys, key=lambda k: counts[k])  # the first of the most common: lowest rank
+    return [r for r, k in enumerate(keys) if k != common]
+
+
 def check_agreement(config: dict[str, Any], rank: int, world_size: int,
                     group: dist.ProcessGroup | None = None) -> None:
     """Gather every rank's ``config`` (a collective) and raise :class:`ConfigMismatch` on every
@@ -70,4 +73,5 @@ def check_agreement(config: dict[str, Any], rank: int, world_size: int,
         lines = "\n  ".join(diffs)
         raise ConfigMismatch(
             f"rank {rank}: the gossip configuration differs between ranks (every rank must "
-            f"be given the same strategy arguments, world and node sizes):\n  {lines}", diffs)
+            f"be given the same strategy arguments, world and node sizes):\n  {lines}", diffs,
+            config_outliers(gathered))

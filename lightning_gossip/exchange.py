@@ -30,35 +30,19 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_gossip import liveness
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness.waits import blame, wait_done
 from lightning_gossip.topology import Peers
 
-if TYPE_CHECKING:
-    from lightning_gossip.liveness import Heartbeat
-
-__all__ = ["CommWorker", "GossipTimeout", "Job", "NeighborExchange", "NonFiniteFromPeer",
-           "check_finite", "pairwise_exchange", "post", "wait_all"]
-
-
-class GossipTimeout(RuntimeError):
-    """A gossip message did not arrive within the configured timeout."""
-
-
-class NonFiniteFromPeer(RuntimeError):
-    """A peer sent NaN or Inf values; they were not mixed in."""
-
-    def __init__(self, peer: int, rank: int, what: str = "replica") -> None:
-        super().__init__(
-            f"rank {rank} received non-finite values (NaN/Inf) in the {what} from rank {peer}; "
-            "they were not mixed in. That rank's training has diverged (check its learning "
-            "rate, loss scaling and data)."
-        )
-        self.peer = peer
+__all__ = ["CommWorker", "Job", "NeighborExchange", "check_finite", "pairwise_exchange", "post",
+           "wait_all"]
 
 
 def check_finite(t: Tensor, peer: int, rank: int, what: str = "replica") -> None:
@@ -83,8 +67,6 @@ def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | 
     ``heartbeat`` or else the process's running one (:func:`lightning_gossip.liveness.current`).
     """
     if peers:
-        from lightning_gossip import liveness
-
         heartbeat = heartbeat if heartbeat is not None else liveness.current()
         if heartbeat is not None:
             liveness.wait_for_peers(works, peers, heartbeat, timeout, what)
@@ -93,9 +75,10 @@ def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | 
         try:
             ok = w.wait(timeout)
         except RuntimeError as e:  # gloo raises on timeout or when a peer went away
-            raise GossipTimeout(f"{what} failed or timed out after {timeout}: {e}") from e
+            raise GossipTimeout(f"{what} failed or timed out after {timeout}: {e}",
+                                peers) from e
         if ok is False:
-            raise GossipTimeout(f"{what} did not complete within {timeout}")
+            raise GossipTimeout(f"{what} did not complete within {timeout}", peers)
 
 
 def post(send: Tensor, send_to: Sequence[int], recv: Sequence[tuple[int, Tensor]],
@@ -115,9 +98,10 @@ def post(send: Tensor, send_to: Sequence[int], recv: Sequence[tuple[int, Tensor]
         works += [dist.irecv(buf, j, group=group, tag=tag) for j, buf in recv]
         return works
     except RuntimeError as e:  # gloo fails at once on a closed connection, naming an address
-        ranks = ", ".join(str(r) for r in sorted(set(send_to) | {j for j, _ in recv}))
-        raise GossipTimeout(f"posting messages to and from rank(s) {ranks} failed at once (a "
-                            f"closed connection: such a rank has exited): {e}") from e
+        ranks = sorted(set(send_to) | {j for j, _ in recv})
+        raise GossipTimeout(f"posting messages to and from rank(s) "
+                            f"{', '.join(map(str, ranks))} failed at once (a closed "
+                            f"connection: such a rank has exited): {e}", ranks) from e
 
 
 class NeighborExchange:
@@ -245,9 +229,6 @@ class Job:
         """
         if self.done.is_set() and self.error is None:
             return
-        from lightning_gossip import liveness
-        from lightning_gossip.liveness.waits import blame, wait_done
-
         heartbeat = heartbeat if heartbeat is not None else liveness.current()
         wait_done(self.done, self.peers, heartbeat, timeout, self.what)
         if self.error is not None:  # a broken connection names no rank: find who caused it

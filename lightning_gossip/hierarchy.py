@@ -49,6 +49,7 @@ from torch import Tensor
 
 from lightning_gossip.compression import pairwise_delta, quantize
 from lightning_gossip.exchange import NeighborExchange, wait_all
+from lightning_gossip.liveness import keep_alive_at_exit
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.topology import Peers
 
@@ -307,8 +308,6 @@ class ShardedExchange:
             try:
                 wait_all([work], timeout, what, peers=self.mates if watch_peers else ())
             except BaseException:
-                from lightning_gossip.liveness import keep_alive_at_exit
-
                 keep_alive_at_exit(group)  # an abandoned gloo collective: exit at once
                 raise
         return out

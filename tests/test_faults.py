@@ -295,7 +295,8 @@ WATCHED_RANK = """
 import os, signal, time
 from datetime import timedelta
 import torch, torch.distributed as dist
-from lightning_gossip.liveness import Heartbeat, PeerSilent, watched_collective
+from lightning_gossip.errors import PeerSilent
+from lightning_gossip.liveness import Heartbeat, watched_collective
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
 beat = Heartbeat.connect(rank, 2, timeout=3.0)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_gossip.exchange import NeighborExchange, NonFiniteFromPeer, check_finite
+from lightning_gossip.errors import NonFiniteFromPeer
+from lightning_gossip.exchange import NeighborExchange, check_finite
 from lightning_gossip.flat import FlatState, mixed_tensors
 from lightning_gossip.topology import Peers
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gossip.exchange import CommWorker, GossipTimeout, NonFiniteFromPeer
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
+from lightning_gossip.exchange import CommWorker
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
 from lightning_gossip.topology import build

@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from lightning_gossip.liveness import DOWN, Heartbeat, PeerSilent, wait_for_peers
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer, PeerSilent
+from lightning_gossip.liveness import DOWN, Heartbeat, wait_for_peers
 from tests.launch import ROOT, free_port, run_torchrun
 from tests.scripts import liveness_ranks
 
@@ -122,7 +123,6 @@ def test_left_rank_is_seen_at_once_and_counts_move():
 def test_blame_returns_at_once_for_errors_that_name_their_culprit():
     """Only a failure that names no rank (a broken connection) is worth watching the heartbeats
     for; a NaN from a peer names it, and waiting there delayed a fuzz run's end by 18 s."""
-    from lightning_gossip.exchange import GossipTimeout, NonFiniteFromPeer
     from lightning_gossip.liveness.waits import blame
 
     port = free_port()

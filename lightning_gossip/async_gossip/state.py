@@ -19,7 +19,7 @@ from datetime import timedelta
 from lightning_gossip.async_gossip.cuda_handoff import StreamHandoff
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
 from lightning_gossip.async_gossip.phases import PhaseClock
-from lightning_gossip.exchange import GossipTimeout
+from lightning_gossip.errors import GossipTimeout
 
 __all__ = ["GossipStats", "SharedState"]
 

@@ -7,7 +7,8 @@ one fast and specific. A background thread of every rank increments a counter
 seconds. A rank that waits on peers (:func:`wait_for_peers`) polls its works and, every so often,
 reads the peers' counters; a counter that has not moved for ``timeout`` seconds (as measured on
 the *reader's* clock, so clocks need not agree) means the peer is frozen, killed or cut off, and
-the wait fails with :class:`PeerSilent` naming it and what was being waited for.
+the wait fails with :class:`~lightning_gossip.errors.PeerSilent` naming it and what was being
+waited for.
 
 A rank that is merely slow (a long validation, a checkpoint write, a data stall) keeps beating:
 the beat comes from its own thread, not from its training loop. When the store itself becomes
@@ -35,7 +36,6 @@ from __future__ import annotations
 from lightning_gossip.liveness.heartbeat import (
     DOWN,
     Heartbeat,
-    PeerSilent,
     current,
     keep_alive_at_exit,
     watched_collective,
@@ -43,5 +43,5 @@ from lightning_gossip.liveness.heartbeat import (
 from lightning_gossip.liveness.waits import GRACE_S as GRACE_S  # used by the strategies
 from lightning_gossip.liveness.waits import make_sigterm_check_local, wait_for_peers
 
-__all__ = ["DOWN", "Heartbeat", "PeerSilent", "current", "keep_alive_at_exit",
-           "make_sigterm_check_local", "wait_for_peers", "watched_collective"]
+__all__ = ["DOWN", "Heartbeat", "current", "keep_alive_at_exit", "make_sigterm_check_local",
+           "wait_for_peers", "watched_collective"]

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_gossip.exchange import GossipTimeout
+from lightning_gossip.errors import PeerSilent
+from lightning_gossip.liveness.waits import _ranks, wait_for_peers
 
 DOWN = 1 << 40
 """Added to a rank's counter when it leaves after an error: readers see it at once."""
@@ -83,18 +84,6 @@ def _serve_store_jobs() -> None:
             box["error"] = e
         finally:
             done.set()
-
-
-class PeerSilent(GossipTimeout):
-    """A rank that others wait on stopped beating (frozen, killed or cut off).
-
-    Attributes:
-        ranks: the silent ranks.
-    """
-
-    def __init__(self, message: str, ranks: Sequence[int]) -> None:
-        super().__init__(message)
-        self.ranks = tuple(ranks)
 
 
 class Heartbeat:
@@ -342,8 +331,6 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
                            what=f"rank {rank} averaging the replicas for a checkpoint")
         out.div_(world_size)
     """
-    from lightning_gossip.liveness.waits import wait_for_peers  # waits imports this module
-
     beat = heartbeat if heartbeat is not None else current()
     work = collective(*args, group=group, async_op=True, **kwargs)
     me = dist.get_rank()
@@ -385,7 +372,3 @@ def store_call(operation: Callable[[], Any], what: str) -> Any:
     ``heartbeat_timeout``), else run as is. The shared samplers claim every batch this way."""
     beat = current()
     return operation() if beat is None else beat.store_call(operation, what)
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(str(r) for r in ranks) if ranks else "none"

@@ -1,6 +1,10 @@
 """Waits on peers that watch the heartbeats (:func:`wait_for_peers`, and :func:`wait_done` for
-a result computed by a communication thread), and the SIGTERM check of the strategies
-(:class:`SigtermWatch`, :func:`make_sigterm_check_local`)."""
+a result computed by a communication thread: one wait loop, :func:`_watch`), the search for the
+rank to blame for a failed wait (:func:`blame`, :func:`find_silent`), and the SIGTERM check of
+the strategies (:class:`SigtermWatch`, :func:`make_sigterm_check_local`).
+
+This module needs only the error classes at run time (the :class:`Heartbeat` it is given is
+duck-typed; its module imports this one), so the liveness modules form no import cycle."""
 
 from __future__ import annotations
 
@@ -9,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from lightning_gossip.exchange import GossipTimeout, NonFiniteFromPeer
-from lightning_gossip.liveness.heartbeat import Heartbeat, PeerSilent, _ranks
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer, PeerSilent
+
+if TYPE_CHECKING:  # heartbeat.py imports this module
+    from lightning_gossip.liveness.heartbeat import Heartbeat
 
 #: seconds a wait still gives its works once a peer is found silent (its last message may be
 #: on its way)
@@ -48,20 +54,8 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
     # a helper thread waits and this thread watches it, the deadline, the stop flag and the
     # heartbeats. An abandoned helper ends with its works (or at ``timeout``).
     waiter = _Waiter(works, timeout, what, peers)
-    # a wait that ends within a beat costs no store read
-    next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
-    while not waiter.done.wait(0.005 if heartbeat is None else min(0.05, heartbeat.interval)):
-        now = time.monotonic()
-        if now >= deadline:
-            raise GossipTimeout(f"{what} did not complete within {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)})")
-        if should_stop is not None and should_stop():
-            return False
-        if heartbeat is not None and now >= next_check:
-            next_check = now + min(1.0, heartbeat.interval)
-            silent = heartbeat.silent(peers)
-            if silent and not waiter.done.wait(GRACE_S):
-                raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
+    if not _watch(waiter.done, peers, heartbeat, deadline, timeout, what, should_stop):
+        return False
     if waiter.error is not None:
         raise blame(waiter.error, peers, heartbeat, what)
     return True
@@ -85,21 +79,36 @@ def blame(error: BaseException, peers: Iterable[int], heartbeat: Heartbeat | Non
             error, (GossipTimeout, RuntimeError)):
         return error
     threshold = 2.5 * heartbeat.interval
-    deadline = time.monotonic() + threshold + heartbeat.interval
     try:
-        while True:
-            silent = heartbeat.silent(peers, threshold=threshold)
-            if silent:
-                found = PeerSilent(f"{what}: {heartbeat.describe(silent, threshold)} (the wait "
-                                   f"failed: {str(error)[:300]})", silent)
-                found.__cause__ = error
-                return found
-            if time.monotonic() >= deadline:
-                return error
-            time.sleep(min(0.5, heartbeat.interval / 2))
+        silent = find_silent(heartbeat, peers, threshold + heartbeat.interval, threshold,
+                             poll_s=min(0.5, heartbeat.interval / 2))
     except PeerSilent as e:  # the store is unreachable: its host is the culprit
         e.__cause__ = error
         return e
+    if not silent:
+        return error
+    found = PeerSilent(f"{what}: {heartbeat.describe(silent, threshold)} (the wait "
+                       f"failed: {str(error)[:300]})", silent)
+    found.__cause__ = error
+    return found
+
+
+def find_silent(heartbeat: Heartbeat, peers: Iterable[int], within_s: float,
+                threshold: float | None = None, poll_s: float = 0.05) -> list[int]:
+    """The ranks among ``peers`` that :meth:`Heartbeat.silent` reports (with ``threshold``),
+    looking every ``poll_s`` seconds for up to ``within_s`` seconds (at least once); empty
+    when none is found by then. Raises :class:`PeerSilent` when the store is unreachable.
+
+    For a wait that already failed and did not say on whom (a broken connection): the rank
+    that caused it marks itself gone as it exits, or stops beating.
+    """
+    peers = list(peers)
+    deadline = time.monotonic() + within_s
+    while True:
+        silent = heartbeat.silent(peers, threshold=threshold)
+        if silent or time.monotonic() >= deadline:
+            return silent
+        time.sleep(poll_s)
 
 
 class _Waiter:
@@ -191,20 +200,34 @@ def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat 
     """
     if done.is_set():
         return
-    peers = sorted(set(peers))
-    deadline = time.monotonic() + timeout.total_seconds()
+    _watch(done, sorted(set(peers)), heartbeat, time.monotonic() + timeout.total_seconds(),
+           timeout, what)
+
+
+def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | None,
+           deadline: float, timeout: timedelta, what: str,
+           should_stop: Callable[[], bool] | None = None) -> bool:
+    """The one deadline-and-heartbeat wait: wait for ``done`` until the monotonic ``deadline``
+    (then :class:`GossipTimeout` naming ``what`` and ``peers``, after ``timeout``), polling
+    ``should_stop`` (``True``: return ``False`` at once) and, about once a second, the
+    heartbeats of ``peers`` (a silent one: :class:`PeerSilent`, unless ``done`` is set within
+    :data:`GRACE_S`). Returns ``True`` once ``done`` is set."""
     poll = 0.005 if heartbeat is None else min(0.05, heartbeat.interval)
+    # a wait that ends within a beat costs no store read
     next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
     while not done.wait(poll):
         now = time.monotonic()
         if now >= deadline:
             raise GossipTimeout(f"{what} did not complete within {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)})")
+                                f"(waiting on rank(s) {_ranks(peers)})", peers)
+        if should_stop is not None and should_stop():
+            return False
         if heartbeat is not None and now >= next_check:
             next_check = now + min(1.0, heartbeat.interval)
             silent = heartbeat.silent(peers)
             if silent and not done.wait(GRACE_S):
                 raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
+    return True
 
 
 def _wait_blocking(works: Sequence[dist.Work], timeout: timedelta, what: str,
@@ -214,7 +237,11 @@ def _wait_blocking(works: Sequence[dist.Work], timeout: timedelta, what: str,
             ok = w.wait(timeout)
         except RuntimeError as e:  # gloo raises on timeout or when a peer went away
             raise GossipTimeout(f"{what} failed or timed out after {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)}): {e}") from e
+                                f"(waiting on rank(s) {_ranks(peers)}): {e}", peers) from e
         if ok is False:
             raise GossipTimeout(f"{what} did not complete within {timeout} "
-                                f"(waiting on rank(s) {_ranks(peers)})")
+                                f"(waiting on rank(s) {_ranks(peers)})", peers)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks) if ranks else "none"

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gossip import _compat
+from lightning_gossip.errors import NonFiniteReplica
 
 
 class _PhasesMixin:
@@ -67,11 +68,11 @@ class _PhasesMixin:
                      "to stop)")
         bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
         if bad:
-            raise FloatingPointError(
+            raise NonFiniteReplica(
                 f"rank {self.global_rank}: at the end of the epoch the replica of rank(s) "
                 f"{', '.join(map(str, bad))} holds NaN/Inf (its training diverged: check its "
                 "learning rate, loss scaling and data); stopping every rank before it is "
-                "averaged in")
+                "averaged in", bad)
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from lightning_gossip.exchange import CommWorker, Job, NeighborExchange, post, wait_all
 from lightning_gossip.hierarchy import ShardedExchange
+from lightning_gossip.liveness import keep_alive_at_exit
 
 #: "no stop agreed" in the stop messages
 NO_STOP = 2**62
@@ -188,9 +189,7 @@ class _RoundsMixin:
         try:
             rnd.job.result(self.timeout, self.heartbeat)
         except BaseException:
-            if self._gather_on_worker():  # the worker may still be inside the all-gather:
-                from lightning_gossip.liveness import keep_alive_at_exit  # keep its group
-
+            if self._gather_on_worker():  # the worker may be in the all-gather: keep its group
                 assert self._groups is not None
                 keep_alive_at_exit(self._groups.node_gossip)
             raise

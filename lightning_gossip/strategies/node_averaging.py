@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gossip.exchange import GossipTimeout
+from lightning_gossip.errors import GossipTimeout, PeerSilent
 from lightning_gossip.hierarchy import check_layout
-from lightning_gossip.liveness import GRACE_S, PeerSilent, keep_alive_at_exit, wait_for_peers
+from lightning_gossip.liveness import GRACE_S, keep_alive_at_exit, wait_for_peers
 
 
 class _NodeAveragingMixin:

@@ -19,7 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lightning_gossip.liveness import Heartbeat, PeerSilent, wait_for_peers
+from lightning_gossip.errors import PeerSilent
+from lightning_gossip.liveness import Heartbeat, wait_for_peers
 
 HB_TIMEOUT = 2.0
 SLOW_SEND_S = 3.0  # longer than HB_TIMEOUT: a live but slow peer must not count as silent

@@ -1,0 +1,182 @@
+"""The package's import structure, read from the source with ``ast`` (nothing is imported).
+
+* No import cycle among the modules of ``lightning_gossip``: the graph of its imports is
+  acyclic, both the graph of what runs when a module is imported (the module's body, its
+  ``if``/``try``/``with`` blocks and class bodies) and the graph of every import, those in
+  function bodies included (a cycle hidden by a function-level import is still a cycle: the
+  error classes in ``exchange.py`` once forced four of them). Imports under
+  ``if TYPE_CHECKING:`` never run and are no edges. An edge goes to the module an import
+  names: ``from lightning_gossip.liveness import Heartbeat`` is an edge to
+  ``lightning_gossip.liveness`` (its ``__init__``), ``from lightning_gossip import liveness``
+  one to ``lightning_gossip.liveness``; the implicit import of a parent package is not an edge
+  (every package's ``__init__`` imports its own submodules).
+* ``lightning_gossip.errors`` imports nothing from the package and nothing outside the
+  standard library, and every exception class of the package is defined there (the CLI's
+  usage error aside).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "lightning_gossip"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = module_files()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_nodes(node: ast.AST, functions: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements under ``node`` that can run, those in function bodies only with
+    ``functions`` (without them: those that run when the module is imported)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.orelse:
+                yield from import_nodes(ast.Module(body=[stmt], type_ignores=[]), functions)
+        elif functions or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                 ast.Lambda)):
+            yield from import_nodes(child, functions)
+
+
+def imported_modules(name: str, path: Path, functions: bool) -> set[str]:
+    """The package's modules that the module ``name`` (at ``path``) imports by name (see
+    :func:`import_nodes` for ``functions``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in import_nodes(tree, functions):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:  # relative: from the module's package, one level up per extra dot
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES
+                       else module for alias in node.names]
+        for target in targets:
+            while target and target not in MODULES:  # `import a.b.c` of a name inside a.b
+                target = target.rpartition(".")[0]
+            if target.split(".")[0] == PACKAGE:
+                out.add(target)
+    return out
+
+
+def import_graph(functions: bool) -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules it imports (see
+    :func:`import_nodes` for ``functions``)."""
+    return {name: imported_modules(name, path, functions) - {name}
+            for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or ``None`` when it is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_is_read_from_the_source():
+    """The walk finds the package's modules and known edges (a guard on the test itself)."""
+    graph, every = import_graph(functions=False), import_graph(functions=True)
+    assert {f"{PACKAGE}.errors", f"{PACKAGE}.exchange", f"{PACKAGE}.liveness.waits"} <= set(graph)
+    assert f"{PACKAGE}.errors" in graph[f"{PACKAGE}.exchange"]
+    assert f"{PACKAGE}.liveness" in graph[f"{PACKAGE}.exchange"]  # `from ... import liveness`
+    assert f"{PACKAGE}.liveness.waits" in graph[f"{PACKAGE}.liveness.heartbeat"]
+    # a TYPE_CHECKING import is no edge: waits.py names Heartbeat for annotations only
+    assert f"{PACKAGE}.liveness.heartbeat" not in every[f"{PACKAGE}.liveness.waits"]
+    # a function-level import is an edge of the full graph only (make_sigterm_check_local's)
+    assert f"{PACKAGE}._compat" in every[f"{PACKAGE}.liveness.waits"]
+    assert f"{PACKAGE}._compat" not in graph[f"{PACKAGE}.liveness.waits"]
+
+
+def test_find_cycle_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+@pytest.mark.parametrize("functions", [False, True], ids=["import-time", "with-functions"])
+def test_the_package_has_no_import_cycle(functions):
+    cycle = find_cycle(import_graph(functions))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_errors_imports_only_the_standard_library():
+    """Anywhere in the module, function bodies included."""
+    tree = ast.parse(MODULES[f"{PACKAGE}.errors"].read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import"
+            names.add((node.module or "").split(".")[0])
+    assert "__future__" in names  # the walk sees the module's imports
+    outside = sorted(n for n in names if n != "__future__" and n not in sys.stdlib_module_names)
+    assert outside == [], outside
+
+
+def exception_classes() -> Iterator[tuple[str, str, list[str]]]:
+    """``(module, class, base names)`` of every class of the package whose bases look like an
+    exception (a name ending in Error, Exception, Timeout, Mismatch, Silent or Peer...)."""
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                if any(b.endswith(("Error", "Exception", "Timeout", "Mismatch", "Silent"))
+                       or b.startswith("NonFinite") for b in bases):
+                    yield name, node.name, bases
+
+
+def test_every_exception_class_is_in_the_errors_module():
+    found = list(exception_classes())
+    assert any(cls == "PeerSilent" for _, cls, _ in found)  # the scan sees errors.py
+    outside = [(module, cls) for module, cls, _ in found
+               if module != f"{PACKAGE}.errors" and not module.startswith(f"{PACKAGE}.cli")]
+    assert outside == [], outside
+
