@@ -99,6 +99,9 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
     """
 
     strategy_name = "adpsgd"
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "seed", "max_staleness",
+                      "delay_by_one", "shared_cursor", "hierarchical",
+                      "global_average_every_n_steps", "wire_dtype")
 
     @classmethod
     @override

@@ -98,6 +98,8 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     """
 
     strategy_name = "dpsgd"
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "seed", "overlap",
+                      "delay_by_one", "hierarchical", "global_average_every_n_steps", "wire_dtype")
 
     @classmethod
     @override

@@ -14,7 +14,7 @@ import logging
 import pickle
 from abc import ABC
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -63,6 +63,12 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
             ``docs/faults.md``). ``None`` disables the heartbeat (waits then end only at
             ``timeout``).
     """
+
+    #: The constructor options every rank must give alike, compared at set-up by
+    #: :meth:`gossip_config` (with the strategy, the world and node sizes, the backend and the
+    #: timeout). Each subclass lists its own; an attribute not listed here is never compared.
+    AGREED_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "final_average", "evaluate", "consensus_every_n_steps", "heartbeat_timeout")
 
     def __init__(
         self,
@@ -232,10 +238,9 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
         """This rank's gossip configuration, compared between ranks at set-up
         (:func:`~lightning_gossip.agreement.check_agreement`).
 
-        Every public attribute with a plain value (bool, int, float, str, None) and the
-        ``repr`` of a few others, plus the strategy, world and node sizes. Subclasses may add.
+        The options named in :attr:`AGREED_OPTIONS` (plain values as they are, others by
+        their ``repr``), plus the strategy, world and node sizes, the backend and the timeout.
         """
-        skip = {"step", "last_consensus_distance", "heartbeat"}
         config: dict[str, Any] = {
             "strategy": type(self).__name__,
             "world_size": self.world_size,
@@ -244,15 +249,10 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
             "process_group_backend": self.process_group_backend,
             "timeout_s": self.timeout.total_seconds(),
         }
-        for name, value in vars(self).items():
-            if name.startswith("_") or name in skip:
-                continue
-            if value is None or isinstance(value, (bool, int, float, str)):
-                config[name] = value
-            elif isinstance(value, torch.dtype):
-                config[name] = str(value)
-            elif name.endswith("_spec") or isinstance(value, (tuple, list, dict)):
-                config[name] = _plain_repr(value)
+        for name in self.AGREED_OPTIONS:
+            value = getattr(self, name)
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            config[name] = value if plain else _plain_repr(value)
         return config
 
     @override
