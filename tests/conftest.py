@@ -30,6 +30,7 @@ def world_run(tmp_path_factory) -> Callable[[int], Path]:
     return get
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """Marks that follow from what a test uses, and the groups of a parallel run.
 
