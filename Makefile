@@ -5,7 +5,7 @@ export OMP_NUM_THREADS ?= 1
 # make test runs on this many pytest-xdist workers (the multi-process tests wait more than
 # they compute); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 # Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group).
 DOCTESTS := --doctest-modules lightning_gossip
 
