@@ -15,7 +15,9 @@ the topology tools start in a fraction of a second; importing ``lightning.pytorc
 seconds. Two mechanisms keep the promises above without that import:
 
 * The strategy classes (:class:`DPSGDStrategy`, :class:`ADPSGDStrategy`,
-  :class:`GossipStrategy`) are attributes loaded on first access (a module ``__getattr__``):
+  :class:`GossipStrategy`) and the AD-PSGD engine with its parts (:class:`AsyncGossip`,
+  :class:`FlatState`, :class:`Pairing`; they import torch but no Lightning, see
+  ``docs/engines.md``) are attributes loaded on first access (a module ``__getattr__``):
   ``from lightning_gossip import DPSGDStrategy`` imports :mod:`lightning_gossip.strategies`,
   and with it torch and Lightning, at that moment.
 * The names are registered as soon as Lightning is there: at once if ``lightning.pytorch`` is
@@ -60,19 +62,25 @@ from lightning_gossip.errors import (
 from lightning_gossip.topology import Topology, build
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from lightning_gossip.async_gossip import AsyncGossip
+    from lightning_gossip.flat import FlatState
+    from lightning_gossip.pairing import Pairing
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ADPSGDStrategy",
+    "AsyncGossip",
     "ConfigMismatch",
     "DPSGDStrategy",
+    "FlatState",
     "GossipError",
     "GossipStrategy",
     "GossipTimeout",
     "NonFiniteFromPeer",
     "NonFiniteReplica",
+    "Pairing",
     "PeerSilent",
     "Topology",
     "build",
@@ -80,15 +88,24 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = frozenset({"ADPSGDStrategy", "DPSGDStrategy", "GossipStrategy"})
+# Loaded on first access (they import torch; the strategies also Lightning), by module.
+_LAZY = {
+    "ADPSGDStrategy": "lightning_gossip.strategies",
+    "DPSGDStrategy": "lightning_gossip.strategies",
+    "GossipStrategy": "lightning_gossip.strategies",
+    # The AD-PSGD engine and its parts, for a plain PyTorch loop (no Lightning): docs/engines.md
+    "AsyncGossip": "lightning_gossip.async_gossip",
+    "FlatState": "lightning_gossip.flat",
+    "Pairing": "lightning_gossip.pairing",
+}
 _LIGHTNING = "lightning.pytorch"
 
 
 def __getattr__(name: str) -> Any:
-    """Load the strategy classes on first access (they import torch and Lightning)."""
+    """Load the strategy classes and the engine on first access (they import torch; the
+    strategies also Lightning)."""
     if name in _LAZY:
-        strategies = importlib.import_module("lightning_gossip.strategies")
-        value = getattr(strategies, name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -96,7 +113,7 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """The module's names, the lazily loaded strategy classes included."""
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def _register() -> None:
