@@ -122,16 +122,16 @@ def test_monitor_off():
 
 @pytest.mark.multiprocess
 def test_every_rank_names_a_frozen_adpsgd_rank_that_nobody_waits_on(tmp_path):
-    """4 ranks, adpsgd, ring pairing: rank 2 (active) is frozen early in a long epoch. Actives
-    0 and 2 contact passives 1 and 3, so after the freeze no rank ever waits on rank 2: the
-    passives keep getting rank 0's requests. Before the liveness monitor it was noticed at the
-    epoch-end meeting only; now every other rank fails naming it at a step boundary, long
-    before the epoch's end (the run's natural end)."""
+    """4 ranks, adpsgd, ring pairing: rank 2 (active) is frozen early in a long epoch, between
+    two exchanges. Actives 0 and 2 contact passives 1 and 3, so after the freeze no rank waits
+    on rank 2 (the passives keep getting rank 0's requests). Before the liveness monitor it
+    was noticed at the epoch-end meeting only; now every other rank fails naming it at a step
+    boundary or a staleness wait, long before the epoch's end (the run's natural end)."""
     from tests.test_faults import run_case
 
     hb = 5.0
     spec = {"strategy": "adpsgd", "epochs": 1, "samples": 200_000, "heartbeat_timeout": hb,
-            "timeout": 600, "fault": {"kind": "freeze", "rank": 2, "step": 3}}
+            "timeout": 600, "fault": {"kind": "freeze_idle", "rank": 2, "step": 3}}
     events, survivors, text = run_case(tmp_path, "monitor-adpsgd", spec, "lightning", nprocs=4,
                                        frozen=2)
     assert not survivors, text[-8000:]
