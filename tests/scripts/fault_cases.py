@@ -113,11 +113,13 @@ class Fault(Callback):
             os.kill(os.getpid(), signal.SIGSTOP)
         elif f["kind"] == "freeze_idle":
             # The training thread is here, so no new snapshot comes: wait until the gossip
-            # thread took the last one and finished exchanging it, then freeze holding the
-            # lock (the thread cannot start another exchange).
+            # thread has exchanged the last one (its delta posted: ``gossiped`` reaches the
+            # steps that snapshot covered), then freeze holding the lock (no other exchange
+            # can start).
             shared = trainer.strategy.engine._shared
+            box = shared.mailbox
             with shared.cv:
-                while shared.mailbox.fresh_ready or shared.waiting_on != "nothing (idle)":
+                while box.fresh_ready or box.gossiped < box.fresh_step:
                     shared.cv.wait(0.01)
                 os.kill(os.getpid(), signal.SIGSTOP)
         elif f["kind"] == "sigterm":
