@@ -87,6 +87,9 @@ class AsyncGossip:
         self._gathered = (torch.empty(size * count, device=flat.device)
                           if self._gather is not None else None)
         self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one, bounds), timeout)
+        if heartbeat is not None and heartbeat.monitor:
+            beat = heartbeat
+            self._shared.liveness = lambda what: beat.check(f"rank {rank} {what}")
         loop = ActiveLoop if self.active else PassiveLoop
         self._loop: GossipLoop = loop(self._shared, rank, pairing, control_group, data_group,
                                       timeout, heartbeat, wire_dtype)

@@ -67,6 +67,10 @@ class SharedState:
         error: the exception that ended the gossip thread (written by it, once).
         waiting_on: what the gossip thread waits for now, naming the rank(s) (written by it;
             read for error messages only).
+        liveness: called with ``what`` about once a second while the training thread waits
+            (:meth:`wait_for`); raises when the liveness monitor found a silent rank (the
+            engine sets it to :meth:`~lightning_gossip.liveness.Heartbeat.check`). ``None``:
+            no check.
     """
 
     def __init__(self, rank: int, mailbox: DeltaMailbox, timeout: timedelta) -> None:
@@ -80,6 +84,7 @@ class SharedState:
         self.stop_requested = False
         self.error: BaseException | None = None
         self.waiting_on = "nothing (idle)"
+        self.liveness: Callable[[str], None] | None = None
 
     # -- training thread (call with ``cv`` held) -------------------------------------------------
     def raise_if_failed(self) -> None:
@@ -100,6 +105,8 @@ class SharedState:
         deadline = start + self.timeout.total_seconds()
         while not predicate():
             self.raise_if_failed()
+            if self.liveness is not None:
+                self.liveness(what)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise GossipTimeout(

@@ -100,11 +100,16 @@ class Heartbeat:
             client keeps a slow write from delaying the readers.
         store_host: the rank that hosts the store (``0`` under Lightning's launcher), named
             when the store cannot be reached; ``None`` when it is a launcher (torchrun's agent).
+        monitor: also watch every other rank while beating (the liveness monitor): a thread
+            reads the peers' beats every ``interval`` seconds and records the first silent
+            (or departed) ones, which :meth:`check` then raises as :class:`PeerSilent` in the
+            thread that calls it (the strategies call it at every step boundary), so a silent
+            rank is noticed also when nobody waits on it. See :meth:`check`.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float = 60.0,
                  interval: float | None = None, writer_store: dist.Store | None = None,
-                 store_host: int | None = None) -> None:
+                 store_host: int | None = None, monitor: bool = True) -> None:
         if timeout <= 0:
             raise ValueError(f"heartbeat timeout must be positive, got {timeout}")
         self.store = store
@@ -125,10 +130,14 @@ class Heartbeat:
         self._store_error: BaseException | None = None
         self._unreachable = False  # a bounded store call failed: the host is gone or frozen
         self._down: set[int] = set()
+        self.monitor = bool(monitor)
+        # the liveness monitor's finding: (ranks, why), written once per start by its thread
+        self._found: tuple[tuple[int, ...], str] | None = None
+        self._generation = 0  # a monitor thread of an earlier start() ends when this moves on
 
     @classmethod
     def connect(cls, rank: int, world_size: int, timeout: float = 60.0,
-                fallback: dist.Store | None = None) -> Heartbeat:
+                fallback: dist.Store | None = None, monitor: bool = True) -> Heartbeat:
         """A heartbeat on dedicated clients of the rendezvous store (``MASTER_ADDR/PORT``).
 
         Their operations time out after ``timeout`` seconds, so a frozen store host is reported
@@ -153,11 +162,13 @@ class Heartbeat:
                 raise RuntimeError("Heartbeat.connect: no MASTER_ADDR/MASTER_PORT and no store")
             clients = [fallback, fallback]
         return cls(clients[0], rank, world_size, timeout, writer_store=clients[1],
-                   store_host=host)
+                   store_host=host, monitor=monitor)
 
     # -- writer -----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Beat once now, then every ``interval`` seconds from a daemon thread (idempotent)."""
+        """Beat once now, then every ``interval`` seconds from a daemon thread (idempotent);
+        with ``monitor``, also start watching the other ranks (a finding of an earlier start
+        is forgotten)."""
         global _current
         if self._thread is not None:
             return
@@ -166,9 +177,14 @@ class Heartbeat:
             self.writer_store.add(_key(self.rank), -DOWN)
         _current = self
         self._stop.clear()
+        self._found = None
+        self._generation += 1
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"lightning-gossip-heartbeat-{self.rank}")
         self._thread.start()
+        if self.monitor and self.world_size > 1:
+            threading.Thread(target=self._watch, args=(self._generation,), daemon=True,
+                             name=f"lightning-gossip-monitor-{self.rank}").start()
 
     def stop(self) -> None:
         """Stop beating (idempotent). Peers that still wait on this rank will see it silent."""
@@ -176,6 +192,7 @@ class Heartbeat:
         if _current is self:
             _current = None
         self._stop.set()
+        self._generation += 1  # the monitor thread ends, and records nothing more
         if self._thread is not None and self._thread is not threading.current_thread():
             # a beat stuck on an unreachable store host never returns in time: do not wait
             self._thread.join(timeout=0.1 if self._unreachable else self.interval + 1.0)
@@ -242,6 +259,62 @@ class Heartbeat:
             except Exception as e:  # noqa: BLE001 - the store host is gone; readers report it
                 self._store_error = e
                 return
+
+    # -- liveness monitor ---------------------------------------------------------------------
+    def _watch(self, generation: int) -> None:
+        """The monitor thread: every ``interval`` read every other rank's beat (one store read
+        per peer, the reads a wait makes) and record the first finding (:meth:`check`).
+
+        A rank silent for ``timeout`` is recorded at once, together with any that left after
+        an error. A rank that left after an error (:meth:`leave`) while no rank is silent is
+        recorded only after :attr:`down_grace_s`: it is often another survivor that has just
+        named a silent rank, which this reader is about to find silent too (its clock for
+        that rank started up to one read later), and the silent rank is the one to name.
+        """
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        down_since: dict[int, float] = {}
+        while not self._stop.wait(self.interval):
+            if generation != self._generation:
+                return
+            try:
+                silent = self.silent(peers)
+            except PeerSilent as e:  # the store is unreachable: its host is named
+                self._found = (e.ranks, str(e))
+                return
+            if generation != self._generation:  # stopped and restarted during the read
+                return
+            with self._seen_lock:
+                down = [r for r in silent if r in self._down]
+            now = time.monotonic()
+            down_since = {r: down_since.get(r, now) for r in down}
+            quiet = [r for r in silent if r not in down]
+            if quiet or any(now - t >= self.down_grace_s for t in down_since.values()):
+                self._found = (tuple(silent), self.describe(silent))
+                return
+
+    @property
+    def down_grace_s(self) -> float:
+        """Seconds the liveness monitor waits before it names a rank that left after an error
+        while no rank is silent (see :meth:`_watch`): two reads and a second."""
+        return 2 * self.interval + 1.0
+
+    @property
+    def found(self) -> tuple[int, ...]:
+        """The ranks the liveness monitor found silent or departed since :meth:`start`
+        (empty when none); :meth:`check` raises for them."""
+        found = self._found
+        return () if found is None else found[0]
+
+    def check(self, where: str) -> None:
+        """Raise :class:`PeerSilent` naming the ranks the liveness monitor found silent or
+        departed (see ``monitor``); no-op otherwise. A read of one attribute: the strategies
+        call it at every step boundary, so a rank that nobody waits on is noticed within about
+        ``timeout + interval`` plus one step. ``where`` says what this rank was doing ("rank 0
+        at step 12").
+        """
+        found = self._found
+        if found is not None:
+            raise PeerSilent(f"{where}: found by the liveness monitor: {found[1]}", found[0])
 
     # -- reader -----------------------------------------------------------------------------------
     def silent(self, ranks: Iterable[int], threshold: float | None = None) -> list[int]:

@@ -10,13 +10,14 @@ machine) and writes its pid to ``OUT/pid<rank>``:
   ``exit``: the interpreter is exiting (``atexit``).
 
 Faults (``fault``: ``{"kind", "rank", "step"}``): ``raise`` (an exception in a training step),
-``freeze`` (SIGSTOP of itself), ``sigterm`` (SIGTERM to itself), ``sigint_launcher`` (SIGINT to
-the launcher: the parent process under torchrun, itself under Lightning's launcher), ``sigkill``
-(SIGKILL of itself), ``nan`` (its weights become NaN). A fault with ``"restart": k`` fires only
-in torchrun's restart round k. With ``"hook"`` (``on_validation_start`` or ``on_train_end``)
-it fires in that callback hook instead of after a batch: callbacks run before the strategy's
-hook of the same name, so its peers then wait in a sync point (the consensus evaluation, the
-final average).
+``freeze`` (SIGSTOP of itself), ``freeze_idle`` (adpsgd: SIGSTOP of itself once its gossip
+thread has finished its exchanges, so that no peer is left waiting on it), ``sigterm`` (SIGTERM
+to itself), ``sigint_launcher`` (SIGINT to the launcher: the parent process under torchrun,
+itself under Lightning's launcher), ``sigkill`` (SIGKILL of itself), ``nan`` (its weights become
+NaN). A fault with ``"restart": k`` fires only in torchrun's restart round k. With ``"hook"``
+(``on_validation_start`` or ``on_train_end``) it fires in that callback hook instead of after a
+batch: callbacks run before the strategy's hook of the same name, so its peers then wait in a
+sync point (the consensus evaluation, the final average).
 
 Restarts: ``checkpoint_dir`` adds ``ModelCheckpoint(dirpath, save_last=True)`` (epoch ends) and
 ``fit(ckpt_path="last")``; ``done`` then reports the held-out accuracy ``val_acc`` (the task is
@@ -110,6 +111,17 @@ class Fault(Callback):
             raise RuntimeError(f"injected failure on rank {trainer.global_rank}")
         if f["kind"] == "freeze":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif f["kind"] == "freeze_idle":
+            # The training thread is here, so no new snapshot comes: wait until the gossip
+            # thread has exchanged the last one (its delta posted: ``gossiped`` reaches the
+            # steps that snapshot covered), then freeze holding the lock (no other exchange
+            # can start).
+            shared = trainer.strategy.engine._shared
+            box = shared.mailbox
+            with shared.cv:
+                while box.fresh_ready or box.gossiped < box.fresh_step:
+                    shared.cv.wait(0.01)
+                os.kill(os.getpid(), signal.SIGSTOP)
         elif f["kind"] == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
         elif f["kind"] == "nan":
