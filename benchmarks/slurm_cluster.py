@@ -299,10 +299,8 @@ class SlurmCluster:
             if len(states) == self.nodes and all(s == "idle" for s in states.values()):
                 return
             time.sleep(0.5)
-        logs = "\n".join(f"--- {f.name}\n{self.log_tail(f.name)}"
-                         for f in sorted((self.run / "log").iterdir()))
         raise RuntimeError(f"SLURM nodes not idle within {timeout_s:g} s (sinfo: {states}); "
-                           f"daemon logs:\n{logs}")
+                           f"daemon logs:\n{self.daemon_logs()}")
 
     # -- using ----------------------------------------------------------------------------------
     def client_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -354,6 +352,11 @@ class SlurmCluster:
         info = self.job(job_id) or info
         info["wait_timeout"] = f"not finished within {timeout_s:g} s: cancelled"
         return info
+
+    def daemon_logs(self, chars: int = 2000) -> str:
+        """The end of every daemon's log (slurmctld, slurmd's, munged)."""
+        return "\n".join(f"--- {f.name}\n{self.log_tail(f.name, chars)}"
+                         for f in sorted((self.run / "log").iterdir()))
 
     def log_tail(self, name: str, chars: int = 2000) -> str:
         """The end of the run folder's ``log/<name>``."""
@@ -500,6 +503,8 @@ def run_sbatch(args: Any) -> int:
         wall = time.monotonic() - t_job
         sent = [a["tx_bytes"] - b["tx_bytes"]
                 for a, b in zip(cluster.net.all_counters(), before)]
+        if info.get("JobState") != "COMPLETED":
+            print(f"daemon logs (the job did not complete):\n{cluster.daemon_logs(1500)}")
     except BaseException as e:
         _progress(f"stopped ({type(e).__name__}: {e}); removing the cluster")
         raise
