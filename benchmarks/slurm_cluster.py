@@ -151,13 +151,25 @@ def node_shell(hostname: str, cgroups: list[tuple[str, str]] | None) -> str:
     return "\n".join(lines)
 
 
+def first_job_id(now: float | None = None) -> int:
+    """The first job id of a cluster started at ``now`` (default: now): the seconds since the
+    epoch modulo 50,000,000, plus 1,000,000. Every cluster starts from a fresh state, so without
+    it every run's first job would be job 1, and the templates' ``runs/<name>-$SLURM_JOB_ID``
+    folder of an earlier run would be resumed from; these ids repeat after about 19 months.
+
+    >>> first_job_id(1_800_000_000.0)
+    1000000
+    """
+    return int(time.time() if now is None else now) % 50_000_000 + 1_000_000
+
+
 def slurm_conf(name: str, run: Path, munge_socket: Path, nodes: list[tuple[str, str]],
                cpus: int) -> str:
     """The ``slurm.conf`` of a cluster ``name`` of ``nodes`` ``(name, address)`` (see above)."""
     host, addr = nodes[0]
     node_lines = [f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN" for n, a in nodes]
     return "\n".join([
-        f"ClusterName={name}",
+        f"ClusterName={name}", f"FirstJobId={first_job_id()}",
         f"SlurmctldHost={host}({addr})",
         "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket}",
