@@ -38,6 +38,14 @@ Usage::
     sudo python benchmarks/cluster.py                      # 2 nodes x 2 procs, 200 Mbit/s
     sudo python benchmarks/cluster.py --nodes 3 --procs 1 --rate 100 --cases ddp dpsgd
     sudo python benchmarks/cluster.py --cleanup             # remove leftovers of a killed run
+
+With ``--scheduler slurm --sbatch FILE`` the nodes run a real SLURM instead (munged, slurmctld,
+one slurmd per node: ``benchmarks/slurm_cluster.py``); the batch script is submitted with
+``sbatch`` from the current folder, and its state and output are printed (exit status 0 only when
+the job COMPLETED)::
+
+    sudo python benchmarks/cluster.py --scheduler slurm --sbatch \\
+        recipes/imagenet/slurm/digits_cpu.sbatch --sbatch-args="--export=ALL,STRATEGY=adpsgd"
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cluster_net as N  # noqa: E402
+import slurm_cluster as S  # noqa: E402
 from cluster_worker import hidden_width, param_count  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,8 +389,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-logs", action="store_true", help="keep the per-case folders")
     p.add_argument("--prefix", default=N.PREFIX, help="name prefix of namespaces and links")
     p.add_argument("--cleanup", action="store_true",
-                   help="remove namespaces/links named PREFIX... left by a killed run, then exit")
+                   help="remove namespaces/links named PREFIX... (and SLURM daemons, their "
+                   "folders) left by a killed run, then exit")
+    p.add_argument("--scheduler", choices=("torchrun", "slurm"), default="torchrun",
+                   help="torchrun: the benchmark cases; slurm: a real SLURM on the nodes (one "
+                   "slurmd each, --procs CPUs each) running the --sbatch script")
+    p.add_argument("--sbatch", metavar="FILE", help="batch script to submit (--scheduler slurm)")
+    p.add_argument("--sbatch-args", default="", metavar="ARGS",
+                   help="options for sbatch, one string (--sbatch-args='--export=ALL,X=1')")
+    p.add_argument("--job-timeout", type=float, default=1800.0,
+                   help="seconds to wait for the SLURM job before cancelling it")
     args = p.parse_args(argv)
+    if args.scheduler == "slurm" and not args.cleanup and not args.sbatch:
+        p.error("--scheduler slurm needs --sbatch FILE")
     for name in ("nodes", "procs", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -395,9 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 on success, 1 if a case failed, 2 where it cannot run here."""
     args = parse_args(argv)
     if args.cleanup:
-        removed = N.remove_leftovers(args.prefix)
+        removed = S.remove_leftovers(args.prefix)
         print("removed: " + (", ".join(removed) if removed else "nothing"))
         return 0
+    if args.scheduler == "slurm":
+        return S.run_sbatch(args)
     reason = N.check_available(args.prefix)
     if reason:
         print(f"cluster: skipped: {reason}", file=sys.stderr)

@@ -1,0 +1,135 @@
+"""A real SLURM on the emulated cluster (``benchmarks/slurm_cluster.py``): one ``sbatch`` job.
+
+Needs root, network namespaces and SLURM (installed with apt when missing); skips with the
+reason elsewhere. Brings up munged, slurmctld and two slurmd's (one per emulated node), runs one
+batch job of 2 nodes x 2 tasks whose tasks print the SLURM task numbers and the ranks Lightning's
+``SLURMEnvironment`` derives from them, and checks that everything the cluster made is gone after
+``close()``. A second test kills the process that owns a cluster (SIGKILL, no clean-up) and checks
+that :func:`slurm_cluster.remove_leftovers` (``cluster.py --cleanup``) removes what it left.
+Timings are never asserted; the waits only bound a hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.launch import ROOT, base_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cluster_net as N  # noqa: E402
+import slurm_cluster as S  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+PREFIX = "lgt"  # not the benchmark's default, so a concurrent benchmark run is left alone
+JOB_TIMEOUT_S = 600.0  # only bounds a hang: 4 Python processes importing Lightning on 2 cores
+
+RANKS_SCRIPT = """\
+import json, os, socket
+from lightning.pytorch.plugins.environments import SLURMEnvironment as E
+e = E()
+print("RANKS " + json.dumps({
+    "host": socket.gethostname(), "detected": E.detect(),
+    "procid": int(os.environ["SLURM_PROCID"]), "localid": int(os.environ["SLURM_LOCALID"]),
+    "nodeid": int(os.environ["SLURM_NODEID"]), "global_rank": e.global_rank(),
+    "local_rank": e.local_rank(), "node_rank": e.node_rank(), "world_size": e.world_size(),
+    "main_address": e.main_address, "master_resolves_to": socket.gethostbyname(e.main_address),
+    "own_address": socket.gethostbyname(socket.gethostname())}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_available() -> None:
+    reason = S.check_available(PREFIX)
+    if reason:
+        pytest.skip(f"real SLURM unavailable here: {reason}")
+
+
+def _remains(cluster_suffix: str) -> list[str]:
+    """What of the run ``cluster_suffix`` still exists (namespaces, links, folders)."""
+    left = N.leftovers(f"{PREFIX}-{cluster_suffix}-") + N.leftovers(f"{PREFIX}{cluster_suffix}")
+    left += [str(p) for p in S.ETC_NETNS.glob(f"{PREFIX}-{cluster_suffix}-*")]
+    left += [str(p) for p in Path("/tmp").glob(f"{PREFIX}-slurm-{cluster_suffix}")]
+    return left
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not S._is_zombie(pid)
+
+
+def test_sbatch_two_nodes_ranks(slurm_available: None, tmp_path: Path) -> None:
+    """sbatch on 2 nodes x 2 tasks: SLURM_PROCID/LOCALID/NODEID = Lightning's ranks."""
+    (tmp_path / "ranks.py").write_text(RANKS_SCRIPT)
+    script = tmp_path / "ranks.sbatch"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        #SBATCH --job-name=lg-ranks
+        #SBATCH --nodes=2
+        #SBATCH --ntasks-per-node=2
+        #SBATCH --output={tmp_path}/%x-%j.out
+        set -euo pipefail
+        srun {sys.executable} {tmp_path}/ranks.py
+        """))
+    cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    with cluster:
+        pids = [p.pid for p in cluster.daemons] + [cluster.munged.pid]
+        assert cluster.client(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split() == [
+            "node0", "idle", "node1", "idle"]
+        job = cluster.submit(script, cwd=tmp_path, env=cluster.client_env(base_env()))
+        info = cluster.wait(job, JOB_TIMEOUT_S)
+    out = Path(info.get("StdOut", "")).read_text() if info.get("StdOut") else ""
+    assert info.get("JobState") == "COMPLETED", (info, out)
+    ranks = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+             if line.startswith("RANKS ")]
+    assert sorted(r["procid"] for r in ranks) == [0, 1, 2, 3], out
+    for r in ranks:
+        assert r["detected"] is True
+        assert (r["global_rank"], r["local_rank"], r["node_rank"]) == (
+            r["procid"], r["localid"], r["nodeid"]), r
+        assert r["procid"] == 2 * r["nodeid"] + r["localid"], r
+        assert r["host"] == f"node{r['nodeid']}", r  # each slurmd in its node's UTS namespace
+        assert r["world_size"] == 4 and r["main_address"] == "node0", r
+        # node names resolve inside the namespaces, to the node's own address on its link
+        assert r["own_address"] == cluster.net.members[r["nodeid"]].address, r
+        assert r["master_resolves_to"] == cluster.net.members[0].address, r
+    assert sorted((r["nodeid"], r["localid"]) for r in ranks) == list(
+        itertools.product(range(2), range(2)))
+    assert _remains(cluster.net.suffix) == []
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_cleanup_after_a_killed_run(slurm_available: None, tmp_path: Path) -> None:
+    """The owner of a running SLURM cluster is SIGKILLed: remove_leftovers removes the rest."""
+    code = textwrap.dedent(f"""\
+        import sys, time
+        sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+        import slurm_cluster as S
+        c = S.SlurmCluster(2, 100, prefix={PREFIX!r}).start()
+        print(c.net.suffix, *[p.pid for p in c.daemons], c.munged.pid, flush=True)
+        time.sleep(600)
+        """)
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        line = owner.stdout.readline().split()
+        assert line, "the cluster did not come up"
+        suffix, pids = line[0], [int(p) for p in line[1:]]
+        assert all(_alive(p) for p in pids)
+    finally:
+        os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=30)
+    assert _remains(suffix) != []  # nothing cleaned up after a SIGKILL ...
+    removed = S.remove_leftovers(PREFIX)
+    assert any(suffix in r for r in removed), removed
+    assert _remains(suffix) == []  # ... until --cleanup
+    assert [p for p in pids if _alive(p)] == []
