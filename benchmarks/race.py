@@ -115,7 +115,8 @@ def launch(cluster: N.EmulatedCluster, spec: dict[str, Any], workdir: Path,
             cmd = [*cluster.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
                    f"--nnodes={cluster.nodes}", f"--node-rank={k}",
                    f"--nproc-per-node={spec['procs']}",
-                   f"--master-addr={cluster.members[0].address}", "--master-port=29400", str(WORKER), str(spec_path)]
+                   f"--master-addr={cluster.members[0].address}", "--master-port=29400",
+                   str(WORKER), str(spec_path)]
             with open(logs[k], "w") as log:
                 procs.append(subprocess.Popen(cmd, env=_worker_env(member.iface), cwd=ROOT,
                                               stdout=log, stderr=subprocess.STDOUT,
