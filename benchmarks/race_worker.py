@@ -20,13 +20,17 @@ communication differ):
 * the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``
   options), with ``final_average=False`` and no periodic consensus.
 
-Validation, every ``eval_steps`` optimizer steps (a fixed number of samples), on the held-out
+Validation, every ``eval_steps`` optimizer steps of each rank (``eval_every`` samples of all
+ranks; under adpsgd's shared cursor the ranks' steps differ, and ``curve_samples`` records the
+samples all ranks really processed), on the held-out
 20 % of digits, of the EXACT average of the replicas: the flattened parameters are all-reduced
 on a process group of the race's own into a separate evaluation copy; the replicas themselves
 are not changed. The clock stops during evaluation, and the link bytes sent during evaluation
 are subtracted, so the curve's seconds and the bytes per step are those of training. The stop
-decision (target reached, or budget spent) is taken on the all-reduced maximum of the ranks'
-clocks, so every rank stops at the same step. Rank 0 writes ``<case>/result.json``.
+decision (target reached, budget spent, or any rank at its step cap) is taken on all-reduced
+values, so every rank stops at the same validation. These validations are points where all
+ranks meet: under adpsgd they take away part of its tolerance of uneven rank speed (the fast
+ranks wait there for the slow ones). Rank 0 writes ``<case>/result.json``.
 """
 
 from __future__ import annotations
@@ -93,8 +97,9 @@ class RaceMeter(Callback):
                  budget_s: float | None, max_steps: int | None) -> None:
         self.ctx, self.case = ctx, case
         self.target, self.budget_s, self.max_steps = target, budget_s, max_steps
-        self.curve: list[list[float]] = []  # [seconds, metric, step]
+        self.curve: list[list[float]] = []  # [seconds, metric, samples of all ranks]
         self.steps = 0
+        self.samples = 0  # this rank's training samples so far
         self.train_s = 0.0
         self.t_resume = 0.0
         self.excluded = 0  # tx bytes of evaluation windows (local rank 0)
@@ -123,12 +128,13 @@ class RaceMeter(Callback):
         if self.averager is not None:
             self.averager.average_parameters(pl_module.parameters())
         self.steps += 1
+        self.samples += len(batch[0])
         if self.steps == self.ctx["warmup"]:
             self._mark("warmup")
         last = self.max_steps is not None and self.steps >= self.max_steps
         if self.steps % self.ctx["eval_steps"] == 0 or last:
             self.train_s += time.perf_counter() - self.t_resume
-            if self.evaluate(trainer, pl_module) or last:
+            if self.evaluate(trainer, pl_module, last):
                 trainer.should_stop = True
                 self._mark("end")
             self.t_resume = time.perf_counter()
@@ -139,8 +145,13 @@ class RaceMeter(Callback):
             self.evaluate(trainer, pl_module)
             self._mark("end")
 
-    def evaluate(self, trainer: Any, pl_module: Any) -> bool:
-        """Metric of the exact replica average; record it; True when the case should stop."""
+    def evaluate(self, trainer: Any, pl_module: Any, last: bool = False) -> bool:
+        """Metric of the exact replica average; record it; True when every rank should stop.
+
+        Collective (every rank calls it equally often): the clock is the ranks' maximum, the
+        samples the ranks' sum (adpsgd's shared cursor lets ranks take different numbers of
+        steps), and any rank's ``last`` (its step cap) stops all of them.
+        """
         group = self.ctx["group"]
         dist.barrier(group=group)
         tx0 = self._tx()
@@ -153,15 +164,17 @@ class RaceMeter(Callback):
             torch.nn.utils.vector_to_parameters(flat, self.eval_model.parameters())
             pred = self.eval_model(self.ctx["x_val"]).argmax(1)
             metric = 100.0 * float((pred == self.ctx["y_val"]).float().mean())
-            clock = torch.tensor([self.train_s, metric])
+            clock = torch.tensor([self.train_s, metric, float(last)], dtype=torch.float64)
             dist.all_reduce(clock, op=dist.ReduceOp.MAX, group=group)
+            samples = torch.tensor([self.samples], dtype=torch.int64)
+            dist.all_reduce(samples, group=group)
         seconds = float(clock[0])
-        self.curve.append([seconds, metric, self.steps])
+        self.curve.append([seconds, metric, int(samples[0])])
         dist.barrier(group=group)
         self.excluded += self._tx() - tx0
         reached = self.target is not None and metric >= self.target
         spent = self.budget_s is not None and seconds >= self.budget_s
-        return bool(reached or spent)
+        return bool(reached or spent or clock[2] > 0)
 
 
 def install_hooks(meter: RaceMeter, trainer: Any, pl_module: Any) -> None:
@@ -255,7 +268,7 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
         "kwargs": case.get("kwargs", {}), "period": case.get("period"),
-        "curve": curve, "curve_steps": [int(st) for _, _, st in meter.curve],
+        "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
         "steps": meter.steps, "train_s": meter.curve[-1][0] if meter.curve else None,
         "final_metric": meter.curve[-1][1] if meter.curve else None,
         "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
