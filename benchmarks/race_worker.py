@@ -21,16 +21,16 @@ communication differ):
   options), with ``final_average=False`` and no periodic consensus.
 
 Validation, every ``eval_steps`` optimizer steps of each rank (``eval_every`` samples of all
-ranks; under adpsgd's shared cursor the ranks' steps differ, and ``curve_samples`` records the
-samples all ranks really processed), on the held-out
+ranks; ``curve_samples`` records the samples all ranks really processed), on the held-out
 20 % of digits, of the EXACT average of the replicas: the flattened parameters are all-reduced
 on a process group of the race's own into a separate evaluation copy; the replicas themselves
 are not changed. The clock stops during evaluation, and the link bytes sent during evaluation
 are subtracted, so the curve's seconds and the bytes per step are those of training. The stop
 decision (target reached, budget spent, or any rank at its step cap) is taken on all-reduced
-values, so every rank stops at the same validation. These validations are points where all
-ranks meet: under adpsgd they take away part of its tolerance of uneven rank speed (the fast
-ranks wait there for the slow ones). Rank 0 writes ``<case>/result.json``.
+values, so every rank stops at the same validation. Validations are points where all ranks
+meet. adpsgd's ranks take different numbers of steps (its shared cursor) and meet only at epoch
+ends; a collective anywhere else can deadlock with its gossip, so adpsgd cases are validated at
+epoch ends only (a coarser curve; a case can stop only there). Rank 0 writes ``<case>/result.json``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ class MLP(L.LightningModule):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
+
+    def on_train_epoch_end(self) -> None:
+        """After every callback's epoch end (adpsgd's ranks have met): the race's validation."""
+        meter = next((c for c in self.trainer.callbacks if isinstance(c, RaceMeter)), None)
+        if meter is not None:
+            meter.epoch_end(self.trainer, self)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs, target = batch
@@ -105,6 +111,9 @@ class RaceMeter(Callback):
         self.excluded = 0  # tx bytes of evaluation windows (local rank 0)
         self.marks: dict[str, tuple[int, int, int]] = {}  # name -> (step, tx_bytes, excluded)
         self.eval_model: nn.Module | None = None
+        # adpsgd: its ranks take different numbers of steps and meet only at epoch ends, where
+        # a collective is safe (one elsewhere can deadlock with its gossip): validate there
+        self.at_epoch_end = case.get("strategy") == "adpsgd"
         self.averager: Any = None
 
     def _tx(self) -> int:
@@ -131,13 +140,24 @@ class RaceMeter(Callback):
         self.samples += len(batch[0])
         if self.steps == self.ctx["warmup"]:
             self._mark("warmup")
+        if self.at_epoch_end:
+            return
         last = self.max_steps is not None and self.steps >= self.max_steps
         if self.steps % self.ctx["eval_steps"] == 0 or last:
-            self.train_s += time.perf_counter() - self.t_resume
-            if self.evaluate(trainer, pl_module, last):
-                trainer.should_stop = True
-                self._mark("end")
-            self.t_resume = time.perf_counter()
+            self._validate(trainer, pl_module, last)
+
+    def epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Validate at an epoch end (adpsgd: after its ranks have met; called by the module)."""
+        if self.at_epoch_end:
+            self._validate(trainer, pl_module,
+                           self.max_steps is not None and self.steps >= self.max_steps)
+
+    def _validate(self, trainer: Any, pl_module: Any, last: bool) -> None:
+        self.train_s += time.perf_counter() - self.t_resume
+        if self.evaluate(trainer, pl_module, last):
+            trainer.should_stop = True
+            self._mark("end")
+        self.t_resume = time.perf_counter()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if "end" not in self.marks:  # the loop ended on its own (epochs): one last point
