@@ -1,12 +1,13 @@
 """Smoke test of the race (``benchmarks/race.py``) on a tiny emulated cluster.
 
 Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
-elsewhere. 2 nodes x 1 process, ``--quick`` (0.25 MB model, at most 30 steps per case), four
-cases: ``ddp``, ``ddp_bf16``, ``postlocal4`` and ``dpsgd``. Checks the JSON's shape, that every
-case started from the same model (same first validation), that the DDP hooks the race registers
-really ran (bytes on the link: bf16 about half of ddp's, post-local SGD about a quarter after its
-warm-up), that the times to the target agree with the curves, and that no namespace or
-link is left. Timings are never asserted.
+elsewhere. 2 nodes x 1 process, ``--quick`` (0.25 MB model, at most 30 steps per case), five
+cases: ``ddp``, ``ddp_bf16``, ``postlocal4``, ``dpsgd`` and ``adpsgd``. Checks the JSON's
+shape, that every case started from the same model (same first validation), that the DDP hooks
+the race registers really ran (bytes on the link: bf16 about half of ddp's, post-local SGD
+about a quarter after its warm-up), that the times to the target agree with the curves, that
+adpsgd (validated at epoch ends) does not deadlock, and that no namespace or link is left.
+Timings are never asserted.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     out, png = tmp_path / "race.json", tmp_path / "race.png"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "1",
            "--rate", "100", "--quick", "--eval-every", "64", "--warmup", "8", "--cases", "ddp",
-           "ddp_bf16", "postlocal4", "dpsgd", "--prefix", PREFIX, "--json", str(out),
+           "ddp_bf16", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX, "--json", str(out),
            "--png", str(png),
            # a target out of reach and a budget that never ends a case: every case runs its
            # 30 steps, so the hook checks always see 22 steps after post-local SGD's warm-up
@@ -54,10 +55,14 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert (report["workload"], report["nodes"], report["procs"], report["rate_mbit"]) == (
         "digits", 2, 1, 100.0)
     cases = {c["name"]: c for c in report["cases"]}
-    assert list(cases) == ["ddp", "ddp_bf16", "postlocal4", "dpsgd"]
+    assert list(cases) == ["ddp", "ddp_bf16", "postlocal4", "dpsgd", "adpsgd"]
     ddp = cases["ddp"]
     assert report["target"] == 99.9
-    assert [c["steps"] for c in cases.values()] == [30] * 4  # --quick caps every case
+    # --quick caps every case at 30 steps; adpsgd is validated (and stopped) at epoch ends
+    # only, where its shared cursor has used every one of the 1437 training samples once
+    assert [cases[n]["steps"] for n in ("ddp", "ddp_bf16", "postlocal4", "dpsgd")] == [30] * 4
+    assert cases["adpsgd"]["curve_samples"] == [0, 1437]
+    assert cases["dpsgd"]["curve_samples"] == list(range(0, 30 * 2 * 16 + 1, 2 * 2 * 16))
     first = {name: c["curve"][0] for name, c in cases.items()}
     for name, c in cases.items():
         for key in ("time_to_target_s", "metric_at_ddp_time", "final_metric",
