@@ -10,7 +10,8 @@ scikit-learn's digits from the same seed, with the same data order, through a Li
 ``Trainer``: the same loop for every case, only the strategy and its communication differ.
 Every ``--eval-every`` samples the exact average of the replicas (an all-reduce into a separate
 copy; the replicas are not changed) is validated on the held-out 20 %; the clock stops during
-validation and its link bytes are subtracted.
+validation and its link bytes are subtracted. Validations are points where all ranks meet;
+``adpsgd`` cases, whose ranks meet only at epoch ends, are validated at epoch ends only.
 
 ``ddp`` runs first, for ``--epochs`` epochs; the target is its final accuracy minus 0.5 points
 (or ``--target``) and every other case's budget is 3x its time (or ``--budget``). A case stops
