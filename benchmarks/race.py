@@ -195,7 +195,8 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ddp = next((r for r in results if r["name"] == "ddp"), None)
     for r in results:
         r["time_to_target_s"] = time_to(r["curve"], r["target"]) if r["target"] else None
-        r["metric_at_ddp_time"] = metric_at(r["curve"], ddp["train_s"]) if ddp else None
+        # the curve's own (rounded) seconds: ddp's last point is at ddp's time exactly
+        r["metric_at_ddp_time"] = metric_at(r["curve"], ddp["curve"][-1][0]) if ddp else None
         check = hook_check(r, ddp)
         if check is not None:
             r["hook_check"] = check

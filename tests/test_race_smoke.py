@@ -63,6 +63,7 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert [cases[n]["steps"] for n in ("ddp", "ddp_bf16", "postlocal4", "dpsgd")] == [30] * 4
     assert cases["adpsgd"]["curve_samples"] == [0, 1437]
     assert cases["dpsgd"]["curve_samples"] == list(range(0, 30 * 2 * 16 + 1, 2 * 2 * 16))
+    assert ddp["metric_at_ddp_time"] == ddp["final_metric"]
     first = {name: c["curve"][0] for name, c in cases.items()}
     for name, c in cases.items():
         for key in ("time_to_target_s", "metric_at_ddp_time", "final_metric",
