@@ -1,0 +1,348 @@
+"""One rank of a race (started by ``benchmarks/race.py`` through torchrun, inside a node).
+
+Usage (inside a node's namespace, by torchrun)::
+
+    python benchmarks/race_worker.py SPEC.json
+
+Every case of the spec runs, in order, in the same processes, through a Lightning ``Trainer``
+(the same loop, data order, model and seed for every case; only the strategy and its
+communication differ):
+
+* ``ddp``: Lightning's ``DDPStrategy``, plain; it runs ``epochs`` epochs and sets the target
+  (its final metric minus ``slack`` points) and the budget (``budget_factor`` x its time) for
+  the cases after it, unless the spec gives them;
+* ``ddp_bf16``: ``DDPStrategy`` plus torch's ``bf16_compress_hook``, registered here on the
+  wrapped ``DistributedDataParallel`` in ``on_fit_start`` (before the first backward), because
+  Lightning registers communication hooks only on CUDA;
+* ``postlocal<P>``: ``DDPStrategy`` plus torch's ``post_localSGD_hook`` with
+  ``PostLocalSGDState(subgroup=<this node's ranks>, start_localSGD_iter=warmup)`` and a
+  ``PeriodicModelAverager(period=P, warmup_steps=warmup)`` called after every optimizer step;
+* the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``
+  options), with ``final_average=False`` and no periodic consensus.
+
+Validation, every ``eval_steps`` optimizer steps of each rank (``eval_every`` samples of all
+ranks; ``curve_samples`` records the samples all ranks really processed), on the held-out
+20 % of digits, of the EXACT average of the replicas: the flattened parameters are all-reduced
+on a process group of the race's own into a separate evaluation copy; the replicas themselves
+are not changed. The clock stops during evaluation, and the link bytes sent during evaluation
+are subtracted, so the curve's seconds and the bytes per step are those of training. The stop
+decision (target reached, budget spent, or any rank at its step cap) is taken on all-reduced
+values, so every rank stops at the same validation. Validations are points where all ranks
+meet. adpsgd's ranks take different numbers of steps (its shared cursor) and meet only at epoch
+ends; a collective anywhere else can deadlock with its gossip, so adpsgd cases are validated at
+epoch ends only (a coarser curve; a case can stop only there). Rank 0 writes ``<case>/result.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from cluster_worker import read_counters  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class MLP(L.LightningModule):
+    """64 -> width -> width -> 10, ReLU, SGD with momentum 0.9 (as ``cluster_worker``)."""
+
+    def __init__(self, width: int, lr: float) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width),
+                                 nn.ReLU(), nn.Linear(width, 10))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs)
+
+    def on_train_epoch_end(self) -> None:
+        """After every callback's epoch end (adpsgd's ranks have met): the race's validation."""
+        meter = next((c for c in self.trainer.callbacks if isinstance(c, RaceMeter)), None)
+        if meter is not None:
+            meter.epoch_end(self.trainer, self)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        inputs, target = batch
+        return nn.functional.cross_entropy(self(inputs), target)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+def load_data() -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Digits, 80/20 stratified split with a fixed seed: (train dataset, x_val, y_val)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch.utils.data import TensorDataset
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    train = TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr))
+    return train, torch.from_numpy(x_te), torch.from_numpy(y_te)
+
+
+class RaceMeter(Callback):
+    """Clock (paused during evaluation), curve, stop decision and link bytes of one case."""
+
+    def __init__(self, ctx: dict[str, Any], case: dict[str, Any], target: float | None,
+                 budget_s: float | None, max_steps: int | None) -> None:
+        self.ctx, self.case = ctx, case
+        self.target, self.budget_s, self.max_steps = target, budget_s, max_steps
+        self.curve: list[list[float]] = []  # [seconds, metric, samples of all ranks]
+        self.steps = 0
+        self.samples = 0  # this rank's training samples so far
+        self.train_s = 0.0
+        self.t_resume = 0.0
+        self.excluded = 0  # tx bytes of evaluation windows (local rank 0)
+        self.marks: dict[str, tuple[int, int, int]] = {}  # name -> (step, tx_bytes, excluded)
+        self.eval_model: nn.Module | None = None
+        # adpsgd: its ranks take different numbers of steps and meet only at epoch ends, where
+        # a collective is safe (one elsewhere can deadlock with its gossip): validate there
+        self.at_epoch_end = case.get("strategy") == "adpsgd"
+        self.averager: Any = None
+
+    def _tx(self) -> int:
+        return read_counters(self.ctx["iface"])["tx_bytes"] if self.ctx["local_rank"] == 0 else 0
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = (self.steps, self._tx(), self.excluded)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        install_hooks(self, trainer, pl_module)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.eval_model = copy.deepcopy(pl_module.net)
+        dist.barrier(group=self.ctx["group"])
+        self._mark("start")
+        self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
+        self.t_resume = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.averager is not None:
+            self.averager.average_parameters(pl_module.parameters())
+        self.steps += 1
+        self.samples += len(batch[0])
+        if self.steps == self.ctx["warmup"]:
+            self._mark("warmup")
+        if self.at_epoch_end:
+            return
+        last = self.max_steps is not None and self.steps >= self.max_steps
+        if self.steps % self.ctx["eval_steps"] == 0 or last:
+            self._validate(trainer, pl_module, last)
+
+    def epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Validate at an epoch end (adpsgd: after its ranks have met; called by the module)."""
+        if self.at_epoch_end:
+            self._validate(trainer, pl_module,
+                           self.max_steps is not None and self.steps >= self.max_steps)
+
+    def _validate(self, trainer: Any, pl_module: Any, last: bool) -> None:
+        self.train_s += time.perf_counter() - self.t_resume
+        if self.evaluate(trainer, pl_module, last):
+            trainer.should_stop = True
+            self._mark("end")
+        self.t_resume = time.perf_counter()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if "end" not in self.marks:  # the loop ended on its own (epochs): one last point
+            self.train_s += time.perf_counter() - self.t_resume
+            self.evaluate(trainer, pl_module)
+            self._mark("end")
+
+    def evaluate(self, trainer: Any, pl_module: Any, last: bool = False) -> bool:
+        """Metric of the exact replica average; record it; True when every rank should stop.
+
+        Collective (every rank calls it equally often): the clock is the ranks' maximum, the
+        samples the ranks' sum (adpsgd's shared cursor lets ranks take different numbers of
+        steps), and any rank's ``last`` (its step cap) stops all of them.
+        """
+        group = self.ctx["group"]
+        dist.barrier(group=group)
+        tx0 = self._tx()
+        with torch.no_grad():
+            params = list(pl_module.net.parameters())
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            dist.all_reduce(flat, group=group)
+            flat /= self.ctx["world"]
+            assert self.eval_model is not None
+            torch.nn.utils.vector_to_parameters(flat, self.eval_model.parameters())
+            pred = self.eval_model(self.ctx["x_val"]).argmax(1)
+            metric = 100.0 * float((pred == self.ctx["y_val"]).float().mean())
+            clock = torch.tensor([self.train_s, metric, float(last)], dtype=torch.float64)
+            dist.all_reduce(clock, op=dist.ReduceOp.MAX, group=group)
+            samples = torch.tensor([self.samples], dtype=torch.int64)
+            dist.all_reduce(samples, group=group)
+        seconds = float(clock[0])
+        self.curve.append([seconds, metric, int(samples[0])])
+        dist.barrier(group=group)
+        self.excluded += self._tx() - tx0
+        reached = self.target is not None and metric >= self.target
+        spent = self.budget_s is not None and seconds >= self.budget_s
+        return bool(reached or spent or clock[2] > 0)
+
+
+def install_hooks(meter: RaceMeter, trainer: Any, pl_module: Any) -> None:
+    """Register the case's DDP communication hook / averager (Lightning skips them on CPU)."""
+    case = meter.case
+    kind = case["kind"]
+    if kind in ("ddp", "gossip"):
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = trainer.strategy.model
+    assert isinstance(ddp, DistributedDataParallel), type(ddp)
+    if kind == "ddp_bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+            bf16_compress_hook,
+        )
+
+        ddp.register_comm_hook(None, bf16_compress_hook)
+    elif kind == "postlocal":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pls
+        from torch.distributed.algorithms.model_averaging.averagers import (
+            PeriodicModelAverager,
+        )
+
+        warmup = meter.ctx["warmup"]
+        state = pls.PostLocalSGDState(process_group=None, subgroup=meter.ctx["node_group"],
+                                      start_localSGD_iter=warmup)
+        ddp.register_comm_hook(state, pls.post_localSGD_hook)
+        meter.averager = PeriodicModelAverager(period=int(case["period"]), warmup_steps=warmup)
+    else:
+        raise ValueError(f"unknown case kind {kind!r}")
+
+
+def make_strategy(case: dict[str, Any], timeout: timedelta) -> Any:
+    """The Lightning strategy of ``case``."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if case["kind"] != "gossip":
+        return DDPStrategy(process_group_backend="gloo", timeout=timeout)
+    import lightning_gossip
+
+    cls = {"dpsgd": lightning_gossip.DPSGDStrategy,
+           "adpsgd": lightning_gossip.ADPSGDStrategy}[case["strategy"]]
+    kwargs = dict(case["kwargs"])
+    kwargs.update(final_average=False, consensus_every_n_steps=None,
+                  process_group_backend="gloo", timeout=timeout)
+    return cls(**kwargs)
+
+
+def bytes_between(meters: list[dict[str, Any]], start: str, end: str) -> float | None:
+    """Mean over nodes of tx bytes per step between two marks, evaluation windows excluded."""
+    per_node = []
+    for m in meters:
+        if start not in m or end not in m:
+            return None
+        s0, b0, e0 = m[start]
+        s1, b1, e1 = m[end]
+        if s1 <= s0:
+            return None
+        per_node.append(((b1 - b0) - (e1 - e0)) / (s1 - s0))
+    return sum(per_node) / len(per_node) if per_node else None
+
+
+def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
+             target: float | None, budget_s: float | None) -> dict[str, Any]:
+    """Train ``case`` from the common seed until target/budget (ddp: ``epochs``); its record."""
+    from torch.utils.data import DataLoader
+
+    fixed = case["name"] == "ddp"
+    max_steps = ctx["steps_per_epoch"] * int(spec["epochs"]) if fixed else None
+    if spec.get("max_steps"):
+        max_steps = min(max_steps or spec["max_steps"], int(spec["max_steps"]))
+    L.seed_everything(0, workers=True, verbose=False)
+    model = MLP(int(spec["width"]), float(spec["lr"]))
+    meter = RaceMeter(ctx, case, None if fixed else target, None if fixed else budget_s,
+                      max_steps)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
+        strategy=make_strategy(case, ctx["timeout"]), max_epochs=100_000,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        callbacks=[meter], default_root_dir=str(ctx["out"] / case["name"] / "lightning"))
+    loader = DataLoader(ctx["train"], batch_size=int(spec["batch_size"]), shuffle=True)
+    trainer.fit(model, loader)
+    dist.barrier(group=ctx["group"])
+    marks = [None] * ctx["world"]
+    dist.all_gather_object(marks, meter.marks if ctx["local_rank"] == 0 else None,
+                           group=ctx["group"])
+    nodes = [m for m in marks if m is not None]
+    curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
+    return {
+        "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
+        "kwargs": case.get("kwargs", {}), "period": case.get("period"),
+        "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
+        "steps": meter.steps, "train_s": curve[-1][0] if curve else None,
+        "final_metric": curve[-1][1] if curve else None,
+        "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
+        "bytes_per_step_after_warmup": bytes_between(nodes, "warmup", "end"),
+        "bytes_per_step_warmup": bytes_between(nodes, "start", "warmup"),
+    }
+
+
+def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Process groups (default, evaluation, this node's), data, sizes: the shared context."""
+    timeout = timedelta(seconds=float(spec["pg_timeout_s"]))
+    dist.init_process_group("gloo", timeout=timeout)  # Lightning reuses it
+    rank, world = dist.get_rank(), dist.get_world_size()
+    procs = int(spec["procs"])
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    node_group, _ = dist.new_subgroups(group_size=procs, backend="gloo", timeout=timeout)
+    train, x_val, y_val = load_data()
+    per_rank = -(-len(train) // world)
+    batch = int(spec["batch_size"])
+    return {
+        "rank": rank, "world": world, "local_rank": int(os.environ["LOCAL_RANK"]),
+        "iface": os.environ["GLOO_SOCKET_IFNAME"], "timeout": timeout, "out": out,
+        "group": group, "node_group": node_group, "train": train, "x_val": x_val,
+        "y_val": y_val, "steps_per_epoch": -(-per_rank // batch),
+        "eval_steps": max(1, round(int(spec["eval_every"]) / (batch * world))),
+        "warmup": int(spec["warmup"]),
+    }
+
+
+def main(spec_path: Path) -> None:
+    """Run the race's cases in order on this rank; rank 0 writes one result file per case."""
+    torch.set_num_threads(1)
+    spec = json.loads(spec_path.read_text())
+    out = spec_path.parent
+    ctx = setup(spec, out)
+    target, budget_s = spec.get("target"), spec.get("budget_s")
+    for case in spec["cases"]:
+        dist.barrier(group=ctx["group"])
+        print(f"[race rank {ctx['rank']}] case {case['name']}", flush=True)
+        res = run_case(ctx, spec, case, target, budget_s)
+        if case["name"] == "ddp":
+            if target is None:
+                target = res["final_metric"] - float(spec["slack"])
+            if budget_s is None:
+                budget_s = float(spec["budget_factor"]) * res["train_s"]
+        res.update(target=target, budget_s=budget_s)
+        if ctx["rank"] == 0:
+            (out / case["name"]).mkdir(parents=True, exist_ok=True)
+            tmp = out / case["name"] / ".result.json"
+            tmp.write_text(json.dumps(res))
+            tmp.rename(out / case["name"] / "result.json")  # the driver sees whole files only
+    dist.barrier(group=ctx["group"])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

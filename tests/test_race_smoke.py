@@ -1,0 +1,86 @@
+"""Smoke test of the race (``benchmarks/race.py``) on a tiny emulated cluster.
+
+Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
+elsewhere. 2 nodes x 1 process, ``--quick`` (0.25 MB model, at most 30 steps per case), five
+cases: ``ddp``, ``ddp_bf16``, ``postlocal4``, ``dpsgd`` and ``adpsgd``. Checks the JSON's
+shape, that every case started from the same model (same first validation), that the DDP hooks
+the race registers really ran (bytes on the link: bf16 about half of ddp's, post-local SGD
+about a quarter after its warm-up), that the times to the target agree with the curves, that
+adpsgd (validated at epoch ends) does not deadlock, and that no namespace or link is left.
+Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launch import ROOT, base_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cluster_net as N  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+PREFIX = "lgrt"  # not the race's default, so a concurrent race is left alone
+
+
+@pytest.fixture(scope="module")
+def netns_available() -> None:
+    reason = N.check_available(PREFIX)
+    if reason:
+        pytest.skip(f"emulated cluster unavailable here: {reason}")
+
+
+def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
+    """Four cases race; hooks ran (link bytes); curves, target and JSON agree; nothing left."""
+    out, png = tmp_path / "race.json", tmp_path / "race.png"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "1",
+           "--rate", "100", "--quick", "--eval-every", "64", "--warmup", "8", "--cases", "ddp",
+           "ddp_bf16", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX, "--json", str(out),
+           "--png", str(png),
+           # a target out of reach and a budget that never ends a case: every case runs its
+           # 30 steps, so the hook checks always see 22 steps after post-local SGD's warm-up
+           "--target", "99.9", "--budget", "100000"]
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=900)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    report = json.loads(out.read_text())
+    assert png.stat().st_size > 0
+    assert (report["workload"], report["nodes"], report["procs"], report["rate_mbit"]) == (
+        "digits", 2, 1, 100.0)
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == ["ddp", "ddp_bf16", "postlocal4", "dpsgd", "adpsgd"]
+    ddp = cases["ddp"]
+    assert report["target"] == 99.9
+    # --quick caps every case at 30 steps; adpsgd is validated (and stopped) at epoch ends
+    # only, where its shared cursor has used every one of the 1437 training samples once
+    assert [cases[n]["steps"] for n in ("ddp", "ddp_bf16", "postlocal4", "dpsgd")] == [30] * 4
+    assert cases["adpsgd"]["curve_samples"] == [0, 1437]
+    assert cases["dpsgd"]["curve_samples"] == list(range(0, 30 * 2 * 16 + 1, 2 * 2 * 16))
+    assert ddp["metric_at_ddp_time"] == ddp["final_metric"]
+    first = {name: c["curve"][0] for name, c in cases.items()}
+    for name, c in cases.items():
+        for key in ("time_to_target_s", "metric_at_ddp_time", "final_metric",
+                    "bytes_per_step_inter_node", "curve"):
+            assert key in c, (name, key)
+        assert first[name] == [0.0, first["ddp"][1]], (name, first)  # same seed, same model
+        assert c["final_metric"] == c["curve"][-1][1]
+        seconds = [s for s, _ in c["curve"]]
+        assert seconds == sorted(seconds)
+        reached = [s for s, m in c["curve"] if m >= report["target"]]
+        assert c["time_to_target_s"] == (reached[0] if reached else None), name
+        assert c["bytes_per_step_inter_node"] > 0
+    # Hooks: the link bytes say they ran (a skipped hook would send ddp's bytes).
+    assert cases["ddp_bf16"]["hook_check"]["ok"], cases["ddp_bf16"]["hook_check"]
+    assert 0.4 <= cases["ddp_bf16"]["hook_check"]["measured_ratio"] <= 0.6
+    assert cases["postlocal4"]["hook_check"]["ok"], cases["postlocal4"]["hook_check"]
+    warm = cases["postlocal4"]["bytes_per_step_warmup"]
+    assert 0.8 <= warm / ddp["bytes_per_step_inter_node"] <= 1.2  # global all-reduce first
+    prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
+    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
