@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from lightning_gossip.liveness import Heartbeat, PeerSilent
+from lightning_gossip.errors import PeerSilent
+from lightning_gossip.liveness import Heartbeat
 from tests.launch import free_port
 
 
