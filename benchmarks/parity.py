@@ -10,8 +10,12 @@ Per step it records
 * ``ratio``: ``|mean_i u_i| / |u_ddp|`` (the gossip mean's step over ddp's step) and ``cos``;
 * the pre-clip gradient norms: ddp's averaged gradient and each rank's local one.
 
-    python -m benchmarks.parity --optimizer adam --lr 3e-3 --steps 150
-    python -m benchmarks.parity --optimizer sgd --lr 0.3 --steps 150
+    python -m benchmarks.parity --optimizer adam --lr 3e-3 --steps 75     # epoch 0
+    python -m benchmarks.parity --optimizer adam --lr 3e-3 --steps 50 \
+        --ckpt runs/.../epoch02-....ckpt --start-epoch 3                  # from saved weights
+    python -m benchmarks.parity --optimizer sgd --lr 0.1 --steps 25 --ckpt ... --start-epoch 3
+
+Results (per 25 steps, and every step) go to ``benchmarks/results/parity/``.
 
 With SGD (momentum, Nesterov) and no clipping the ratio is exactly 1 (the update is linear in the
 gradient); with Adam it is not (each learner's second moment sees its own batch's noise).
