@@ -17,7 +17,7 @@ from torchmetrics.text import WordErrorRate
 from recipes.asr.dataset import IGNORE_INDEX, Batch
 from recipes.asr.features import SpecAugment
 from recipes.asr.model import BLSTMAcousticModel
-from recipes.asr.schedule import lr_factor
+from recipes.asr.schedule import gossip_learners, gossip_lr_multiplier, lr_factor
 from recipes.asr.scoring import REPORT_NAME, write_report
 from recipes.asr.vocabulary import BLANK, CharacterVocabulary
 
@@ -50,7 +50,11 @@ class SpeechRecognizer(LightningModule):
             :class:`~recipes.asr.model.BLSTMAcousticModel`.
         spec_augment: mask frequency bands and time spans in training.
         optimizer: ``"adam"`` or ``"sgd"`` (with ``momentum``, Nesterov).
-        lr: peak learning rate; schedule: see :func:`~recipes.asr.schedule.lr_factor`.
+        lr: peak learning rate as found under ``ddp``; schedule: see
+            :func:`~recipes.asr.schedule.lr_factor`.
+        gossip_lr_rule: ``"auto"``: under ``dpsgd``/``adpsgd`` with Adam the peak rate is
+            ``lr * sqrt(learners)`` (SGD keeps ``lr``), see
+            :func:`~recipes.asr.schedule.gossip_lr_multiplier`; ``"none"``: ``lr`` as given.
         report_dir: where the test report goes; default: the trainer's log directory.
     """
 
@@ -72,6 +76,7 @@ class SpeechRecognizer(LightningModule):
         time_width: int = 20,
         optimizer: Literal["adam", "sgd"] = "adam",
         lr: float = 1e-3,
+        gossip_lr_rule: Literal["auto", "none"] = "auto",
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -120,14 +125,27 @@ class SpeechRecognizer(LightningModule):
         elif stage == "fit":
             rank_zero_warn("no CMVN statistics available: features are not normalized")
 
+    def peak_lr(self) -> float:
+        """``lr`` times the gossip rule's factor for the trainer's strategy (``lr`` without one)."""
+        hp = self.hparams
+        learners = 1
+        if self._trainer is not None:
+            learners = gossip_learners(self.trainer.strategy, self.trainer.world_size)
+        return hp.lr * gossip_lr_multiplier(hp.optimizer, learners, hp.gossip_lr_rule)
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
+        lr = self.peak_lr()
+        if lr != hp.lr:
+            rank_zero_info(f"peak learning rate {lr:g} (model.lr {hp.lr:g} x "
+                           f"{lr / hp.lr:g}: Adam under gossip, gossip_lr_rule="
+                           f"{hp.gossip_lr_rule!r})")
         if hp.optimizer == "sgd":
             opt: torch.optim.Optimizer = torch.optim.SGD(
-                self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.momentum > 0,
+                self.parameters(), lr=lr, momentum=hp.momentum, nesterov=hp.momentum > 0,
                 weight_decay=hp.weight_decay)
         else:
-            opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+            opt = torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=hp.weight_decay)
 
         def factor(step: int) -> float:
             return lr_factor(step, self.current_epoch, warmup_steps=hp.warmup_steps,

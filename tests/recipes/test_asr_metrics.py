@@ -1,16 +1,20 @@
-"""Character vocabulary, CTC greedy decoding, WER (torchmetrics == jiwer), the jiwer report."""
+"""Character vocabulary, CTC greedy decoding, WER (torchmetrics == jiwer), the jiwer report,
+the learning-rate schedule and its gossip rule."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import jiwer
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torchmetrics.text import WordErrorRate
 
-from recipes.asr.schedule import lr_factor
+from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+from recipes.asr.schedule import gossip_learners, gossip_lr_multiplier, lr_factor
 from recipes.asr.scoring import write_report
 from recipes.asr.vocabulary import BLANK, SPACE, CharacterVocabulary
 
@@ -108,3 +112,23 @@ def test_lr_schedule_warmup_hold_anneal() -> None:
     assert lr_factor(5, 0, **kw) == pytest.approx(0.55)
     assert [lr_factor(100, e, **kw) for e in range(6)] == [1, 1, 1, 0.5, 0.25, 0.125]
     assert lr_factor(3, 7) == 1.0
+
+
+def test_gossip_lr_rule_scales_adam_by_the_root_of_the_learners_and_keeps_sgd() -> None:
+    assert gossip_lr_multiplier("adam", 4) == 2.0
+    assert gossip_lr_multiplier("adam", 2) == pytest.approx(math.sqrt(2))
+    assert gossip_lr_multiplier("sgd", 4) == 1.0  # SGD's mean replica takes ddp's step
+    assert gossip_lr_multiplier("adam", 4, rule="none") == 1.0
+    assert gossip_lr_multiplier("adam", 1) == 1.0
+    with pytest.raises(ValueError, match="gossip_lr_rule"):
+        gossip_lr_multiplier("adam", 4, rule="linear")
+
+
+def test_gossip_learners_counts_ranks_nodes_or_one() -> None:
+    assert gossip_learners(DPSGDStrategy(), 4) == 4
+    assert gossip_learners(ADPSGDStrategy(), 8) == 8
+    hierarchical = ADPSGDStrategy(hierarchical=True)
+    hierarchical.num_nodes = 2  # what the Trainer sets from num_nodes
+    assert gossip_learners(hierarchical, 8) == 2  # a node is one learner
+    assert gossip_learners(DDPStrategy(), 4) == 1
+    assert gossip_learners(SingleDeviceStrategy("cpu"), 1) == 1

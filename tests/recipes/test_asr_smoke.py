@@ -78,3 +78,9 @@ def test_two_rank_fit_validates_tests_and_reports(
     train_loss = [float(r["train_loss"]) for r in metrics if r.get("train_loss")]
     assert len(train_loss) >= 8 and min(train_loss[-3:]) < train_loss[0]
     assert list(out.rglob("last.ckpt"))
+    # The gossip learning-rate rule (model.gossip_lr_rule "auto", Adam): the optimizer ran at
+    # lr * sqrt(2) on the two gossip learners, at lr itself under ddp (no warmup, no annealing
+    # within 2 epochs here), as LearningRateMonitor logged it at every step.
+    lrs = [float(r["lr-AdamW"]) for r in metrics if r.get("lr-AdamW")]
+    expected = 0.01 * (math.sqrt(2) if strategy != "ddp" else 1.0)
+    assert len(lrs) >= 8 and all(lr == pytest.approx(expected, rel=1e-9) for lr in lrs), lrs
