@@ -134,7 +134,7 @@ def _worker(spec_path: Path) -> None:
         if cls is None:
             raise RuntimeError("lightning_gossip.ADPSGDStrategy does not exist in this version")
         if name == "adpsgd_random":
-            kwargs["topology"] = "random"
+            kwargs["pairing"] = "random"
         kwargs.update(spec.get("adpsgd_kwargs") or {})
         return cls(**kwargs)
 

@@ -88,10 +88,6 @@ def test_bad_arguments_and_unsupported_trainer_settings():
 
     with pytest.raises(ValueError, match="valid choices: ring, random"):
         ADPSGDStrategy(pairing="torus")
-    with pytest.raises(ValueError, match="valid choices: ring, random"), pytest.warns(
-        DeprecationWarning, match="pairing"
-    ):
-        ADPSGDStrategy(topology="torus")  # the deprecated keyword is still validated
     with pytest.raises(ValueError, match="max_staleness"):
         ADPSGDStrategy(max_staleness=-1)
     strategy = ADPSGDStrategy()

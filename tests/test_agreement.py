@@ -19,8 +19,6 @@ ALWAYS = {"strategy", "world_size", "num_nodes", "processes_per_node", "process_
 @pytest.mark.parametrize("cls", [DPSGDStrategy, ADPSGDStrategy])
 def test_every_gossip_option_is_compared_and_nothing_else(cls) -> None:
     params = set(inspect.signature(cls.__init__).parameters) - {"self"} - NOT_OPTIONS
-    if cls is ADPSGDStrategy:
-        params.discard("topology")  # the deprecated name of pairing
     options = {ATTRIBUTE_OF.get(p, p) for p in params}
     assert set(cls.AGREED_OPTIONS) == options
     config = cls().gossip_config()

@@ -3,7 +3,7 @@
 An upgrade of Lightning or torch that removes or renames one of them fails here, by name,
 instead of deep inside a multi-process training run. Also: the ``@override`` markers on the
 strategies (a Lightning hook that disappears fails here), the strategy registration, and the
-deprecated names that keep working (``ADPSGDStrategy(topology=...)``).
+keyword names of the strategies.
 
 No process launches: the distributed accessors run on a single-process gloo group (and two
 threads for the one point-to-point accessor).
@@ -249,7 +249,7 @@ def test_private_names_are_reached_only_through_compat():
     assert not offenders, f"use lightning_gossip._compat instead of private names: {offenders}"
 
 
-# -- strategies: @override markers, registration, deprecated names -------------------------------
+# -- strategies: @override markers, registration, keyword names -----------------------------------
 def _overrides(cls: type, base: type) -> tuple[list[str], list[str]]:
     """(names overriding ``base`` without ``@override``, names marked that override nothing)."""
     unmarked, stray = [], []
@@ -306,7 +306,7 @@ def test_import_registers_the_strategy_names():
     assert lightning_gossip.__all__
 
 
-def test_adpsgd_pairing_keyword_and_its_deprecated_name():
+def test_adpsgd_pairing_keyword():
     from lightning_gossip import ADPSGDStrategy
 
     with warnings.catch_warnings():
@@ -314,13 +314,8 @@ def test_adpsgd_pairing_keyword_and_its_deprecated_name():
         strategy = ADPSGDStrategy(pairing="random")
     assert strategy.pairing_name == "random" and strategy.pairing is None
     assert ADPSGDStrategy().pairing_name == "ring"
-    with pytest.warns(DeprecationWarning, match=r"ADPSGDStrategy\(pairing=\.\.\.\)"):
-        old = ADPSGDStrategy(topology="random")
-    assert old.pairing_name == "random"
-    with pytest.warns(DeprecationWarning, match="pairing_name"):
-        assert old.topology == "random"
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="pass pairing only"):
-        ADPSGDStrategy(pairing="random", topology="ring")
+    with pytest.raises(TypeError, match="topology"):  # the never-released old name is gone
+        ADPSGDStrategy(topology="random")
     with pytest.raises(ValueError, match="valid choices: ring, random"):
         ADPSGDStrategy(pairing="torus")
 

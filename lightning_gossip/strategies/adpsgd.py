@@ -11,7 +11,6 @@ nodes, each local rank gossiping its slice of the replica.
 from __future__ import annotations
 
 import itertools
-import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -57,7 +56,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
             :class:`~lightning_gossip.pairing.Pairing`). ``"ring"`` (default) alternates
             between its two ring neighbours; ``"random"`` picks any passive rank uniformly
             (the paper's randomized choice; also registered as ``"adpsgd_random"``).
-        topology: deprecated name of ``pairing`` (accepted with a ``DeprecationWarning``).
         seed: seeds the random peer choice and the shared data permutation.
         max_staleness: the training thread waits when more than this many of its steps have
             not yet been gossiped (``None``: never wait).
@@ -131,7 +129,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         precision_plugin: Precision | None = None,
         *,
         pairing: str = "ring",
-        topology: str | None = None,
         seed: int = 0,
         max_staleness: int | None = 4,
         delay_by_one: bool = False,
@@ -159,19 +156,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
             timeout=timeout,
             heartbeat_timeout=heartbeat_timeout,
         )
-        if topology is not None:
-            warnings.warn(
-                "ADPSGDStrategy(topology=...) is deprecated; use ADPSGDStrategy(pairing=...) "
-                "(AD-PSGD's partner choice is a pairing, see lightning_gossip.pairing)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            if pairing != "ring" and pairing != topology:
-                raise ValueError(
-                    f"ADPSGDStrategy got pairing={pairing!r} and its deprecated name "
-                    f"topology={topology!r}; pass pairing only"
-                )
-            pairing = topology
         check_pairing_name(pairing)
         self.global_average_every_n_steps = check_every(
             "global_average_every_n_steps", global_average_every_n_steps)
@@ -207,17 +191,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
     # ------------------------------------------------------------------------------------------
     # Set-up
     # ------------------------------------------------------------------------------------------
-    @property
-    def topology(self) -> str:
-        """Deprecated alias of :attr:`pairing_name`."""
-        warnings.warn(
-            "ADPSGDStrategy.topology is deprecated; use pairing_name (or pairing, the built "
-            "Pairing)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.pairing_name
-
     @property
     def _sharded(self) -> bool:
         """``hierarchical`` with several processes per node."""
