@@ -120,16 +120,7 @@ def unavailable_reason(case: str) -> str | None:
 
 
 def _worker_env(iface: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK",
-                "GROUP_RANK", "SLURM_JOB_ID", "SLURM_NTASKS"):
-        env.pop(key, None)
-    env.update(
-        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PL_DISABLE_FORK="1",
-        PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME=iface,
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    )
-    return env
+    return N.worker_env(iface, str(ROOT))
 
 
 def _progress(msg: str) -> None:

@@ -317,3 +317,18 @@ class EmulatedCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def worker_env(iface: str, root: str) -> dict[str, str]:
+    """The environment of ranks started inside a node: one thread each, no launcher variables
+    of the caller, gloo on the node's link ``iface``, the repository ``root`` importable."""
+    env = dict(os.environ)
+    for key in ("MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK",
+                "GROUP_RANK", "SLURM_JOB_ID", "SLURM_NTASKS"):
+        env.pop(key, None)
+    env.update(
+        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PL_DISABLE_FORK="1",
+        PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME=iface,
+        PYTHONPATH=os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    return env
