@@ -207,13 +207,7 @@ def _launch(cluster: N.EmulatedCluster, cases: list[str], args: argparse.Namespa
                 break
             time.sleep(0.2)
     finally:
-        cluster.kill_processes()  # whatever is left: every process in every node's namespace
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+        cluster.end_launch(procs)  # whatever is left: every process in every node's namespace
     after = cluster.all_counters()
     record: dict[str, Any] = {
         "cases": cases, "completed": list(done), "status": status, "detail": detail,

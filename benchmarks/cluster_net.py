@@ -280,6 +280,17 @@ class EmulatedCluster:
                 killed += kill_namespace_processes(ns)
         return killed
 
+    def end_launch(self, procs: list[subprocess.Popen]) -> None:
+        """Kill whatever the launch ``procs`` left in the nodes, then reap the launchers (each
+        started in a session of its own: its group is killed if it does not exit in time)."""
+        self.kill_processes()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
     def describe(self) -> dict[str, Any]:
         """What was built, for reports."""
         return {

@@ -129,13 +129,7 @@ def launch(cluster: N.EmulatedCluster, spec: dict[str, Any], workdir: Path,
                 break
             time.sleep(0.5)
     finally:
-        cluster.kill_processes()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+        cluster.end_launch(procs)
     if detail != "ok":
         for k, path in enumerate(logs):
             _progress(f"node{k} log tail:\n{path.read_text(errors='replace')[-2500:]}")
