@@ -305,6 +305,12 @@ class Heartbeat:
         found = self._found
         return () if found is None else found[0]
 
+    @property
+    def has_finding(self) -> bool:
+        """The liveness monitor found a silent or departed rank (or an unreachable store,
+        whose host may be unnamed) since :meth:`start`: :meth:`check` would raise."""
+        return self._found is not None
+
     def check(self, where: str) -> None:
         """Raise :class:`PeerSilent` naming the ranks the liveness monitor found silent or
         departed (see ``monitor``); no-op otherwise. A read of one attribute: the strategies

@@ -310,8 +310,7 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         """The local optimizer step, then signal the gossip thread (never waits for gossip,
         except for the ``max_staleness`` bound). First, a rank that the liveness monitor found
         silent or departed is raised as ``PeerSilent`` (``docs/faults.md``)."""
-        if self.heartbeat is not None:
-            self.heartbeat.check(f"rank {self.global_rank} at step {self.step}")
+        self.check_liveness(self.step)
         if self.engine is not None and not self.engine.in_phase:
             self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
         if self._node_group is not None:

@@ -337,8 +337,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             self.step += 1
             return out
         t = self.step
-        if self.heartbeat is not None:  # the liveness monitor's finding (docs/faults.md)
-            self.heartbeat.check(f"rank {self.global_rank} at step {t}")
+        self.check_liveness(t)
         if self._exchanging and self.overlap and not self._started(t):  # manual opt., 2nd opt.
             self._start(t)
         if self._node_group is not None:

@@ -229,6 +229,13 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
                                                fallback=_compat.default_store())
         self.heartbeat.start()
 
+    def check_liveness(self, step: int) -> None:
+        """Raise the liveness monitor's finding (``PeerSilent``, docs/faults.md), if any; called
+        at every step boundary, so only an attribute read when nothing was found."""
+        heartbeat = self.heartbeat
+        if heartbeat is not None and heartbeat.has_finding:
+            heartbeat.check(f"rank {self.global_rank} at step {step}")
+
     def stop_heartbeat(self, failed: bool = False) -> None:
         """Stop beating; ``failed`` also tells the peers at once that this rank is gone."""
         if self.heartbeat is not None:
