@@ -10,6 +10,7 @@ paid once and the cases run back to back under the same machine load.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import importlib.metadata
 import json
@@ -170,20 +171,46 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
-def digits_split(num_train: int = 1400) -> tuple[Any, Any, Any]:
-    """scikit-learn's digits scaled to [0, 1], split by a fixed permutation (seed 0): the
-    first ``num_train`` images as a ``TensorDataset``, the rest as ``(x_val, y_val)`` tensors.
-    Imports torch, so it is for the workers only."""
-    import torch
-    from sklearn.datasets import load_digits
-    from torch.utils.data import TensorDataset
+@dataclasses.dataclass
+class Worker:
+    """One rank of a benchmark launch: the driver's spec, the work folder, rank and size."""
 
-    x, y = load_digits(return_X_y=True)
-    xt = torch.tensor(x / 16.0, dtype=torch.float32)
-    yt = torch.tensor(y)
-    perm = torch.randperm(len(yt), generator=torch.Generator().manual_seed(0))
-    train, val = perm[:num_train], perm[num_train:]
-    return TensorDataset(xt[train], yt[train]), xt[val], yt[val]
+    spec: dict[str, Any]
+    out: Path
+    rank: int
+    world: int
+
+    def write(self, payload: dict[str, Any], name: str = "rank") -> None:
+        """``payload`` as ``<out>/<name><rank>.json`` (``rank<r>.json``: what the driver
+        reads)."""
+        (self.out / f"{name}{self.rank}.json").write_text(json.dumps(payload))
+
+
+@contextlib.contextmanager
+def worker_session(spec_path: Path) -> Iterator[Worker]:
+    """Set up one rank (:func:`worker_init`, one torch thread, a gloo process group that
+    Lightning reuses and the cases use for barriers); after the body, a barrier and the group
+    destroyed. Imports torch, so it is for the workers only."""
+    import torch
+    import torch.distributed as dist
+
+    worker_init()
+    spec = json.loads(spec_path.read_text())
+    worker = Worker(spec, spec_path.parent, int(os.environ["RANK"]),
+                    int(os.environ["WORLD_SIZE"]))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    yield worker
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def timed_launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,
+                 timeout: float) -> tuple[list[dict[str, Any]], float]:
+    """:func:`launch`, and its wall time in seconds."""
+    t0 = time.time()
+    ranks = launch(script, spec, nprocs, workdir, timeout)
+    return ranks, time.time() - t0
 
 
 def progress(msg: str) -> None:

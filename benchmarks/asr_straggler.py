@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,6 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
+import cli_args as A  # noqa: E402
+import straggling as S  # noqa: E402
 
 DEFAULT_STRATEGIES = ("ddp", "dpsgd", "adpsgd")
 #: adpsgd variants that can be added to a run (remedies tried when adpsgd falls short)
@@ -55,138 +56,78 @@ DEFAULT_CORPUS = H.ROOT / "data" / "asr-bench"
 # ----------------------------------------------------------------------------------------------
 # Worker side (runs inside every torchrun rank)
 # ----------------------------------------------------------------------------------------------
-def _worker(spec_path: Path) -> None:
+def _strategy(name: str, spec: dict[str, Any]) -> Any:
+    import trainers as T
+
+    if name in ("ddp", "dpsgd"):
+        return T.make_strategy(name, consensus_every_n_steps=None)
+    kwargs: dict[str, Any] = dict(consensus_every_n_steps=None)
+    kwargs.update(spec.get("adpsgd_kwargs") or {})
+    kwargs.update(VARIANTS.get(name, {}))
+    return T.make_strategy("adpsgd", **kwargs)
+
+
+def _fit(w: H.Worker, data: Any, name: str | None, epochs: int, sleep_s: float = 0.0,
+         limit_batches: int | None = None) -> dict[str, Any]:
+    """One fit of the recipe with strategy ``name`` (``None``: alone, no communication), then
+    the test WER (not after the calibration fit)."""
     import lightning as L
-    import torch
+    import meters as M
+    import trainers as T
+    import workloads as W
+
+    model = W.asr_model(w.spec, w.out / "report")
+    meter = M.ThroughputMeter(sleep_s, samples_of=len)
+    options = T.trainer_kwargs(w.out, use_distributed_sampler=False, gradient_clip_val=5.0,
+                               max_epochs=epochs, callbacks=[meter])
+    if limit_batches is not None:
+        options["limit_train_batches"] = limit_batches
+    if name is None:  # communication-free calibration fit
+        trainer = T.fit_alone(model, options, datamodule=data)
+        wer = float("nan")
+    else:
+        trainer = L.Trainer(strategy=_strategy(name, w.spec), devices=w.world, **options)
+        trainer.fit(model, datamodule=data)
+        wer = float(trainer.test(model, datamodule=data, verbose=False)[0]["test_wer"])
+    window = meter.window()
+    return {**{k: window[k] for k in ("t_start", "t_end", "samples", "steps")},
+            "epoch_steps": meter.epoch_steps, "median_step_s": window["median_step_s"],
+            "test_wer": wer,
+            "gossip_stats": dict(getattr(trainer.strategy, "gossip_stats", {}) or {})}
+
+
+def _worker(spec_path: Path) -> None:
     import torch.distributed as dist
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+    import workloads as W
 
-    import lightning_gossip
-    from recipes.asr.datamodule import KaldiDataModule
-    from recipes.asr.recognizer import SpeechRecognizer
-
-    H.worker_init()
-    spec = json.loads(spec_path.read_text())
-    out = spec_path.parent
-    rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
-    corpus = Path(spec["corpus"])
-
-    data = KaldiDataModule(train_dir=str(corpus / "train"), test_dir=str(corpus / "test"),
-                           batch_size=spec["batch_size"], eval_batch_size=32,
-                           cache_features=True, cmvn_utterances=300, seed=spec["seed"])
-    # Features are computed (and cached) before any timing, on every rank.
-    data.setup("fit")
-    data.setup("test")
-    for split in ("train", "test"):
-        dataset = data.datasets[split]
-        for i in range(len(dataset)):
-            dataset.features(i)
-    H.progress(f"features cached: {len(data.datasets['train'])} train / "
-               f"{len(data.datasets['test'])} test utterances")
-
-    def make_model() -> SpeechRecognizer:
-        torch.manual_seed(spec["seed"])
-        return SpeechRecognizer(
-            num_layers=spec["layers"], hidden_size=spec["hidden"], frame_stacking=3, lr=spec["lr"],
-            warmup_steps=spec["warmup_steps"], anneal_start_epoch=spec["anneal_start_epoch"],
-            anneal_factor=spec["anneal_factor"], report_dir=str(out / "report"))
-
-    class Meter(Callback):
-        """Wall-clock window, utterances and steps of this rank; optional per-step sleep."""
-
-        def __init__(self, sleep_s: float = 0.0) -> None:
-            self.sleep_s = sleep_s
-            self.t_start = self.t_end = float("nan")
-            self.samples = self.steps = 0
-            self.ends: list[float] = []
-            self.epoch_steps: list[int] = []
-
-        def on_train_start(self, *args: Any) -> None:
-            self.t_start = time.time()
-
-        def on_train_epoch_start(self, *args: Any) -> None:
-            self.epoch_steps.append(0)
-
-        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
-            if self.sleep_s > 0:
-                time.sleep(self.sleep_s)
-            self.samples += len(batch)
-            self.steps += 1
-            self.epoch_steps[-1] += 1
-            self.t_end = time.time()
-            self.ends.append(time.perf_counter())
-
-    def make_strategy(name: str) -> Any:
-        if name == "ddp":
-            return DDPStrategy(process_group_backend="gloo")
-        kwargs: dict[str, Any] = dict(consensus_every_n_steps=None, process_group_backend="gloo")
-        if name == "dpsgd":
-            return lightning_gossip.DPSGDStrategy(**kwargs)
-        kwargs.update(spec.get("adpsgd_kwargs") or {})
-        kwargs.update(VARIANTS.get(name, {}))
-        return lightning_gossip.ADPSGDStrategy(**kwargs)
-
-    common = dict(accelerator="cpu", logger=False, enable_progress_bar=False,
-                  enable_model_summary=False, enable_checkpointing=False,
-                  num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
-                  gradient_clip_val=5.0, default_root_dir=str(out / "lightning"))
-
-    def fit(strategy_name: str | None, epochs: int, sleep_s: float = 0.0,
-            limit_batches: int | None = None) -> dict[str, Any]:
-        model = make_model()
-        meter = Meter(sleep_s)
-        kwargs = dict(common, max_epochs=epochs, callbacks=[meter])
-        if limit_batches is not None:
-            kwargs["limit_train_batches"] = limit_batches
-        if strategy_name is None:  # communication-free calibration fit
-            with H.without_launcher_env():
-                trainer = L.Trainer(strategy=SingleDeviceStrategy(torch.device("cpu")),
-                                    devices=1, **kwargs)
-                trainer.fit(model, datamodule=data)
-            wer = float("nan")
-        else:
-            trainer = L.Trainer(strategy=make_strategy(strategy_name),
-                                devices=int(os.environ["WORLD_SIZE"]), **kwargs)
-            trainer.fit(model, datamodule=data)
-            wer = float(trainer.test(model, datamodule=data, verbose=False)[0]["test_wer"])
-        steps = [b - a for a, b in zip(meter.ends[:-1], meter.ends[1:])]
-        return {"t_start": meter.t_start, "t_end": meter.t_end, "samples": meter.samples,
-                "steps": meter.steps, "epoch_steps": meter.epoch_steps,
-                "median_step_s": H.median(steps[2:] or steps), "test_wer": wer,
-                "gossip_stats": dict(getattr(trainer.strategy, "gossip_stats", {}) or {})}
-
-    dist.barrier()
-    slow_rank = spec["straggler_rank"]
-    H.progress(f"calibrating the local step time ({spec['calibration_batches']} batches per "
-               "rank, no communication)")
-    calib = fit(None, 1, limit_batches=spec["calibration_batches"])
-    local_step = torch.tensor([calib["median_step_s"]], dtype=torch.float64)
-    dist.broadcast(local_step, src=slow_rank)
-    sleep_s = (spec["slowdown"] - 1.0) * float(local_step.item())
-    H.progress(f"  local step {local_step.item() * 1e3:.0f} ms on rank {slow_rank}; the "
-               f"straggler sleeps {sleep_s * 1e3:.0f} ms per step")
-
-    runs: dict[str, Any] = {}
-    for mode in spec["modes"]:
-        for name in spec["strategies"]:
-            dist.barrier()
-            H.progress(f"{name} / {mode}")
-            slow = mode == "straggler" and rank == slow_rank
-            res = fit(name, spec["epochs"], sleep_s=sleep_s if slow else 0.0)
-            runs[f"{name}/{mode}"] = res
-            (out / f"partial_rank{rank}.json").write_text(json.dumps(
-                {"rank": rank, "calibration": calib, "sleep_s": sleep_s, "runs": runs}))
-            dist.barrier()
-            H.progress(f"  done: steps per epoch on rank 0 {res['epoch_steps']}, "
-                       f"test WER {100 * res['test_wer']:.2f}%")
-    (out / f"rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "calibration": calib, "sleep_s": sleep_s, "runs": runs}))
-    dist.barrier()
-    dist.destroy_process_group()
+    with H.worker_session(spec_path) as w:
+        spec, slow_rank = w.spec, w.spec["straggler_rank"]
+        # Features are computed (and cached) before any timing, on every rank.
+        data = W.asr_datamodule(Path(spec["corpus"]), spec["batch_size"], spec["seed"])
+        H.progress(f"features cached: {len(data.datasets['train'])} train / "
+                   f"{len(data.datasets['test'])} test utterances")
+        dist.barrier()
+        H.progress(f"calibrating the local step time ({spec['calibration_batches']} batches "
+                   "per rank, no communication)")
+        calib = _fit(w, data, None, 1, limit_batches=spec["calibration_batches"])
+        local_step, sleep_s = S.calibrated_sleep(calib["median_step_s"], slow_rank,
+                                                 spec["slowdown"])
+        H.progress(f"  local step {local_step * 1e3:.0f} ms on rank {slow_rank}; the "
+                   f"straggler sleeps {sleep_s * 1e3:.0f} ms per step")
+        runs: dict[str, Any] = {}
+        for mode in spec["modes"]:
+            for name in spec["strategies"]:
+                dist.barrier()
+                H.progress(f"{name} / {mode}")
+                slow = mode == "straggler" and w.rank == slow_rank
+                res = runs[f"{name}/{mode}"] = _fit(w, data, name, spec["epochs"],
+                                                    sleep_s=sleep_s if slow else 0.0)
+                w.write({"rank": w.rank, "calibration": calib, "sleep_s": sleep_s,
+                         "runs": runs}, name="partial_rank")
+                dist.barrier()
+                H.progress(f"  done: steps per epoch on rank 0 {res['epoch_steps']}, "
+                           f"test WER {100 * res['test_wer']:.2f}%")
+        w.write({"rank": w.rank, "calibration": calib, "sleep_s": sleep_s, "runs": runs})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,36 +135,27 @@ def _worker(spec_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 def summarise(per: list[dict[str, Any]], slow_rank: int, epochs: int) -> dict[str, Any]:
     """One fit over all ranks: throughput, time per epoch, WER, batches per rank."""
-    wall = max(p["t_end"] for p in per) - min(p["t_start"] for p in per)
-    samples = sum(p["samples"] for p in per)
-    steps = [p["median_step_s"] for p in per]
-    others = [t for r, t in enumerate(steps) if r != slow_rank]
-    return {
-        "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
-        "epoch_s": wall / epochs, "test_wer": per[0]["test_wer"],
-        "steps_per_rank": [p["steps"] for p in per],
+    out = S.fit_throughput(per, slow_rank)
+    out.update({
+        "epoch_s": out["wall_s"] / epochs, "test_wer": per[0]["test_wer"],
         "last_epoch_steps_per_rank": [p["epoch_steps"][-1] for p in per],
-        "median_step_s_per_rank": steps,
-        "straggler_step_ratio": steps[slow_rank] / H.median(others) if others else 1.0,
         # adpsgd: exchanges and seconds the training thread waited for gossip (max_staleness)
         "gossip_stats_per_rank": [p.get("gossip_stats", {}) for p in per],
-    }
+    })
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark (driver), or one rank of it (``--worker``)."""
-    p = argparse.ArgumentParser(
-        description="Utterances/s, time per epoch and test WER of the ASR recipe under ddp, "
-        "dpsgd and adpsgd on N CPU ranks, with equal ranks and with one rank 2x slower.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ranks", type=int, default=4, help="world size")
+def _parser() -> argparse.ArgumentParser:
+    p = A.parser("Utterances/s, time per epoch and test WER of the ASR recipe under ddp, "
+                 "dpsgd and adpsgd on N CPU ranks, with equal ranks and with one rank 2x "
+                 "slower.")
+    A.add_ranks(p)
     p.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES),
                    choices=STRATEGIES, help="adpsgd_nowait: max_staleness=None; adpsgd_delay: "
                    "delay_by_one=True; adpsgd_random: random pairing")
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--slowdown", type=float, default=2.0,
-                   help="the straggler sleeps (slowdown - 1) x the calibrated local step")
-    p.add_argument("--straggler-rank", type=int, default=1, help="which rank is slowed down")
+    A.add_straggler_options(
+        p, modes=MODES, slowdown="the straggler sleeps (slowdown - 1) x the calibrated local step",
+        rank="which rank is slowed down")
     p.add_argument("--num-train", type=int, default=1200, help="training utterances")
     p.add_argument("--num-test", type=int, default=300, help="test utterances (unseen voices)")
     p.add_argument("--corpus-seed", type=int, default=0)
@@ -239,25 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anneal-factor", type=float, default=0.6)
     p.add_argument("--calibration-batches", type=int, default=20)
     p.add_argument("--seed", type=int, default=1234, help="model and data-order seed")
-    p.add_argument("--adpsgd-kwargs", type=json.loads, default=None,
-                   help='extra ADPSGDStrategy keywords as JSON, e.g. \'{"max_staleness": 8}\'')
-    p.add_argument("--timeout", type=float, default=3600, help="seconds for the launch")
-    p.add_argument("--quick", action="store_true",
-                   help="2 ranks, 48 utterances, a tiny model, 1 epoch (smoke test)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
-    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        _worker(args.worker)
-        return 0
-    if args.quick:
-        args.ranks, args.num_train, args.num_test, args.epochs = 2, 48, 16, 1
-        args.layers, args.hidden, args.calibration_batches = 1, 16, 4
-        if args.corpus == DEFAULT_CORPUS:
-            args.corpus = DEFAULT_CORPUS.with_name("asr-bench-quick")
-    if not 0 <= args.straggler_rank < args.ranks:
-        p.error(f"--straggler-rank must be in [0, {args.ranks})")
+    A.add_adpsgd_kwargs(p, '{"max_staleness": 8}')
+    A.add_run_options(p, timeout=3600, out=DEFAULT_OUT,
+                      quick="2 ranks, 48 utterances, a tiny model, 1 epoch (smoke test)")
+    return p
 
+
+def _corpus(args: argparse.Namespace) -> Path:
+    """The synthetic corpus (generated once, cached)."""
     from recipes.asr.synth import CorpusConfig, generate_corpus
 
     config = CorpusConfig(seed=args.corpus_seed, num_train=args.num_train, num_dev=8,
@@ -266,25 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     corpus = generate_corpus(args.corpus, config, jobs=os.cpu_count() or 2, progress=False)
     print(f"corpus {corpus}: {args.num_train} train / {args.num_test} test utterances "
           f"({time.time() - t0:.0f} s)", file=sys.stderr)
+    return Path(corpus)
 
-    before = H.machine_info()
-    print(f"asr_straggler: {args.ranks} ranks, {args.strategies}, {args.modes}, BLSTM "
-          f"{args.layers}x{args.hidden}, per-rank batch {args.batch_size}, {args.epochs} epochs; "
-          f"load average {before['loadavg_1_5_15']}", file=sys.stderr)
-    spec = {k: getattr(args, k) for k in ("strategies", "modes", "slowdown", "straggler_rank",
-                                           "layers", "hidden", "batch_size", "epochs", "lr",
-                                           "warmup_steps", "anneal_start_epoch", "anneal_factor",
-                                           "calibration_batches", "seed", "adpsgd_kwargs")}
-    spec["corpus"] = str(corpus)
-    workdir = args.out.parent / f".{args.out.stem}_work"
-    t0 = time.time()
-    ranks = H.launch(Path(__file__).resolve(), spec, args.ranks, workdir, args.timeout)
-    wall = time.time() - t0
-    after = H.machine_info()
 
-    keys = [f"{s}/{m}" for m in args.modes for s in args.strategies]
-    summary = {k: summarise([r["runs"][k] for r in ranks], args.straggler_rank, args.epochs)
-               for k in keys}
+def _rows(summary: dict[str, Any], keys: list[str]) -> list[list[Any]]:
+    """The table's rows; adds ``over_ddp`` and ``wer_minus_ddp`` (to ddp in the same mode)."""
     rows = []
     for key in keys:
         name, mode = key.split("/")
@@ -292,14 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         ref = summary.get(f"ddp/{mode}")
         s["over_ddp"] = s["samples_per_s"] / ref["samples_per_s"] if ref else None
         s["wer_minus_ddp"] = 100 * (s["test_wer"] - ref["test_wer"]) if ref else None
+        waits = ("/".join(f"{g.get('staleness_wait_s', 0):.0f}" for g in s["gossip_stats_per_rank"])
+                 if name not in ("ddp", "dpsgd") else "-")
         rows.append([name, mode, s["samples_per_s"], s["over_ddp"] or float("nan"),
                      s["epoch_s"], f"{100 * s['test_wer']:.2f}%",
                      "/".join(str(n) for n in s["last_epoch_steps_per_rank"]),
-                     s["straggler_step_ratio"],
-                     "/".join(f"{g.get('staleness_wait_s', 0):.0f}"
-                              for g in s["gossip_stats_per_rank"]) if name != "ddp" and
-                     name != "dpsgd" else "-"])
-    calib = ranks[args.straggler_rank]["calibration"]["median_step_s"]
+                     s["straggler_step_ratio"], waits])
+    return rows
+
+
+def _markdown(args: argparse.Namespace, ranks: list[dict[str, Any]], rows: list[list[Any]],
+              before: dict[str, Any], after: dict[str, Any], calib: float) -> str:
     md = [f"ASR recipe (BLSTM {args.layers}x{args.hidden}, CTC), synthetic corpus "
           f"({args.num_train} train / {args.num_test} test utterances, test voices unseen), "
           f"{args.ranks} ranks, per-rank batch {args.batch_size}, {args.epochs} epochs, one "
@@ -311,12 +221,44 @@ def main(argv: list[str] | None = None) -> int:
                             "test WER", "batches per rank (last epoch)",
                             f"rank-{args.straggler_rank} step / others", "staleness wait s"],
                            rows)]
-    text = "\n".join(md)
+    return "\n".join(md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (driver), or one rank of it (``--worker``)."""
+    p = _parser()
+    args = A.parse(p, argv, _worker)
+    if args is None:
+        return 0
+    if args.quick:
+        args.ranks, args.num_train, args.num_test, args.epochs = 2, 48, 16, 1
+        args.layers, args.hidden, args.calibration_batches = 1, 16, 4
+        if args.corpus == DEFAULT_CORPUS:
+            args.corpus = DEFAULT_CORPUS.with_name("asr-bench-quick")
+    A.check_straggler_rank(p, args)
+    corpus = _corpus(args)
+
+    before = H.machine_info()
+    print(f"asr_straggler: {args.ranks} ranks, {args.strategies}, {args.modes}, BLSTM "
+          f"{args.layers}x{args.hidden}, per-rank batch {args.batch_size}, {args.epochs} epochs; "
+          f"load average {before['loadavg_1_5_15']}", file=sys.stderr)
+    spec = A.spec_of(args, ("strategies", "modes", "slowdown", "straggler_rank", "layers",
+                            "hidden", "batch_size", "epochs", "lr", "warmup_steps",
+                            "anneal_start_epoch", "anneal_factor", "calibration_batches", "seed",
+                            "adpsgd_kwargs"))
+    spec["corpus"] = str(corpus)
+    ranks, wall = H.timed_launch(Path(__file__).resolve(), spec, args.ranks,
+                                 args.out.parent / f".{args.out.stem}_work", args.timeout)
+    after = H.machine_info()
+    keys = [f"{s}/{m}" for m in args.modes for s in args.strategies]
+    summary = {k: summarise([r["runs"][k] for r in ranks], args.straggler_rank, args.epochs)
+               for k in keys}
+    rows = _rows(summary, keys)
+    calib = ranks[args.straggler_rank]["calibration"]["median_step_s"]
+    text = _markdown(args, ranks, rows, before, after, calib)
     print(text)
     H.write_json(args.out, {
-        "benchmark": "asr_straggler", "quick": args.quick,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                   if k != "worker"},
+        "benchmark": "asr_straggler", "quick": args.quick, "config": A.config_of(args),
         "machine": before, "loadavg_after": after["loadavg_1_5_15"], "launch_wall_s": wall,
         "sleep_s": ranks[0]["sleep_s"], "calibrated_local_step_s": calib, "runs": summary,
         "markdown": text,

@@ -16,6 +16,7 @@ training steps (plus one barrier), not of start-up or of the evaluation. Every r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -56,145 +57,107 @@ def read_counters(iface: str) -> dict[str, int]:
                                                         "rx_packets")}
 
 
-def main(spec_path: Path) -> None:
-    """Run the cases listed in ``spec_path``, in order, on this rank; one result file each."""
-    import lightning as L
-    import numpy as np
+@dataclasses.dataclass
+class _Rank:
+    """This rank: the spec, its folder, the process-group timeout, rank, node, link."""
+
+    spec: dict[str, Any]
+    out: Path
+    timeout: timedelta
+    rank: int
+    world: int
+    local_rank: int
+    node: int
+    iface: str
+
+
+def _strategy(case: dict[str, Any], timeout: timedelta) -> Any:
+    import trainers as T
+
+    if case["strategy"] == "ddp":
+        return T.make_strategy("ddp", timeout=timeout)
+    # Replicas are averaged after the fit, once the counters are read, so the bytes counted
+    # are those of the training steps only.
+    return T.make_strategy(case["strategy"], timeout=timeout, **{
+        **case["kwargs"], "final_average": False, "consensus_every_n_steps": None})
+
+
+def _average_replicas(model: Any, world: int) -> None:
+    """The exact average of the replicas (what ``final_average=True`` gives)."""
     import torch
     import torch.distributed as dist
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.strategies import DDPStrategy
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
-    import lightning_gossip
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        dist.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for p in model.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _run_case(me: _Rank, case: dict[str, Any], data: tuple[Any, Any, Any]) -> None:
+    """Train ``case``, average, evaluate; write ``<case>/rank<r>.json``."""
+    import lightning as L
+    import meters as M
+    import torch.distributed as dist
+    import trainers as T
+    import workloads as W
+    from torch.utils.data import DataLoader
+
+    spec, (train, x_te, y_te) = me.spec, data
+    case_dir = me.out / case["name"]
+    strategy = _strategy(case, me.timeout)
+    L.seed_everything(0, workers=True, verbose=False)
+    model = W.Classifier([64, int(spec["width"]), int(spec["width"]), 10], lr=spec["lr"])
+    meter = M.EpochMeter((lambda: read_counters(me.iface)) if me.local_rank == 0 else None)
+    trainer = L.Trainer(devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
+                        strategy=strategy, **T.trainer_kwargs(
+                            case_dir, max_epochs=int(spec["epochs"]),
+                            max_steps=int(spec["max_steps"]), callbacks=[meter]))
+    loader = DataLoader(train, batch_size=int(spec["batch_size"]), shuffle=True)
+    fit_t0 = time.perf_counter()
+    trainer.fit(model, loader)
+    fit_end = time.perf_counter()
+    dist.barrier()  # every rank has finished training (and gossip has quiesced)
+    all_done = time.perf_counter()
+    counters_end = read_counters(me.iface) if me.local_rank == 0 else None
+    local_acc = model.accuracy(x_te, y_te)
+    _average_replicas(model, me.world)
+    result = {
+        "rank": me.rank, "node": me.node, "local_rank": me.local_rank,
+        "steps": int(trainer.global_step), "epoch_s": meter.epoch_s, "samples": meter.samples,
+        "train_s": all_done - (meter.train_start or fit_t0), "fit_s": fit_end - fit_t0,
+        "counters_start": meter.counters_start, "counters_end": counters_end,
+        "accuracy": model.accuracy(x_te, y_te), "local_accuracy": local_acc,
+        "train_samples": len(train), "test_samples": len(y_te),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    case_dir.mkdir(parents=True, exist_ok=True)
+    tmp = case_dir / f".rank{me.rank}.json"
+    tmp.write_text(json.dumps(result))
+    tmp.rename(case_dir / f"rank{me.rank}.json")  # the driver sees whole files only
+
+
+def main(spec_path: Path) -> None:
+    """Run the cases listed in ``spec_path``, in order, on this rank; one result file each."""
+    import torch
+    import torch.distributed as dist
+    import workloads as W
 
     spec = json.loads(spec_path.read_text())
-    out = spec_path.parent
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, node = int(os.environ["LOCAL_RANK"]), int(os.environ["GROUP_RANK"])
-    iface = os.environ["GLOO_SOCKET_IFNAME"]
+    me = _Rank(spec, spec_path.parent, timedelta(seconds=float(spec["pg_timeout_s"])),
+               int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+               int(os.environ["LOCAL_RANK"]), int(os.environ["GROUP_RANK"]),
+               os.environ["GLOO_SOCKET_IFNAME"])
     torch.set_num_threads(1)
-    timeout = timedelta(seconds=float(spec["pg_timeout_s"]))
-    dist.init_process_group("gloo", timeout=timeout)  # Lightning reuses it
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    train = TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr))
-    x_te_t, y_te_t = torch.from_numpy(x_te), torch.from_numpy(y_te)
-    width = int(spec["width"])
-
-    class MLP(L.LightningModule):
-        """64 -> width -> width -> 10, ReLU, SGD with momentum."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width),
-                                     nn.ReLU(), nn.Linear(width, 10))
-
-        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-            return self.net(inputs)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            inputs, target = batch
-            return nn.functional.cross_entropy(self(inputs), target)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=spec["lr"], momentum=0.9)
-
-    class Meter(Callback):
-        """Epoch times on every rank; link counters at train start on local rank 0."""
-
-        def __init__(self) -> None:
-            self.epoch_s: list[float] = []
-            self.start: float | None = None
-            self.train_start: float | None = None
-            self.counters_start: dict[str, int] | None = None
-            self.samples = 0
-
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self.train_start = time.perf_counter()
-            if local_rank == 0:
-                self.counters_start = read_counters(iface)
-
-        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
-            self.samples += len(batch[0])
-
-        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            assert self.start is not None
-            self.epoch_s.append(time.perf_counter() - self.start)
-
-    def run_one(case: dict[str, Any]) -> None:
-        kind, kwargs = case["strategy"], dict(case["kwargs"])
-        case_dir = out / case["name"]
-        if kind == "ddp":
-            strategy: Any = DDPStrategy(process_group_backend="gloo", timeout=timeout)
-        else:
-            cls = {"dpsgd": lightning_gossip.DPSGDStrategy,
-                   "adpsgd": lightning_gossip.ADPSGDStrategy}[kind]
-            # Replicas are averaged below, after the counters are read, so the bytes counted
-            # are those of the training steps only.
-            kwargs.update(final_average=False, consensus_every_n_steps=None,
-                          process_group_backend="gloo", timeout=timeout)
-            strategy = cls(**kwargs)
-
-        L.seed_everything(0, workers=True, verbose=False)
-        model = MLP()
-        meter = Meter()
-        trainer = L.Trainer(
-            accelerator="cpu", devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
-            strategy=strategy, max_epochs=int(spec["epochs"]), max_steps=int(spec["max_steps"]),
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-            callbacks=[meter], default_root_dir=str(case_dir / "lightning"),
-        )
-        loader = DataLoader(train, batch_size=int(spec["batch_size"]), shuffle=True)
-        fit_t0 = time.perf_counter()
-        trainer.fit(model, loader)
-        fit_end = time.perf_counter()
-        steps = int(trainer.global_step)
-        dist.barrier()  # every rank has finished training (and gossip has quiesced)
-        all_done = time.perf_counter()
-        counters_end = read_counters(iface) if local_rank == 0 else None
-
-        # Exact average of the replicas (what final_average=True gives), then accuracy.
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            local_acc = float((model(x_te_t).argmax(1) == y_te_t).float().mean())
-            dist.all_reduce(flat)
-            flat /= world
-            offset = 0
-            for p in model.parameters():
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
-            acc = float((model(x_te_t).argmax(1) == y_te_t).float().mean())
-        result = {
-            "rank": rank, "node": node, "local_rank": local_rank, "steps": steps,
-            "epoch_s": meter.epoch_s, "samples": meter.samples,
-            "train_s": all_done - (meter.train_start or fit_t0),
-            "fit_s": fit_end - fit_t0,
-            "counters_start": meter.counters_start, "counters_end": counters_end,
-            "accuracy": acc, "local_accuracy": local_acc,
-            "train_samples": len(train), "test_samples": len(y_te),
-            "params": sum(p.numel() for p in model.parameters()),
-        }
-        case_dir.mkdir(parents=True, exist_ok=True)
-        tmp = case_dir / f".rank{rank}.json"
-        tmp.write_text(json.dumps(result))
-        tmp.rename(case_dir / f"rank{rank}.json")  # the driver sees whole files only
-
+    dist.init_process_group("gloo", timeout=me.timeout)  # Lightning reuses it
+    data = W.digits_80_20()
     for case in spec["cases"]:
         dist.barrier()
-        print(f"[worker rank {rank}] case {case['name']}", flush=True)
-        run_one(case)
+        print(f"[worker rank {me.rank}] case {case['name']}", flush=True)
+        _run_case(me, case, data)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import workloads  # noqa: E402
+
 from lightning_gossip.flat import FlatState, flatten_module_  # noqa: E402
 
 OPS = ("pack", "add_", "copy_")
@@ -44,11 +46,7 @@ OPS = ("pack", "add_", "copy_")
 def mlp() -> nn.Module:
     """The MLP of ``step_time.py``: 1024 -> 2048 -> 2048 -> 2048 -> 10 (10.5M parameters)."""
     torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(1024, 2048), nn.ReLU()]
-    for _ in range(2):
-        layers += [nn.Linear(2048, 2048), nn.ReLU()]
-    layers.append(nn.Linear(2048, 10))
-    return nn.Sequential(*layers)
+    return workloads.mlp([1024, 2048, 2048, 2048, 10])
 
 
 def many_small() -> nn.Module:

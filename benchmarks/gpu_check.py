@@ -35,14 +35,13 @@ missing (the message says which). See docs/gpu.md for the results table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
-import math
 import os
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -60,269 +59,101 @@ PROBE_TIMEOUT_S = 90.0
 # ----------------------------------------------------------------------------------------------
 # Worker side (two processes, started by the driver)
 # ----------------------------------------------------------------------------------------------
-def _worker(spec_path: Path) -> None:  # noqa: C901 - one linear script of checks
+@dataclasses.dataclass
+class _Rank:
+    """One worker: its spec, folder, rank, backend, and the result it keeps writing."""
+
+    spec: dict[str, Any]
+    out: Path
+    rank: int
+    backend: str
+    on_cuda: bool
+    result: dict[str, Any]
+
+    def write(self) -> None:
+        (self.out / f"rank{self.rank}.json").write_text(json.dumps(self.result))
+
+    def say(self, msg: str) -> None:
+        print(f"[gpu_check] rank {self.rank} {time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def _probe(ctx: _Rank, device: Any) -> bool:
+    """Can two ranks on this device talk through this backend? (an ``all_reduce``)"""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    spec = json.loads(spec_path.read_text())
-    out = spec_path.parent
-    rank = int(os.environ["RANK"])
-    backend, on_cuda = spec["backend"], spec["device"] == "cuda"
-    device = torch.device("cuda", 0) if on_cuda else torch.device("cpu")
-    torch.set_num_threads(max(1, spec["threads"]))
-    result: dict[str, Any] = {"rank": rank, "backend": backend, "checks": {}, "times_ms": {}}
-
-    def write() -> None:
-        (out / f"rank{rank}.json").write_text(json.dumps(result))
-
-    def say(msg: str) -> None:
-        print(f"[gpu_check] rank {rank} {time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-    # -- can two ranks on this device talk through this backend? -------------------------------
-    # Two phases, each result written before the next starts, so a crash in the second (gloo
-    # has been seen to fault on point-to-point CUDA tensors) still leaves the first on disk.
     try:
-        if on_cuda:
+        if ctx.on_cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timedelta(seconds=spec["pg_timeout_s"]))
-        t = torch.full((4,), float(rank + 1), device=device)
+        dist.init_process_group(ctx.backend,
+                                timeout=timedelta(seconds=ctx.spec["pg_timeout_s"]))
+        t = torch.full((4,), float(ctx.rank + 1), device=device)
         dist.all_reduce(t)
         assert float(t[0]) == 3.0, f"all_reduce gave {float(t[0])}, expected 3.0"
-        result["probe_ok"] = True
-        if on_cuda:
-            result["gpu"] = torch.cuda.get_device_name(device)
-        say(f"backend {backend}: all_reduce works with {device.type} tensors")
+        ctx.result["probe_ok"] = True
+        if ctx.on_cuda:
+            ctx.result["gpu"] = torch.cuda.get_device_name(device)
+        ctx.say(f"backend {ctx.backend}: all_reduce works with {device.type} tensors")
     except Exception as e:  # noqa: BLE001 - reported to the driver, which tries the next one
-        result["probe_ok"] = False
-        result["probe_error"] = f"{type(e).__name__}: {e}"[:2000]
-        write()
-        say(f"backend {backend} refused: {result['probe_error'][:300]}")
+        ctx.result["probe_ok"] = False
+        ctx.result["probe_error"] = f"{type(e).__name__}: {e}"[:2000]
+        ctx.write()
+        ctx.say(f"backend {ctx.backend} refused: {ctx.result['probe_error'][:300]}")
+        return False
+    ctx.write()
+    return True
+
+
+def _p2p_probe(ctx: _Rank, device: Any) -> None:
+    """Does ``send``/``recv`` work with these tensors? (the outcome is written first, so a
+    crash leaves it said)."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.result["p2p"] = "crashed or hung (no result)"
+    ctx.write()
+    try:
+        buf = torch.full((4,), float(ctx.rank), device=device)
+        if ctx.rank == 0:
+            dist.send(buf, dst=1)
+        else:
+            dist.recv(buf, src=0)
+            assert float(buf[0]) == 0.0, "send/recv delivered the wrong value"
+        if ctx.on_cuda:
+            torch.cuda.synchronize()
+        ctx.result["p2p"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported; the checks show the consequences
+        ctx.result["p2p"] = f"{type(e).__name__}: {e}"[:2000]
+    ctx.say(f"backend {ctx.backend}: send/recv with {device.type} tensors: "
+            f"{ctx.result['p2p'][:200]}")
+    ctx.write()
+
+
+def _worker(spec_path: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    spec = json.loads(spec_path.read_text())
+    rank, backend, on_cuda = int(os.environ["RANK"]), spec["backend"], spec["device"] == "cuda"
+    device = torch.device("cuda", 0) if on_cuda else torch.device("cpu")
+    torch.set_num_threads(max(1, spec["threads"]))
+    ctx = _Rank(spec, spec_path.parent, rank, backend, on_cuda,
+                {"rank": rank, "backend": backend, "checks": {}, "times_ms": {}})
+    # Two phases, each result written before the next starts, so a crash in the second (gloo
+    # has been seen to fault on point-to-point CUDA tensors) still leaves the first on disk.
+    if not _probe(ctx, device):
         return
-    write()
     if not spec.get("skip_p2p_probe"):
-        result["p2p"] = "crashed or hung (no result)"
-        write()
-        try:
-            buf = torch.full((4,), float(rank), device=device)
-            if rank == 0:
-                dist.send(buf, dst=1)
-            else:
-                dist.recv(buf, src=0)
-                assert float(buf[0]) == 0.0, "send/recv delivered the wrong value"
-            if on_cuda:
-                torch.cuda.synchronize()
-            result["p2p"] = "ok"
-        except Exception as e:  # noqa: BLE001 - reported; the checks show the consequences
-            result["p2p"] = f"{type(e).__name__}: {e}"[:2000]
-        say(f"backend {backend}: send/recv with {device.type} tensors: {result['p2p'][:200]}")
-        write()
+        _p2p_probe(ctx, device)
     if spec.get("probe_only"):
         dist.destroy_process_group()
         return
+    import gpu_checks  # Lightning only now: a probe launch pays for torch alone.
 
-    # Lightning only now: a probe launch pays for torch alone.
-    import lightning as L
-    import numpy as np
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    import lightning_gossip
-    from lightning_gossip import topology as T
-    from lightning_gossip.async_gossip import cuda_handoff
-
-    # -- instrumentation of the CUDA-stream path ------------------------------------------------
-    side_stream_uses: list[str] = []
-    original_on_side_stream = getattr(cuda_handoff.StreamHandoff, "on_side_stream", None)
-
-    def recording_on_side_stream(self: Any) -> Any:
-        side_stream_uses.append("cuda" if self.stream is not None else "none")
-        return original_on_side_stream(self)  # type: ignore[misc]
-
-    if original_on_side_stream is not None:
-        cuda_handoff.StreamHandoff.on_side_stream = recording_on_side_stream  # type: ignore
-
-    # -- models and fits ------------------------------------------------------------------------
-    class MLP(L.LightningModule):
-        def __init__(self, dims: list[int], lr: float, compute_ms: float = 0.0) -> None:
-            super().__init__()
-            layers: list[nn.Module] = []
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers += [nn.Linear(a, b), nn.ReLU()]
-            self.net = nn.Sequential(*layers[:-1])
-            self.lr = lr
-            self.losses: list[float] = []
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.losses.append(float(loss.detach()))
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.0)
-
-    class StepTimer(Callback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_train_batch_end(self, *args: Any) -> None:
-            if on_cuda:
-                torch.cuda.synchronize()
-            self.ends.append(time.perf_counter())
-
-    class Offset(Callback):
-        """Moves the replicas apart after the strategy's initial broadcast; records x0."""
-
-        def __init__(self) -> None:
-            self.x0: Any = None
-
-        def on_train_start(self, trainer: Any, module: Any) -> None:
-            g = torch.Generator().manual_seed(1000 + rank)
-            with torch.no_grad():
-                for p in module.parameters():
-                    p.add_(0.5 * torch.randn(p.shape, generator=g).to(p.device, p.dtype))
-            self.x0 = flat(module)
-
-    def loader(dims: list[int], steps: int, batch: int) -> DataLoader:
-        # enough batches for every rank to take ``steps`` (AD-PSGD shares one cursor)
-        g = torch.Generator().manual_seed(1000 + rank)
-        n = (steps + 2) * WORLD * batch
-        x = torch.randn(n, dims[0], generator=g)
-        y = torch.randint(0, dims[-1], (n,), generator=g)
-        return DataLoader(TensorDataset(x, y), batch_size=batch, drop_last=True)
-
-    def flat(model: nn.Module) -> np.ndarray:
-        return torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()]
-                         ).double().numpy()
-
-    def fit(model: MLP, strategy: Any, steps: int, batch: int, dims: list[int],
-            precision: str = "32-true", callbacks: list[Any] | None = None) -> None:
-        trainer = L.Trainer(
-            accelerator="cuda" if on_cuda else "cpu", devices=1, num_nodes=WORLD,
-            strategy=strategy, max_steps=steps, max_epochs=-1, precision=precision,
-            logger=False, enable_progress_bar=False, enable_model_summary=False,
-            enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
-            callbacks=callbacks or [], default_root_dir=str(out / "lightning"),
-        )
-        trainer.fit(model, loader(dims, steps, batch))
-
-    def gather(x: Any) -> list[Any]:
-        box: list[Any] = [None] * WORLD
-        dist.all_gather_object(box, x)
-        return box
-
-    gossip_kw = dict(consensus_every_n_steps=None, final_average=False,
-                     process_group_backend=backend)
-    small, steps = spec["small_dims"], spec["steps"]
-
-    def check(name: str, body: Any) -> None:
-        say(f"{name} ...")
-        result["running"] = name  # left behind if the process dies in this check
-        write()
-        t0 = time.perf_counter()
-        try:
-            detail = body()
-            result["checks"][name] = {"ok": True, "detail": detail}
-        except Exception as e:  # noqa: BLE001 - reported per rank
-            result["checks"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
-                                      "traceback": traceback.format_exc()[-4000:]}
-        result["checks"][name]["seconds"] = round(time.perf_counter() - t0, 2)
-        say(f"{name}: {'ok' if result['checks'][name]['ok'] else 'FAILED'}")
-        result.pop("running")
-        write()
-
-    def dpsgd_exact() -> dict[str, Any]:
-        torch.manual_seed(100)
-        model, offset = MLP(small, lr=0.0), Offset()  # replicas start apart
-        strategy = lightning_gossip.DPSGDStrategy(topology="ring", overlap=True, **gossip_kw)
-        fit(model, strategy, steps, 8, small, callbacks=[offset])
-        x0 = offset.x0
-        devices = sorted({str(p.device) for p in model.parameters()})
-        x0s, finals = np.stack(gather(x0)), np.stack(gather(flat(model)))
-        topo = T.build("ring", WORLD, 0)
-        expected = x0s.copy()
-        for t in range(steps):
-            expected = topo.mixing_matrix(t) @ expected
-        err = float(np.abs(finals - expected).max())
-        assert np.abs(x0s[0] - x0s[1]).max() > 0.01, "the replicas did not start apart"
-        assert err <= 1e-5, f"max |X - prod W_t X0| = {err:.3g} > 1e-5"
-        return {"max_abs_error": err, "param_devices": devices, "steps": steps}
-
-    def adpsgd_sum() -> dict[str, Any]:
-        torch.manual_seed(200)
-        model, offset = MLP(small, lr=0.0), Offset()
-        strategy = lightning_gossip.ADPSGDStrategy(pairing="ring", **gossip_kw)
-        before = len(side_stream_uses)
-        fit(model, strategy, steps, 8, small, callbacks=[offset])
-        x0 = offset.x0
-        result["side_stream_uses"] = side_stream_uses[before:]
-        devices = sorted({str(p.device) for p in model.parameters()})
-        x0s, finals = np.stack(gather(x0)), np.stack(gather(flat(model)))
-        err = float(np.abs(finals.sum(0) - x0s.sum(0)).max())
-        moved = float(np.abs(finals - x0s).max())
-        assert err <= 5e-6 * WORLD, f"sum of the replicas moved by {err:.3g} (lr = 0)"
-        return {"max_abs_sum_error": err, "max_abs_change": moved, "param_devices": devices}
-
-    def adpsgd_stream() -> dict[str, Any]:
-        uses = result.get("side_stream_uses")
-        if original_on_side_stream is None:
-            raise RuntimeError("StreamHandoff.on_side_stream is gone: update this check")
-        if uses is None:
-            raise RuntimeError("adpsgd_sum did not run")
-        if not on_cuda:
-            return {"skipped": "cpu run: no CUDA stream", "uses": uses}
-        assert uses and all(u == "cuda" for u in uses), (
-            f"the gossip thread did not run on a CUDA side stream (uses: {uses})")
-        return {"uses": uses}
-
-    def bf16(kind: str) -> dict[str, Any]:
-        torch.manual_seed(300)
-        model = MLP(small, lr=0.05)
-        if kind == "dpsgd":
-            strategy: Any = lightning_gossip.DPSGDStrategy(topology="ring", **gossip_kw)
-        else:
-            strategy = lightning_gossip.ADPSGDStrategy(pairing="ring", **gossip_kw)
-        fit(model, strategy, steps, 8, small, precision="bf16-mixed")
-        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        assert model.losses and all(math.isfinite(x) for x in model.losses), model.losses
-        assert finite, "non-finite parameters after the bf16-mixed fit"
-        return {"losses": model.losses[-3:],
-                "param_dtypes": sorted({str(p.dtype) for p in model.parameters()})}
-
-    check("dpsgd_exact", dpsgd_exact)
-    check("adpsgd_sum", adpsgd_sum)
-    check("adpsgd_stream", adpsgd_stream)
-    check("bf16_dpsgd", lambda: bf16("dpsgd"))
-    check("bf16_adpsgd", lambda: bf16("adpsgd"))
-
-    # -- step time of a ~10M-parameter model ----------------------------------------------------
-    big, warm, timed = spec["big_dims"], spec["warmup"], spec["timed_steps"]
-    result["params"] = sum(a * b + b for a, b in zip(big[:-1], big[1:]))
-    for case in TIMED:
-        def body(case: str = case) -> dict[str, Any]:
-            torch.manual_seed(0)
-            model = MLP(big, lr=1e-3)
-            timer = StepTimer()
-            if case == "ddp":
-                strategy: Any = DDPStrategy(process_group_backend=backend)
-            elif case == "adpsgd":
-                strategy = lightning_gossip.ADPSGDStrategy(pairing="ring", **gossip_kw)
-            else:
-                strategy = lightning_gossip.DPSGDStrategy(
-                    topology="ring", delay_by_one=case == "dpsgd_delay1", **gossip_kw)
-            fit(model, strategy, warm + timed, spec["batch"], big, callbacks=[timer])
-            dts = [b - a for a, b in zip(timer.ends[:-1], timer.ends[1:])][max(warm - 1, 0):]
-            assert dts, "no step timed"
-            ms = float(np.median(dts) * 1e3)
-            result["times_ms"][case] = ms
-            return {"median_ms": ms, "steps": len(dts)}
-
-        check(f"time_{case}", body)
-    write()
+    gpu_checks.Checks(ctx).run()
+    ctx.write()
     try:
         dist.barrier()
         dist.destroy_process_group()
@@ -421,8 +252,7 @@ def summarise(attempt: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the check; print a table, optionally write JSON; the exit code says how it went."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -436,23 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds per launch before the workers are killed (default 240)")
     p.add_argument("--workdir", metavar="DIR", help="keep the workers' logs here")
     p.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        _worker(Path(args.worker))
-        return 0
+    return p
 
-    missing = missing_requirements(args.device)
-    if missing:
-        print("gpu_check: missing " + ", ".join(missing) + ". It needs Python with torch "
-              "(CUDA build), lightning and numpy, and this repository importable: run "
-              "`bash scripts/setup.sh` and use .venv/bin/python (see docs/gpu.md); "
-              "`--device cpu` runs the dry path without a GPU.", file=sys.stderr)
-        return 2
-    if args.backend == "auto":
-        backends = ["nccl", "gloo"] if args.device == "cuda" else ["gloo"]
-    else:
-        backends = args.backend
-    spec = {
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "device": args.device,
         "threads": 1 if args.quick else 4,
         "pg_timeout_s": 60 if args.quick else 120,
@@ -464,11 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": 1 if args.quick else 5,
         "timed_steps": 3 if args.quick else 30,
     }
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    tmp = tempfile.TemporaryDirectory(prefix="gpu_check_") if not args.workdir else None
-    root = Path(args.workdir) if args.workdir else Path(tmp.name)  # type: ignore[union-attr]
+
+
+def _try_backends(args: argparse.Namespace, spec: dict[str, Any], backends: list[str],
+                  root: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every launch (probes included), and the one that ran the checks (``None``: no backend
+    worked)."""
     attempts = []
-    chosen = None
     for i, backend in enumerate(backends):
         # With a fallback left, or on a GPU, probe first in a launch of its own (short timeout:
         # a refusing NCCL may hang; a faulting point-to-point send must not cost the checks).
@@ -491,30 +311,25 @@ def main(argv: list[str] | None = None) -> int:
                 attempt["p2p"] = p2p
                 attempt["backend"], attempt["probe_only"] = backend, False
                 attempts.append(attempt)
-            chosen = attempt
-            break
+            return attempts, attempt
         reasons = "; ".join(f"rank {r['rank']}: {r.get('probe_error', 'no probe result')}"
                             for r in attempt["ranks"] if not r.get("probe_ok"))
         print(f"gpu_check: backend {backend} did not work: {reasons[:500]}", file=sys.stderr)
+    return attempts, None
 
-    rows: list[list[str]] = []
-    summary: dict[str, Any] = {}
-    if chosen is not None:
-        summary = summarise(chosen)
-    for name in (*CHECKS, *(f"time_{c}" for c in TIMED)):
-        s = summary.get(name, {"status": "not run", "detail": "no backend worked"})
-        detail = s["detail"]
-        if isinstance(detail, dict):
-            detail = ", ".join(f"{k}={v}" for k, v in detail.items())
-        rows.append([name, s["status"], str(detail)[:70]])
+
+def _payload(args: argparse.Namespace, spec: dict[str, Any], started: str,
+             attempts: list[dict[str, Any]], chosen: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON report."""
+    summary = summarise(chosen) if chosen is not None else {}
     times = {c: chosen["ranks"][0].get("times_ms", {}).get(c) for c in TIMED} if chosen else {}
     ddp = times.get("ddp")
-    ratios = {c: (t / ddp if t and ddp else None) for c, t in times.items()}
-    payload = {
+    first = chosen["ranks"][0] if chosen else {}
+    return {
         "started_utc": started,
         "device": args.device,
         "quick": args.quick,
-        "gpu": chosen["ranks"][0].get("gpu") if chosen else None,
+        "gpu": first.get("gpu") if chosen else None,
         "backend": chosen["backend"] if chosen else None,
         "launches": [{"backend": a["backend"], "probe_only": a["probe_only"],
                       "seconds": a["seconds"], "returncodes": a["returncodes"],
@@ -523,17 +338,27 @@ def main(argv: list[str] | None = None) -> int:
                      for a in attempts],
         "p2p": (chosen.get("p2p") or [r.get("p2p") for r in chosen["ranks"]]) if chosen
         else None,
-        "params": chosen["ranks"][0].get("params") if chosen else None,
+        "params": first.get("params") if chosen else None,
         "checks": summary,
         "step_ms": times,
-        "ratio_to_ddp": ratios,
+        "ratio_to_ddp": {c: (t / ddp if t and ddp else None) for c, t in times.items()},
         "spec": spec,
         "attempts": attempts,
     }
+
+
+def _print_report(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    rows: list[list[str]] = []
+    for name in (*CHECKS, *(f"time_{c}" for c in TIMED)):
+        s = payload["checks"].get(name, {"status": "not run", "detail": "no backend worked"})
+        detail = s["detail"]
+        if isinstance(detail, dict):
+            detail = ", ".join(f"{k}={v}" for k, v in detail.items())
+        rows.append([name, s["status"], str(detail)[:70]])
     width = max(len(r[0]) for r in rows)
     print(f"\ngpu_check on {args.device} ({payload['gpu'] or 'no GPU'}), backend "
           f"{payload['backend'] or 'none'}, model {payload['params'] or '?'} parameters")
-    for a in attempts:
+    for a in payload["attempts"]:
         errors = [e for e in (r.get("probe_error") for r in a["ranks"]) if e]
         print(f"  launch {a['backend']}{' probe' if a['probe_only'] else ''}: "
               f"{a['seconds']} s" + (", timed out" if a["timed_out"] else "")
@@ -542,10 +367,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  send/recv with {args.device} tensors (rank 0, rank 1): {payload['p2p']}")
     for name, status, detail in rows:
         print(f"  {name:<{width}}  {status:<8}  {detail}")
+    times, ratios = payload["step_ms"], payload["ratio_to_ddp"]
     if times:
         print("  step time (median ms, ratio to ddp): " + ", ".join(
             f"{c} {t:.1f} ({ratios[c]:.2f}x)" if t and ratios[c] else f"{c} n/a"
             for c, t in times.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check; print a table, optionally write JSON; the exit code says how it went."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        _worker(Path(args.worker))
+        return 0
+    missing = missing_requirements(args.device)
+    if missing:
+        print("gpu_check: missing " + ", ".join(missing) + ". It needs Python with torch "
+              "(CUDA build), lightning and numpy, and this repository importable: run "
+              "`bash scripts/setup.sh` and use .venv/bin/python (see docs/gpu.md); "
+              "`--device cpu` runs the dry path without a GPU.", file=sys.stderr)
+        return 2
+    if args.backend == "auto":
+        backends = ["nccl", "gloo"] if args.device == "cuda" else ["gloo"]
+    else:
+        backends = args.backend
+    spec = _spec(args)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tmp = tempfile.TemporaryDirectory(prefix="gpu_check_") if not args.workdir else None
+    root = Path(args.workdir) if args.workdir else Path(tmp.name)  # type: ignore[union-attr]
+    attempts, chosen = _try_backends(args, spec, backends, root)
+    payload = _payload(args, spec, started, attempts, chosen)
+    _print_report(args, payload)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
@@ -555,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if chosen is None:
         return 1
     return 1 if any(s["status"] in ("failed", "not run", "crashed")
-                    for s in summary.values()) else 0
+                    for s in payload["checks"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -54,18 +54,14 @@ is free), which shows what the overlap buys when there is something to overlap w
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
+import cli_args as A  # noqa: E402
 
 CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1", "adpsgd",
          "dpsgd_overlap_bf16")
@@ -79,189 +75,103 @@ DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
 # ----------------------------------------------------------------------------------------------
 # Worker side (runs inside every torchrun rank)
 # ----------------------------------------------------------------------------------------------
-def _thread_cpu() -> dict[str, float] | None:
-    """CPU seconds used so far by this process's threads, grouped: ``training`` (the main
-    thread), Python threads by name without their trailing number, ``native`` for the
-    threads Python does not know (gloo's, torch's). ``None`` where ``/proc`` has no tasks."""
-    task = Path("/proc/self/task")
-    if not task.is_dir():
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    named = {th.native_id: th.name for th in threading.enumerate()}
-    main = threading.main_thread().native_id
-    groups: dict[str, float] = {}
-    for d in task.iterdir():
-        try:  # schedstat: nanoseconds on the CPU; stat: user + system in clock ticks
-            seconds = int((d / "schedstat").read_text().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:  # the thread ended meanwhile
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            seconds = (int(fields[11]) + int(fields[12])) / tick
-        tid = int(d.name)
-        group = ("training" if tid == main else
-                 re.sub(r"[-_]?\d+$", "", named[tid]) if tid in named else "native")
-        groups[group] = groups.get(group, 0.0) + seconds
-    return groups
-
-
-def _per_step(start: dict[str, float] | None, end: dict[str, float] | None,
-              steps: int) -> dict[str, float]:
-    """CPU seconds per step and group between two :func:`_thread_cpu` readings."""
-    if not start or not end or steps <= 0:
-        return {}
-    return {g: (end[g] - start.get(g, 0.0)) / steps for g in end}
-
-
 def _param_count(in_features: int, width: int, depth: int, classes: int) -> int:
+    """Parameters of the MLP (as ``workloads.mlp_params``, without importing torch)."""
     dims = [in_features] + [width] * depth + [classes]
     return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
 
 
-def _worker(spec_path: Path) -> None:
+def _dims(spec: dict[str, Any]) -> list[int]:
+    return [spec["in_features"]] + [spec["width"]] * spec["depth"] + [spec["classes"]]
+
+
+def _strategy(case: str, topology: str) -> Any:
+    import trainers as T
+
+    if case == "ddp":
+        return T.make_strategy("ddp")
+    if case == "adpsgd":
+        return T.make_strategy("adpsgd", consensus_every_n_steps=None, final_average=False)
+    return T.make_strategy("dpsgd", topology=topology, overlap="blocking" not in case,
+                           delay_by_one=case == "dpsgd_delay1", consensus_every_n_steps=None,
+                           final_average=False,
+                           wire_dtype="bf16" if case.endswith("_bf16") else "fp32")
+
+
+def _fit(w: H.Worker, clock: Any, case: str,
+         compute_ms: float) -> tuple[list[float], list[float], dict[str, float]]:
+    """One fit of ``case``: step times, training-thread gossip time per step, CPU per step."""
     import lightning as L
+    import meters as M
     import torch
-    import torch.distributed as dist
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-    from torch import nn
+    import trainers as T
+    import workloads as W
     from torch.utils.data import DataLoader, TensorDataset
 
+    spec = w.spec
+    steps_total = spec["warmup"] + spec["steps"]
+    n_samples = (steps_total + 1) * spec["batch_size"] * w.world
+    skip = max(spec["warmup"] - 1, 0)
+    torch.manual_seed(0)
+    model = W.FixedBatchMLP(_dims(spec), spec["batch_size"], seed=1234 + w.rank,
+                            compute_ms=compute_ms)
+    timer = M.StepTimer(clock=clock, cpu_at=(skip, steps_total - 1))
+    options = T.trainer_kwargs(w.out, max_steps=steps_total, max_epochs=-1, callbacks=[timer])
+    loader = DataLoader(TensorDataset(torch.arange(n_samples)),
+                        batch_size=spec["batch_size"], shuffle=False, drop_last=True)
+    if case in ("solo", "local"):
+        T.fit_alone(model, options, train_dataloaders=loader)
+    else:
+        trainer = L.Trainer(strategy=_strategy(case, spec["topology"]), devices=w.world,
+                            **options)
+        trainer.fit(model, loader)
+    cpu = (M.cpu_per_step(*timer.cpu, steps=steps_total - 1 - skip) if len(timer.cpu) == 2
+           else {})
+    return M.intervals(timer.ends, skip), M.intervals(timer.gossip, skip), cpu
+
+
+def _gossip_clock() -> Any:
+    """A clock around the strategy methods the training thread runs for gossip."""
+    import meters as M
+
     import lightning_gossip
-
-    gossip_clock = [0.0]  # seconds the training thread spent in the timed gossip methods
-
-    def timed(fn: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                gossip_clock[0] += time.perf_counter() - t0
-        return wrapper
-
     from lightning_gossip.async_gossip.engine import AsyncGossip
 
-    for name in GOSSIP_METHODS["dpsgd"]:
-        setattr(lightning_gossip.DPSGDStrategy, name,
-                timed(getattr(lightning_gossip.DPSGDStrategy, name)))
-    for name in GOSSIP_METHODS["adpsgd"]:
-        setattr(AsyncGossip, name, timed(getattr(AsyncGossip, name)))
+    clock = M.GossipClock()
+    clock.wrap(lightning_gossip.DPSGDStrategy, GOSSIP_METHODS["dpsgd"])
+    clock.wrap(AsyncGossip, GOSSIP_METHODS["adpsgd"])
+    return clock
 
-    H.worker_init()
-    spec = json.loads(spec_path.read_text())
-    out = spec_path.parent
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
 
-    class MLP(L.LightningModule):
-        """A plain MLP trained on one fixed random batch (data loading is not measured)."""
+def _worker(spec_path: Path) -> None:
+    import torch.distributed as dist
 
-        def __init__(self) -> None:
-            super().__init__()
-            dims = [spec["in_features"]] + [spec["width"]] * spec["depth"] + [spec["classes"]]
-            layers: list[nn.Module] = []
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers += [nn.Linear(a, b), nn.ReLU()]
-            self.net = nn.Sequential(*layers[:-1])
-            g = torch.Generator().manual_seed(1234 + rank)
-            # Plain attributes, not buffers: buffers would be gossiped with the weights.
-            self.x = torch.randn(spec["batch_size"], spec["in_features"], generator=g)
-            self.y = torch.randint(0, spec["classes"], (spec["batch_size"],), generator=g)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            n = len(batch[0])
-            if compute_ms[0]:  # an accelerator busy, this CPU free
-                time.sleep(compute_ms[0] / 1e3)
-            return nn.functional.cross_entropy(self.net(self.x[:n]), self.y[:n])
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
-
-    class StepTimer(Callback):
-        def __init__(self, first: int, last: int) -> None:
-            self.ends: list[float] = []
-            self.gossip: list[float] = []
-            self.first, self.last = first, last  # batch ends bounding the measured steps
-            self.cpu: list[dict[str, float] | None] = []
-
-        def on_train_batch_end(self, *args: Any) -> None:
-            self.ends.append(time.perf_counter())
-            self.gossip.append(gossip_clock[0])
-            if len(self.ends) - 1 in (self.first, self.last):
-                self.cpu.append(_thread_cpu())
-
-    compute_ms = [0.0]
-
-    steps_total = spec["warmup"] + spec["steps"]
-    n_samples = (steps_total + 1) * spec["batch_size"] * world
-
-    skip = max(spec["warmup"] - 1, 0)
-
-    def fit(case: str) -> tuple[list[float], list[float], dict[str, float]]:
-        torch.manual_seed(0)
-        model = MLP()
-        timer = StepTimer(first=skip, last=steps_total - 1)
-        common = dict(accelerator="cpu", max_steps=steps_total, max_epochs=-1, logger=False,
-                      enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, callbacks=[timer], num_sanity_val_steps=0,
-                      limit_val_batches=0, default_root_dir=str(out / "lightning"))
-        loader = DataLoader(TensorDataset(torch.arange(n_samples)),
-                            batch_size=spec["batch_size"], shuffle=False, drop_last=True)
-        if case in ("solo", "local"):
-            with H.without_launcher_env():
-                trainer = L.Trainer(strategy=SingleDeviceStrategy(torch.device("cpu")),
-                                    devices=1, **common)
-                trainer.fit(model, loader)
-        else:
-            if case == "ddp":
-                strategy: Any = DDPStrategy(process_group_backend="gloo")
-            elif case == "adpsgd":
-                strategy = lightning_gossip.ADPSGDStrategy(
-                    consensus_every_n_steps=None, final_average=False,
-                    process_group_backend="gloo")
-            else:
-                strategy = lightning_gossip.DPSGDStrategy(
-                    topology=spec["topology"], overlap="blocking" not in case,
-                    delay_by_one=case == "dpsgd_delay1", consensus_every_n_steps=None,
-                    final_average=False, process_group_backend="gloo",
-                    wire_dtype="bf16" if case.endswith("_bf16") else "fp32")
-            trainer = L.Trainer(strategy=strategy, devices=world, **common)
-            trainer.fit(model, loader)
-        ends, clock = timer.ends, timer.gossip
-        cpu = _per_step(*timer.cpu, steps=steps_total - 1 - skip) if len(timer.cpu) == 2 else {}
-        return ([b - a for a, b in zip(ends[:-1], ends[1:])][skip:],
-                [b - a for a, b in zip(clock[:-1], clock[1:])][skip:], cpu)
-
-    keys = [f"{case}@{ms:g}" for ms in spec["simulated_compute_ms"] for case in spec["cases"]]
-    results: dict[str, list[list[float]]] = {k: [] for k in keys}
-    gossip: dict[str, list[list[float]]] = {k: [] for k in keys}
-    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in keys}
-    for ms in spec["simulated_compute_ms"]:
-        compute_ms[0] = ms
-        for rnd in range(spec["repeats"]):
-            for case in spec["cases"]:
-                key = f"{case}@{ms:g}"
-                dist.barrier()
-                H.progress(f"round {rnd + 1}/{spec['repeats']} {case}, {ms:g} ms compute "
-                           f"({world} ranks)")
-                times, in_gossip, per_step = (fit(case) if case != "solo" or rank == 0
-                                              else ([], [], {}))
-                results[key].append(times)
-                gossip[key].append(in_gossip)
-                cpu[key].append(per_step)
-                dist.barrier()
-                if rank == 0 and times:
-                    H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms, "
-                               f"gossip on the training thread "
-                               f"{H.median(in_gossip) * 1e3:.2f} ms")
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "times": results,
-                                                      "gossip": gossip, "cpu": cpu}))
-    dist.barrier()
-    dist.destroy_process_group()
+    clock = _gossip_clock()
+    with H.worker_session(spec_path) as w:
+        spec = w.spec
+        keys = [f"{case}@{ms:g}" for ms in spec["simulated_compute_ms"] for case in spec["cases"]]
+        results: dict[str, list[list[float]]] = {k: [] for k in keys}
+        gossip: dict[str, list[list[float]]] = {k: [] for k in keys}
+        cpu: dict[str, list[dict[str, float]]] = {k: [] for k in keys}
+        for ms in spec["simulated_compute_ms"]:
+            for rnd in range(spec["repeats"]):
+                for case in spec["cases"]:
+                    key = f"{case}@{ms:g}"
+                    dist.barrier()
+                    H.progress(f"round {rnd + 1}/{spec['repeats']} {case}, {ms:g} ms compute "
+                               f"({w.world} ranks)")
+                    times, in_gossip, per_step = (_fit(w, clock, case, ms)
+                                                  if case != "solo" or w.rank == 0
+                                                  else ([], [], {}))
+                    results[key].append(times)
+                    gossip[key].append(in_gossip)
+                    cpu[key].append(per_step)
+                    dist.barrier()
+                    if w.rank == 0 and times:
+                        H.progress(f"  {case}: median step {H.median(times) * 1e3:.1f} ms, "
+                                   f"gossip on the training thread "
+                                   f"{H.median(in_gossip) * 1e3:.2f} ms")
+        w.write({"rank": w.rank, "times": results, "gossip": gossip, "cpu": cpu})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,14 +246,11 @@ def _cpu_rows(world: int, summary: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description="Time per training step at N CPU ranks: dpsgd (overlap on/off, "
-        "delay-by-one), adpsgd, Lightning ddp, and no communication; ratios to no "
-        "communication; the training thread's time in gossip.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4],
-                   help="world sizes, one launch each (e.g. --ranks 4 2)")
+def _parser() -> argparse.ArgumentParser:
+    p = A.parser("Time per training step at N CPU ranks: dpsgd (overlap on/off, "
+                 "delay-by-one), adpsgd, Lightning ddp, and no communication; ratios to no "
+                 "communication; the training thread's time in gossip.")
+    A.add_ranks(p, [2, 4])
     p.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")
     p.add_argument("--in-features", type=int, default=1024, help="input features")
@@ -361,14 +268,56 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"which cases to run (default: {' '.join(DEFAULT_CASES)}; with "
                    "--quick: solo to dpsgd_delay1)")
     p.add_argument("--topology", default="random_ring", help="dpsgd topology")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny model, few steps, 2 ranks, 1 round (smoke test; seconds)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
-    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        _worker(args.worker)
+    A.add_run_options(p, timeout=1800, out=DEFAULT_OUT, per="per launch",
+                      quick="tiny model, few steps, 2 ranks, 1 round (smoke test; seconds)")
+    return p
+
+
+def _launch_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One launch per world size; a summary per world size and simulated compute."""
+    launches = []
+    for world in args.ranks:
+        spec = A.spec_of(args, ("width", "depth", "in_features", "classes", "batch_size",
+                                "steps", "warmup", "repeats", "topology",
+                                "simulated_compute_ms"))
+        spec["cases"] = list(args.cases)
+        workdir = args.out.parent / f".{args.out.stem}_work_{world}"
+        ranks, wall = H.timed_launch(Path(__file__).resolve(), spec, world, workdir,
+                                     args.timeout)
+        for ms in args.simulated_compute_ms:
+            launches.append({"world_size": world, "simulated_compute_ms": ms, "wall_s": wall,
+                             "cases": _summarise(ranks, list(args.cases), ms)})
+    return launches
+
+
+def _launch_markdown(launch: dict[str, Any]) -> list[str]:
+    """The tables of one launch; adds its blocking/overlap and overlap/solo|local ratios."""
+    world, summary = launch["world_size"], launch["cases"]
+    ms = launch["simulated_compute_ms"]
+    sim = f", {ms:g} ms simulated compute (sleep) per step" if ms else ", no simulated compute"
+    headers = ["case", "step ms (median)", "round medians ms", "x solo", "x local",
+               "gossip ms", "x blocking"]
+    md = ["", f"**{world} ranks{sim}**", "", H.markdown_table(headers, _rows(world, summary))]
+    cpu_rows = _cpu_rows(world, summary)
+    if cpu_rows:
+        md += ["", "CPU ms per step per rank, by thread (mean over the measured steps; "
+               "busy cores = all ranks' CPU time / wall time):", "",
+               H.markdown_table(CPU_HEADERS, cpu_rows)]
+    b = summary.get("dpsgd_blocking", {}).get("median_step_s")
+    o = summary.get("dpsgd_overlap", {}).get("median_step_s")
+    if b and o:
+        launch["blocking_over_overlap"] = b / o
+        md.append(f"\nblocking / overlap = {b / o:.3f}")
+    if o and "solo" in summary:
+        launch["overlap_over_solo"] = o / summary["solo"]["median_step_s"]
+    if o and "local" in summary:
+        launch["overlap_over_local"] = o / summary["local"]["median_step_s"]
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = A.parse(_parser(), argv, _worker)
+    if args is None:
         return 0
     if args.quick:
         args.width, args.depth, args.in_features = 256, 2, 128
@@ -382,55 +331,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step_time: {params / 1e6:.2f}M parameters, per-rank batch {args.batch_size}, "
           f"{args.steps} measured steps after {args.warmup} warm-up, {args.repeats} round(s), "
           f"ranks {args.ranks}; load average {before['loadavg_1_5_15']}", file=sys.stderr)
-    launches = []
-    for world in args.ranks:
-        spec = {k: getattr(args, k) for k in ("width", "depth", "in_features", "classes",
-                                               "batch_size", "steps", "warmup", "repeats",
-                                               "topology", "simulated_compute_ms")}
-        spec["cases"] = list(args.cases)
-        workdir = args.out.parent / f".{args.out.stem}_work_{world}"
-        t0 = time.time()
-        ranks = H.launch(Path(__file__).resolve(), spec, world, workdir, args.timeout)
-        wall = time.time() - t0
-        for ms in args.simulated_compute_ms:
-            launches.append({"world_size": world, "simulated_compute_ms": ms, "wall_s": wall,
-                             "cases": _summarise(ranks, list(args.cases), ms)})
+    launches = _launch_all(args)
     after = H.machine_info()
-
     md = [f"Step time, {params / 1e6:.2f}M-parameter MLP, per-rank batch {args.batch_size}, "
           f"median of {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up; "
           "gossip ms = the training thread's own time in the strategy's gossip code per step "
           "(median), x blocking = that over dpsgd_blocking's.",
           H.describe_machine(before) + f" Load after: {after['loadavg_1_5_15']}."]
-    headers = ["case", "step ms (median)", "round medians ms", "x solo", "x local",
-               "gossip ms", "x blocking"]
     for launch in launches:
-        world, summary = launch["world_size"], launch["cases"]
-        ms = launch["simulated_compute_ms"]
-        sim = f", {ms:g} ms simulated compute (sleep) per step" if ms else ", no simulated compute"
-        md += ["", f"**{world} ranks{sim}**", "",
-               H.markdown_table(headers, _rows(world, summary))]
-        cpu_rows = _cpu_rows(world, summary)
-        if cpu_rows:
-            md += ["", "CPU ms per step per rank, by thread (mean over the measured steps; "
-                   "busy cores = all ranks' CPU time / wall time):", "",
-                   H.markdown_table(CPU_HEADERS, cpu_rows)]
-        b = summary.get("dpsgd_blocking", {}).get("median_step_s")
-        o = summary.get("dpsgd_overlap", {}).get("median_step_s")
-        if b and o:
-            launch["blocking_over_overlap"] = b / o
-            md.append(f"\nblocking / overlap = {b / o:.3f}")
-        if o and "solo" in summary:
-            launch["overlap_over_solo"] = o / summary["solo"]["median_step_s"]
-        if o and "local" in summary:
-            launch["overlap_over_local"] = o / summary["local"]["median_step_s"]
+        md += _launch_markdown(launch)
     text = "\n".join(md)
     print(text)
     H.write_json(args.out, {
         "benchmark": "step_time", "quick": args.quick, "parameters": params,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                   if k not in ("worker",)},
-        "machine": before, "loadavg_after": after["loadavg_1_5_15"],
+        "config": A.config_of(args), "machine": before, "loadavg_after": after["loadavg_1_5_15"],
         "launches": launches, "markdown": text,
     })
     print(f"wrote {args.out}", file=sys.stderr)

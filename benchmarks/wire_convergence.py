@@ -28,7 +28,6 @@ import argparse
 import ast
 import collections
 import json
-import os
 import re
 import sys
 import sysconfig
@@ -39,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as H  # noqa: E402
+import cli_args as A  # noqa: E402
 
 #: case name -> (strategy, extra strategy kwargs)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -96,148 +96,96 @@ def encode(words: list[str], vocab_size: int) -> tuple[list[int], int]:
 # ----------------------------------------------------------------------------------------------
 # Worker side (runs inside every torchrun rank)
 # ----------------------------------------------------------------------------------------------
-def _worker(spec_path: Path) -> None:  # noqa: C901 (one closure per workload)
-    import inspect
-    import math
+def _datasets(w: H.Worker) -> dict[str, Any]:
+    """The workloads' data: digits (train, x_val, y_val) and the text's blocks (train, val)."""
+    import torch
+    import workloads as W
+    from torch.utils.data import TensorDataset
 
+    data: dict[str, Any] = {"digits": W.digits_split(), "vocab": 0,
+                            "transformer": (TensorDataset(torch.zeros(0)),) * 2}
+    if "transformer" in w.spec["workloads"]:
+        text = json.loads((w.out / "text.json").read_text())  # written once by the driver
+        lm_train, lm_val = W.lm_datasets(text["ids"], w.spec["block"])
+        data["transformer"], data["vocab"] = (lm_train, lm_val), text["vocab"]
+        H.progress(f"text: {len(text['ids'])} words, vocabulary {text['vocab']}, "
+                   f"{len(lm_train)} training blocks of {w.spec['block']}, "
+                   f"{len(lm_val)} held out")
+    return data
+
+
+def _strategy(case: str, spec: dict[str, Any]) -> Any | None:
+    """The case's strategy; ``None`` where this version has no ``wire_dtype``."""
+    import trainers as T
+
+    kind, extra = CASES[case]
+    if kind == "ddp":
+        return T.make_strategy("ddp")
+    if "wire_dtype" in extra and not T.accepts(kind, "wire_dtype"):
+        return None
+    return T.make_strategy(kind, consensus_every_n_steps=spec["consensus_every"], **extra)
+
+
+def _fit(w: H.Worker, data: dict[str, Any], workload: str, case: str) -> dict[str, Any] | None:
     import lightning as L
     import torch
+    import trainers as T
+    import workloads as W
+    from torch.utils.data import DataLoader
+
+    spec = w.spec
+    strategy = _strategy(case, spec)
+    if strategy is None:
+        return None
+    torch.manual_seed(spec["seed"])
+    if workload == "digits":
+        model: Any = W.Classifier([64, 128, 128, 10], lr=spec["digits_lr"])
+        train, epochs, batch = data["digits"][0], spec["digits_epochs"], 32
+    else:
+        model = W.LanguageModel(data["vocab"], spec["width"], spec["lm_lr"])
+        train, epochs, batch = data["transformer"][0], spec["lm_epochs"], spec["lm_batch"]
+    loader = DataLoader(train, batch_size=batch, shuffle=True,
+                        generator=torch.Generator().manual_seed(spec["seed"]))
+    trainer = L.Trainer(devices=w.world, strategy=strategy, **T.trainer_kwargs(
+        w.out, max_epochs=epochs, limit_train_batches=spec["limit_batches"],
+        gradient_clip_val=1.0))
+    start = time.perf_counter()
+    trainer.fit(model, loader)
+    result = {"seconds": time.perf_counter() - start, "steps": trainer.global_step,
+              "consensus_distance": getattr(strategy, "last_consensus_distance", None)}
+    if workload == "digits":
+        result["val_acc"] = model.accuracy(*data["digits"][1:])
+    else:
+        result.update(model.held_out(data["transformer"][1]))
+    return result
+
+
+def _worker(spec_path: Path) -> None:
     import torch.distributed as dist
-    from lightning.pytorch.demos import Transformer
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
-    import lightning_gossip
-
-    H.worker_init()
-    spec = json.loads(spec_path.read_text())
-    out = spec_path.parent
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")  # Lightning reuses it; also used for barriers between cases
-
-    # --- digits ---------------------------------------------------------------------------
-    digits_train, x_val, y_val = H.digits_split()
-
-    class DigitsMLP(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128),
-                                     nn.ReLU(), nn.Linear(128, 10))
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            xb, yb = batch
-            return nn.functional.cross_entropy(self.net(xb), yb)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=spec["digits_lr"], momentum=0.9)
-
-        @torch.no_grad()
-        def held_out(self) -> dict[str, float]:
-            return {"val_acc": (self.net(x_val).argmax(-1) == y_val).float().mean().item()}
-
-    # --- transformer ----------------------------------------------------------------------
-    block, vocab = spec["block"], 0
-    lm_train = lm_val = TensorDataset(torch.zeros(0))
-
-    def blocks(t: torch.Tensor) -> TensorDataset:
-        n = (len(t) - 1) // block
-        return TensorDataset(t[: n * block].view(n, block), t[1: n * block + 1].view(n, block))
-
-    if "transformer" in spec["workloads"]:
-        text = json.loads((out / "text.json").read_text())  # written once by the driver
-        tokens, vocab = torch.tensor(text["ids"]), text["vocab"]
-        split = int(len(tokens) * 0.9)
-        lm_train, lm_val = blocks(tokens[:split]), blocks(tokens[split:])
-        H.progress(f"text: {len(tokens)} words, vocabulary {vocab}, {len(lm_train)} training "
-                   f"blocks of {block}, {len(lm_val)} held out")
-
-    class LanguageModel(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = Transformer(vocab_size=vocab, ninp=spec["width"], nhead=2,
-                                     nhid=spec["width"], nlayers=2, dropout=0.1)
-
-        def loss(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            out = self.model(inputs, inputs)  # the decoder sees the inputs, not the targets
-            return nn.functional.nll_loss(out.reshape(-1, vocab), target.reshape(-1))
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.loss(*batch)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=spec["lm_lr"], momentum=0.9)
-
-        @torch.no_grad()
-        def held_out(self) -> dict[str, float]:
-            self.eval()
-            inputs, target = lm_val.tensors
-            losses = [self.loss(inputs[i:i + 64], target[i:i + 64]).item() * len(inputs[i:i + 64])
-                      for i in range(0, len(inputs), 64)]
-            loss = sum(losses) / len(inputs)
-            return {"val_loss": loss, "val_ppl": math.exp(loss)}
-
-    def make_strategy(case: str) -> Any:
-        name, extra = CASES[case]
-        if name == "ddp":
-            return DDPStrategy(process_group_backend="gloo")
-        cls = lightning_gossip.DPSGDStrategy if name == "dpsgd" else lightning_gossip.ADPSGDStrategy
-        if "wire_dtype" in extra and "wire_dtype" not in inspect.signature(cls).parameters:
-            return None
-        return cls(process_group_backend="gloo", consensus_every_n_steps=spec["consensus_every"],
-                   **extra)
-
-    def fit(workload: str, case: str) -> dict[str, Any] | None:
-        strategy = make_strategy(case)
-        if strategy is None:
-            return None
-        torch.manual_seed(spec["seed"])
-        if workload == "digits":
-            model: Any = DigitsMLP()
-            data, epochs, batch = digits_train, spec["digits_epochs"], 32
-        else:
-            model = LanguageModel()
-            data, epochs, batch = lm_train, spec["lm_epochs"], spec["lm_batch"]
-        loader = DataLoader(data, batch_size=batch, shuffle=True,
-                            generator=torch.Generator().manual_seed(spec["seed"]))
-        trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy,
-                            max_epochs=epochs, limit_train_batches=spec["limit_batches"],
-                            logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, enable_checkpointing=False,
-                            num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=1.0,
-                            default_root_dir=str(out / "lightning"))
-        start = time.perf_counter()
-        trainer.fit(model, loader)
-        result = {"seconds": time.perf_counter() - start, "steps": trainer.global_step,
-                  "consensus_distance": getattr(strategy, "last_consensus_distance", None)}
-        result.update(model.held_out())
-        return result
-
-    results: dict[str, dict[str, Any]] = {}
-    for workload in spec["workloads"]:
-        for case in spec["cases"]:
-            dist.barrier()
-            H.progress(f"{workload} / {case}")
-            res = fit(workload, case)
-            if res is None:
-                H.progress(f"  skipped: {CASES[case][0]} has no wire_dtype in this version")
-                continue
-            results[f"{workload}/{case}"] = res
-            H.progress("  " + ", ".join(f"{k} {v:.4g}" for k, v in res.items()
-                                         if isinstance(v, float)))
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "results": results}))
-    dist.barrier()
-    dist.destroy_process_group()
+    with H.worker_session(spec_path) as w:
+        data = _datasets(w)
+        results: dict[str, dict[str, Any]] = {}
+        for workload in w.spec["workloads"]:
+            for case in w.spec["cases"]:
+                dist.barrier()
+                H.progress(f"{workload} / {case}")
+                res = _fit(w, data, workload, case)
+                if res is None:
+                    H.progress(f"  skipped: {CASES[case][0]} has no wire_dtype in this version")
+                    continue
+                results[f"{workload}/{case}"] = res
+                H.progress("  " + ", ".join(f"{k} {v:.4g}" for k, v in res.items()
+                                             if isinstance(v, float)))
+        w.write({"rank": w.rank, "results": results})
 
 
 # ----------------------------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """Parse the flags, launch the ranks, print and save the table."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=4, help="world size")
+def _parser() -> argparse.ArgumentParser:
+    p = A.parser(__doc__.splitlines()[0])
+    A.add_ranks(p)
     p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     p.add_argument("--digits-epochs", type=int, default=10)
@@ -254,13 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consensus-every", type=int, default=10,
                    help="consensus_every_n_steps of the gossip strategies")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--timeout", type=float, default=3600, help="seconds for the launch")
-    p.add_argument("--quick", action="store_true", help="2 ranks, a few steps (smoke test)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
-    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        _worker(args.worker)
+    A.add_run_options(p, timeout=3600, out=DEFAULT_OUT,
+                      quick="2 ranks, a few steps (smoke test)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, launch the ranks, print and save the table."""
+    args = A.parse(_parser(), argv, _worker)
+    if args is None:
         return 0
     if args.quick:
         args.ranks, args.digits_epochs, args.lm_epochs = 2, 1, 1
@@ -274,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ids, vocab = encode(stdlib_text(args.words), args.vocab)
         work.mkdir(parents=True, exist_ok=True)
         (work / "text.json").write_text(json.dumps({"ids": ids, "vocab": vocab}))
-    per_rank = H.launch(Path(__file__), spec, args.ranks, work, args.timeout)
-    results = per_rank[0]["results"]
+    results = H.launch(Path(__file__), spec, args.ranks, work, args.timeout)[0]["results"]
     rows = []
     for key, res in results.items():
         workload, case = key.split("/")
