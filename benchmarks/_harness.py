@@ -38,9 +38,14 @@ def free_port() -> int:
     return L.free_port()
 
 
-def worker_env() -> dict[str, str]:
-    """Environment for the ranks: one thread per rank, the repository importable."""
-    return L.base_env(PYTHONWARNINGS="ignore")
+def worker_env(**extra: str) -> dict[str, str]:
+    """Environment for the ranks: one thread per rank, the repository importable, warnings
+    off; plus ``extra``."""
+    return L.base_env(PYTHONWARNINGS="ignore", **extra)
+
+
+#: run commands, each with its environment, under a timeout (the tests' launcher's)
+launch_processes = L.launch_processes
 
 
 def launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,

@@ -190,19 +190,19 @@ def missing_requirements(device: str) -> list[str]:
 
 def launch(spec: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
     """Start the two workers with ``spec``; what each wrote, plus the launch's own outcome."""
-    from tests import launch as tl
+    import _harness as H
 
     workdir.mkdir(parents=True, exist_ok=True)
     for old in workdir.glob("rank*.json"):
         old.unlink()
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    port = tl.free_port()
+    port = H.free_port()
     commands = []
     for r in range(WORLD):
-        env = tl.base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD),
-                          RANK=str(r), LOCAL_RANK="0", NODE_RANK=str(r),
-                          OMP_NUM_THREADS=str(spec["threads"]), PYTHONWARNINGS="ignore")
+        env = H.worker_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           WORLD_SIZE=str(WORLD), RANK=str(r), LOCAL_RANK="0",
+                           NODE_RANK=str(r), OMP_NUM_THREADS=str(spec["threads"]))
         commands.append(([sys.executable, str(Path(__file__).resolve()), "--worker",
                           str(spec_path)], env))
 
@@ -212,7 +212,7 @@ def launch(spec: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any
 
     t0 = time.perf_counter()
     with open(workdir / "log.txt", "w") as log:
-        launched = tl.launch_processes(commands, timeout, log=log, on_line=forward)
+        launched = H.launch_processes(commands, timeout, log=log, on_line=forward)
         log.write(launched.diagnostics)
     ranks = []
     for r in range(WORLD):

@@ -343,6 +343,23 @@ def ranking_summary(records: list[dict], role: str) -> str:
             + (f" ({', '.join(which)})" if which else ""))
 
 
+def role_summary(records: list[dict], role: str) -> str | None:
+    """One line on the errors of the ``cal`` or ``val`` cases (ddp excluded), the model's and
+    the GPU model's, and the ranking (``None``: no such case)."""
+    errs = [abs(r["error"]) for r in records if r["role"] == role and r["case"] != "ddp"]
+    gerrs = [abs(r["gpu_model_error"]) for r in records
+             if r["role"] == role and r["case"] != "ddp"]
+    if not errs:
+        return None
+    over = [f"{r['label']} {r['case']} ({100 * r['error']:+.0f}%)" for r in records
+            if r["role"] == role and r["case"] != "ddp" and abs(r["error"]) > 0.25]
+    return (f"{'calibration' if role == 'cal' else 'validation'} cases (ddp excluded): "
+            f"{len(errs)}, |error| mean {100 * np.mean(errs):.0f}%, max "
+            f"{100 * max(errs):.0f}% (GPU model: mean {100 * np.mean(gerrs):.0f}%, max "
+            f"{100 * max(gerrs):.0f}%); over 25%: {', '.join(over) if over else 'none'}; "
+            f"ranking: {ranking_summary(records, role)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Fit the constants on the calibration runs, compare every run, optionally write."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -384,19 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         how = f"fitted on {', '.join(r.label for r in cal_runs)}"
     rows, notes, records = compare(runs, calibrate, k, args.intra_gbyte)
     summary = [f"host constants ({how}): {k.describe()}"]
-    for role in ("cal", "val"):
-        errs = [abs(r["error"]) for r in records if r["role"] == role and r["case"] != "ddp"]
-        gerrs = [abs(r["gpu_model_error"]) for r in records
-                 if r["role"] == role and r["case"] != "ddp"]
-        if errs:
-            over = [f"{r['label']} {r['case']} ({100 * r['error']:+.0f}%)" for r in records
-                    if r["role"] == role and r["case"] != "ddp" and abs(r["error"]) > 0.25]
-            summary.append(
-                f"{'calibration' if role == 'cal' else 'validation'} cases (ddp excluded): "
-                f"{len(errs)}, |error| mean {100 * np.mean(errs):.0f}%, max "
-                f"{100 * max(errs):.0f}% (GPU model: mean {100 * np.mean(gerrs):.0f}%, max "
-                f"{100 * max(gerrs):.0f}%); over 25%: {', '.join(over) if over else 'none'}; "
-                f"ranking: {ranking_summary(records, role)}")
+    summary += [line for role in ("cal", "val") if (line := role_summary(records, role))]
     text = render(rows, notes, summary)
     print(text)
     if args.json:

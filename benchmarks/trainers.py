@@ -16,8 +16,6 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Stra
 
 import lightning_gossip
 
-KINDS = ("ddp", "dpsgd", "adpsgd")
-
 
 def strategy_class(kind: str) -> type[Strategy]:
     """The class of ``kind`` (``ddp``, ``dpsgd`` or ``adpsgd``).
