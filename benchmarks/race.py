@@ -190,15 +190,33 @@ def ratios(results: list[dict[str, Any]]) -> None:
         r["time_ratio_vs_best_peer"] = None if t is None or not best else round(t / best, 3)
 
 
-def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None) -> dict[str, Any] | None:
+def postlocal_ratio(steps: int, warmup: int, period: int) -> float:
+    """Global averages per step after the warm-up, as ``PeriodicModelAverager`` makes them.
+
+    It averages at its calls ``k >= warmup`` with ``(k - warmup) % period == 0`` (``k`` from
+    0, one call per step): ``ceil((steps - warmup) / period)`` of the ``steps - warmup``.
+
+    >>> postlocal_ratio(30, 8, 16), postlocal_ratio(116, 20, 16)
+    (0.09090909090909091, 0.0625)
+    """
+    after = steps - warmup
+    return -(-after // period) / after if after > 0 else 0.0
+
+
+def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None,
+               warmup: int = 0) -> dict[str, Any] | None:
     """Bytes per step against ddp's, for the cases whose DDP hook the race registered.
 
-    bf16: over the whole run; PowerSGD and post-local SGD: after their ``--warmup`` steps of
-    plain all-reduce. The expected ratio comes from the worker (``race_hooks.expected_ratio``).
+    bf16: over the whole run; PowerSGD and post-local SGD: after their ``warmup`` steps of
+    plain all-reduce. The expected ratio comes from the worker (``race_hooks.expected_ratio``);
+    post-local SGD's is that of the averages really made in the run's steps. A hook that did
+    not run would send ddp's bytes (ratio 1).
     """
     expected = res.get("expected_hook_ratio")
     if expected is None or ddp is None:
         return None
+    if res["kind"] == "postlocal":
+        expected = postlocal_ratio(res["steps"], warmup, int(res["period"]))
     base = ddp["bytes_per_step_inter_node"]
     if res["kind"] == "ddp_bf16":
         measured = res["bytes_per_step_inter_node"]
@@ -211,15 +229,19 @@ def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None) -> dict[str, Any
     if not base or measured is None:
         return {"what": what, "expected_ratio": expected, "measured_ratio": None, "ok": False}
     ratio = measured / base
-    # PowerSGD at rank 2-4 sends ~1-2 % of ddp's bytes: there, gloo's per-message overhead is
-    # a large part of the ratio, so an absolute slack of 0.02 of ddp's bytes is allowed too
-    slack = max(HOOK_RATIO_TOLERANCE * expected, 0.02 if res["kind"] == "ddp_powersgd" else 0)
+    if res["kind"] == "ddp_powersgd":
+        # PowerSGD at rank 2-4 sends a few % of ddp's numbers; gloo's per-message overhead
+        # (3 all-reduces per bucket) is then a large part of the bytes: it ran if the bytes
+        # are far below ddp's and not below what its numbers need
+        ok = (1 - HOOK_RATIO_TOLERANCE) * expected <= ratio <= 0.25
+    else:
+        ok = abs(ratio - expected) <= HOOK_RATIO_TOLERANCE * expected
     return {"what": what, "expected_ratio": round(expected, 4),
-            "measured_ratio": round(ratio, 4), "ok": abs(ratio - expected) <= slack}
+            "measured_ratio": round(ratio, 4), "ok": ok}
 
 
-def summarise(results: list[dict[str, Any]], higher_is_better: bool = True
-              ) -> list[dict[str, Any]]:
+def summarise(results: list[dict[str, Any]], higher_is_better: bool = True,
+              warmup: int = 0) -> list[dict[str, Any]]:
     """Add ``time_to_target_s``, ratios, ``metric_at_ddp_time``, ``hook_check`` to every case."""
     ddp = next((r for r in results if r["name"] == "ddp"), None)
     for r in results:
@@ -227,7 +249,7 @@ def summarise(results: list[dict[str, Any]], higher_is_better: bool = True
                                  if r["target"] is not None else None)
         # the curve's own (rounded) seconds: ddp's last point is at ddp's time exactly
         r["metric_at_ddp_time"] = metric_at(r["curve"], ddp["curve"][-1][0]) if ddp else None
-        check = hook_check(r, ddp)
+        check = hook_check(r, ddp, warmup)
         if check is not None:
             r["hook_check"] = check
     ratios(results)
@@ -373,7 +395,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 _progress(f"logs kept in {workdir}")
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
-    results = summarise(results, higher_is_better=args.workload != "asr")
+    results = summarise(results, higher_is_better=args.workload != "asr", warmup=args.warmup)
     params = results[0]["params"] if results else None
     payload = {
         "benchmark": "race", "workload": args.workload, "nodes": args.nodes,

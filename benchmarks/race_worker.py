@@ -202,6 +202,9 @@ class RaceMeter(Callback):
             dist.all_reduce(samples, group=group)
         seconds = float(clock[0])
         self.curve.append([seconds, metric, int(samples[0])])
+        if self.ctx["rank"] == 0:
+            print(f"[race] {self.case['name']}: {seconds:.1f} s, {int(samples[0])} samples, "
+                  f"metric {metric:.2f}", flush=True)
         dist.barrier(group=group)
         self.excluded += self._tx() - tx0
         reached = self.target is not None and better_or_equal(metric, self.target, self.ctx)
@@ -329,11 +332,11 @@ def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 6) -> floa
     L.seed_everything(0, verbose=False)
     model = make_model(spec, ctx)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    batches = iter(make_loader(spec, ctx))
+    batches = [b for _, b in zip(range(steps), make_loader(spec, ctx))]
     times = []
     dist.barrier(group=ctx["group"])  # every rank at once: the contention of training
-    for _ in range(steps):
-        batch = next(batches)
+    for i in range(steps):
+        batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         loss = model._loss(batch)[0] if ctx["workload"] == "asr" else model.training_step(batch, 0)
         loss.backward()
