@@ -56,7 +56,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import cluster_net as N  # noqa: E402
 from cluster_worker import hidden_width  # noqa: E402
-from race_report import markdown_table, plot  # noqa: E402
+from race_report import markdown_table, per_sample_table, plot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "race_worker.py"
@@ -425,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
               f"cases {args.cases}; load {os.getloadavg()}")
     payload, detail = run_race(args)
     payload["markdown"] = markdown_table(payload)
-    print(payload["markdown"])
+    payload["markdown_per_sample"] = per_sample_table(payload)
+    print(payload["markdown"] + "\n\n" + payload["markdown_per_sample"])
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1) + "\n")

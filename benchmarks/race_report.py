@@ -71,3 +71,29 @@ def markdown_table(payload: dict[str, Any]) -> str:
                      f"{r['steps']} | {_fmt(None if mb is None else mb / 1e6, '.3f')} | "
                      f"{hook} | {loads} |")
     return "\n".join(lines)
+
+
+def per_sample_table(payload: dict[str, Any]) -> str:
+    """Why a case is faster or slower: time per sample against metric per sample.
+
+    Time to target = samples needed x seconds per sample: for every case the training seconds
+    per 1000 samples (all ranks together, over its whole curve) and its metric at each sample
+    count that every case reached (the curves' ``curve_samples``).
+    """
+    cases = [r for r in payload["cases"] if len(r.get("curve", [])) > 1]
+    if not cases:
+        return ""
+    common = sorted(set.intersection(*(set(r["curve_samples"][1:]) for r in cases)))
+    common = common[-4:]
+    name = "WER" if payload["workload"] == "asr" else "acc."
+    head = "".join(f" {name} at {n} samples, % |" for n in common)
+    lines = [f"| case | s per 1000 samples | MB/step/node |{head}",
+             "|---|---:|---:|" + "---:|" * len(common)]
+    for r in cases:
+        secs, samples = r["curve"][-1][0], r["curve_samples"][-1]
+        at = dict(zip(r["curve_samples"], (m for _, m in r["curve"])))
+        mb = r["bytes_per_step_inter_node"]
+        cells = "".join(f" {_fmt(at.get(n))} |" for n in common)
+        lines.append(f"| {r['name']} | {_fmt(1000 * secs / samples if samples else None)} | "
+                     f"{_fmt(None if mb is None else mb / 1e6, '.3f')} |{cells}")
+    return "\n".join(lines)
