@@ -96,6 +96,7 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
 
 
+@pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
 def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None:
     """asr: WER (lower is better) drives target and times; the slow node sleeps; PNG written."""
     out = tmp_path / "asr.json"
@@ -104,7 +105,7 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
            "--cases", "ddp", "adpsgd", "--slow-node", "1", "--prefix", PREFIX,
            "--json", str(out), "--budget", "100000"]
     result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, timeout=1200)
+                            stderr=subprocess.STDOUT, timeout=2000)
     assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
     report = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0  # the default PNG: next to the JSON
