@@ -52,9 +52,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import cluster_net as N  # noqa: E402
-from cluster_worker import hidden_width, param_count  # noqa: E402
+from cluster_worker import hidden_width  # noqa: E402
+from race_report import markdown_table, per_sample_table, plot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "race_worker.py"
@@ -64,7 +66,10 @@ PREFIX = "lgr"
 CASES: dict[str, dict[str, Any]] = {
     "ddp": {"kind": "ddp"},
     "ddp_bf16": {"kind": "ddp_bf16"},
+    "ddp_powersgd2": {"kind": "ddp_powersgd", "rank": 2},
+    "ddp_powersgd4": {"kind": "ddp_powersgd", "rank": 4},
     "postlocal4": {"kind": "postlocal", "period": 4},
+    "postlocal16": {"kind": "postlocal", "period": 16},
     "dpsgd": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {}},
     "adpsgd": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {}},
     "dpsgd_hier_bf16": {"kind": "gossip", "strategy": "dpsgd",
@@ -73,6 +78,18 @@ CASES: dict[str, dict[str, Any]] = {
                          "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
 }
 """Case name -> what the worker runs."""
+
+PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16")
+"""The cases a Lightning user would try instead of the library (besides plain ddp)."""
+
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": {"batch_size": 16, "lr": 0.05, "eval_every": 256, "epochs": 6, "warmup": 20},
+    "asr": {"batch_size": 4, "lr": 3e-3, "eval_every": 320, "epochs": 1.2, "warmup": 20},
+}
+"""Per workload: per-rank batch, learning rate, validation interval, ddp's epochs, warm-up."""
+
+ASR_CORPUS = ROOT / "data" / "asr-race"
+"""Where the asr workload's corpus is generated (cached; ``recipes.asr.synth``)."""
 
 HOOK_RATIO_TOLERANCE = 0.25
 """``hook_check`` passes when bytes/step over ddp's is within this (relative) of the expected."""
@@ -148,134 +165,167 @@ def metric_at(curve: list[list[float]], seconds: float) -> float | None:
     return before[-1] if before else None
 
 
-def time_to(curve: list[list[float]], target: float) -> float | None:
-    """Seconds of the first validation at or above ``target`` (None when never reached).
+def time_to(curve: list[list[float]], target: float, higher_is_better: bool = True
+            ) -> float | None:
+    """Seconds of the first validation at or beyond ``target`` (None when never reached).
 
     >>> time_to([[0, 10.0], [5, 50.0], [9, 80.0]], 45)
     5
+    >>> time_to([[0, 100.0], [5, 60.0], [9, 30.0]], 40, higher_is_better=False)
+    9
     """
-    return next((s for s, m in curve if m >= target), None)
+    sign = 1.0 if higher_is_better else -1.0
+    return next((s for s, m in curve if sign * (m - target) >= 0), None)
 
 
-def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Bytes per step against ddp's, for the cases whose DDP hook the race registered."""
-    if res["kind"] not in ("ddp_bf16", "postlocal") or ddp is None:
+def ratios(results: list[dict[str, Any]]) -> None:
+    """Add ``time_ratio_vs_ddp`` and ``time_ratio_vs_best_peer`` (time to target over theirs)."""
+    times = {r["name"]: r["time_to_target_s"] for r in results}
+    ddp = times.get("ddp")
+    peers = [times[p] for p in PEERS if times.get(p) is not None]
+    best = min(peers) if peers else None
+    for r in results:
+        t = r["time_to_target_s"]
+        r["time_ratio_vs_ddp"] = None if t is None or not ddp else round(t / ddp, 3)
+        r["time_ratio_vs_best_peer"] = None if t is None or not best else round(t / best, 3)
+
+
+def postlocal_ratio(steps: int, warmup: int, period: int) -> float:
+    """Global averages per step after the warm-up, as ``PeriodicModelAverager`` makes them.
+
+    It averages at its calls ``k >= warmup`` with ``(k - warmup) % period == 0`` (``k`` from
+    0, one call per step): ``ceil((steps - warmup) / period)`` of the ``steps - warmup``.
+
+    >>> postlocal_ratio(30, 8, 16), postlocal_ratio(116, 20, 16)
+    (0.09090909090909091, 0.0625)
+    """
+    after = steps - warmup
+    return -(-after // period) / after if after > 0 else 0.0
+
+
+def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None,
+               warmup: int = 0) -> dict[str, Any] | None:
+    """Bytes per step against ddp's, for the cases whose DDP hook the race registered.
+
+    bf16: over the whole run; PowerSGD and post-local SGD: after their ``warmup`` steps of
+    plain all-reduce. The expected ratio comes from the worker (``race_hooks.expected_ratio``);
+    post-local SGD's is that of the averages really made in the run's steps. A hook that did
+    not run would send ddp's bytes (ratio 1).
+    """
+    expected = res.get("expected_hook_ratio")
+    if expected is None or ddp is None:
         return None
+    if res["kind"] == "postlocal":
+        expected = postlocal_ratio(res["steps"], warmup, int(res["period"]))
     base = ddp["bytes_per_step_inter_node"]
     if res["kind"] == "ddp_bf16":
-        expected, measured = 0.5, res["bytes_per_step_inter_node"]
+        measured = res["bytes_per_step_inter_node"]
         what = "bytes/step over ddp's (bf16 hook halves the all-reduce)"
     else:
-        expected, measured = 1.0 / float(res["period"]), res["bytes_per_step_after_warmup"]
-        what = "bytes/step after warm-up over ddp's (one global average every period steps)"
+        measured = res["bytes_per_step_after_warmup"]
+        what = ("bytes/step after warm-up over ddp's (" + (
+            "one global average every period steps)" if res["kind"] == "postlocal"
+            else "PowerSGD: rank x (rows + cols) per compressed matrix)"))
     if not base or measured is None:
         return {"what": what, "expected_ratio": expected, "measured_ratio": None, "ok": False}
     ratio = measured / base
-    return {"what": what, "expected_ratio": expected, "measured_ratio": round(ratio, 4),
-            "ok": abs(ratio - expected) <= HOOK_RATIO_TOLERANCE * expected}
+    if res["kind"] == "ddp_powersgd":
+        # PowerSGD at rank 2-4 sends a few % of ddp's numbers; gloo's per-message overhead
+        # (3 all-reduces per bucket) is then a large part of the bytes: it ran if the bytes
+        # are far below ddp's and not below what its numbers need
+        ok = (1 - HOOK_RATIO_TOLERANCE) * expected <= ratio <= 0.25
+    else:
+        ok = abs(ratio - expected) <= HOOK_RATIO_TOLERANCE * expected
+    return {"what": what, "expected_ratio": round(expected, 4),
+            "measured_ratio": round(ratio, 4), "ok": ok}
 
 
-def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``time_to_target_s``, ``metric_at_ddp_time`` and ``hook_check`` to every case."""
+def summarise(results: list[dict[str, Any]], higher_is_better: bool = True,
+              warmup: int = 0) -> list[dict[str, Any]]:
+    """Add ``time_to_target_s``, ratios, ``metric_at_ddp_time``, ``hook_check`` to every case."""
     ddp = next((r for r in results if r["name"] == "ddp"), None)
     for r in results:
-        r["time_to_target_s"] = time_to(r["curve"], r["target"]) if r["target"] else None
+        r["time_to_target_s"] = (time_to(r["curve"], r["target"], higher_is_better)
+                                 if r["target"] is not None else None)
         # the curve's own (rounded) seconds: ddp's last point is at ddp's time exactly
         r["metric_at_ddp_time"] = metric_at(r["curve"], ddp["curve"][-1][0]) if ddp else None
-        check = hook_check(r, ddp)
+        check = hook_check(r, ddp, warmup)
         if check is not None:
             r["hook_check"] = check
+    ratios(results)
     return results
 
 
-def plot(payload: dict[str, Any], path: Path) -> None:
-    """Validation accuracy against wall time, one line per case, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in payload["cases"]:
-        if r.get("curve"):
-            xs, ys = zip(*r["curve"])
-            ax.plot(xs, ys, marker=".", label=r["name"])
-    if payload["target"] is not None:
-        ax.axhline(payload["target"], color="k", linestyle="--",
-                   label=f"target {payload['target']:.1f}%")
-    ax.set_xlabel("training wall time, s (validation excluded)")
-    ax.set_ylabel("validation accuracy of the replica average, %")
-    load = payload["machine_before"]["loadavg_1_5_15"][0]
-    ax.set_title(f"race: {payload['workload']}, {payload['nodes']}x{payload['procs']} at "
-                 f"{payload['rate_mbit']:g} Mbit/s (load {load:.0f} on "
-                 f"{payload['machine_before']['cpus']} cores)", fontsize=10)
-    lo = min((m for r in payload["cases"] for _, m in r.get("curve", [])[1:]), default=0)
-    ax.set_ylim(max(0.0, lo - 5), 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def markdown_table(payload: dict[str, Any]) -> str:
-    """One row per case: time to target, accuracy at ddp's time, final, bytes, hook check."""
-    lines = ["| case | time to target, s | acc. at ddp's time, % | final acc., % | steps | "
-             "MB/step/node | hook check |", "|---|---|---|---|---|---|---|"]
-
-    def fmt(x: float | None, spec: str = ".1f") -> str:
-        return "-" if x is None else format(x, spec)
-
-    for r in payload["cases"]:
-        check = r.get("hook_check")
-        hook = "-" if check is None else (f"{check['measured_ratio']} of ddp (expected "
-                                          f"{check['expected_ratio']:g}): "
-                                          f"{'ok' if check['ok'] else 'FAILED'}")
-        mb = r["bytes_per_step_inter_node"]
-        lines.append(f"| {r['name']} | {fmt(r['time_to_target_s'])} | "
-                     f"{fmt(r['metric_at_ddp_time'])} | {fmt(r['final_metric'])} | "
-                     f"{r['steps']} | {fmt(None if mb is None else mb / 1e6, '.3f')} | {hook} |")
-    return "\n".join(lines)
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """What is trained and how (defaults per workload: ``WORKLOAD_DEFAULTS``)."""
+    p.add_argument("--workload", default="digits", choices=list(WORKLOAD_DEFAULTS),
+                   help="digits: an MLP on scikit-learn's digits (accuracy); asr: the ASR "
+                        "recipe's BLSTM-CTC on the synthetic corpus (dev WER)")
+    p.add_argument("--model-mb", type=float, default=4.0, help="digits: MLP fp32 size, MB")
+    p.add_argument("--asr-layers", type=int, default=2, help="asr: BLSTM layers")
+    p.add_argument("--asr-hidden", type=int, default=256, help="asr: units per direction")
+    p.add_argument("--asr-frame-stacking", type=int, default=4, help="asr: frames stacked")
+    p.add_argument("--asr-train", type=int, default=1600, help="asr: training utterances")
+    p.add_argument("--asr-dev", type=int, default=128, help="asr: held-out (dev) utterances")
+    p.add_argument("--asr-corpus", type=Path, default=ASR_CORPUS, help="asr: corpus dir")
+    p.add_argument("--epochs", type=float, default=None,
+                   help="ddp's epochs (passes over the training set; a fraction is fine), "
+                        "sets target/budget (digits 6, asr 1.2)")
+    p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (16 / 4)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="digits: SGD momentum 0.9 (0.05); asr: AdamW peak, recipe's gossip "
+                        "rule (3e-3)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="validate every N samples of all ranks (256 / 320)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="PowerSGD/post-local SGD warm-up, steps of plain all-reduce (20)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the race."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", default="digits", choices=["digits"],
-                   help="what is trained (asr: not yet)")
+    _add_workload_args(p)
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (namespaces)")
     p.add_argument("--procs", type=int, default=2, help="processes (ranks) per node")
     p.add_argument("--rate", type=float, default=200.0, help="link rate, Mbit/s, each way")
-    p.add_argument("--model-mb", type=float, default=4.0, help="MLP fp32 size, MB")
-    p.add_argument("--epochs", type=int, default=6, help="ddp's epochs (sets target/budget)")
-    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    p.add_argument("--slow-node", type=int, default=None, metavar="K",
+                   help="node K 2x slower (its ranks sleep their calibrated step each step)")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
-                   help="target accuracy, %% (default: ddp's final minus 0.5 points)")
+                   help="target metric, %% (default: ddp's final, 0.5 points easier)")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds per case (default: 3x ddp's time)")
-    p.add_argument("--eval-every", type=int, default=256, help="validate every N samples")
-    p.add_argument("--warmup", type=int, default=20,
-                   help="post-local SGD warm-up, optimizer steps of global all-reduce")
+                   help="seconds per case (default: --budget-factor x ddp's time)")
+    p.add_argument("--budget-factor", type=float, default=3.0, help="see --budget")
     p.add_argument("--max-steps", type=int, default=0, help="cap per case (0: none)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny run: 0.25 MB model, 1 ddp epoch, at most 30 steps per case")
+                   help="tiny run: digits 0.25 MB model / asr 1x64, 1 ddp epoch, <= 30 steps")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole race")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--png", type=Path, default=None, help="write the figure here")
+    p.add_argument("--png", type=Path, default=None,
+                   help="write the figure here (default: --json's path with .png, else "
+                        "race_<workload>_<nodes>x<procs>_<rate>mbit.png in the temp dir)")
     p.add_argument("--prefix", default=PREFIX, help="name prefix of namespaces and links")
     p.add_argument("--keep-logs", action="store_true", help="keep the ranks' logs")
     args = p.parse_args(argv)
+    for key, value in WORKLOAD_DEFAULTS[args.workload].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.quick:
         args.model_mb, args.epochs = 0.25, 1
+        args.asr_layers, args.asr_hidden, args.asr_train, args.asr_dev = 1, 64, 256, 32
         args.max_steps = args.max_steps or 30
     if "ddp" not in args.cases and (args.target is None or args.budget is None):
         p.error("without the ddp case, --target and --budget are needed")
+    if args.slow_node is not None and not 0 <= args.slow_node < args.nodes:
+        p.error(f"--slow-node must be a node index, 0..{args.nodes - 1}")
     args.cases = ["ddp"] * ("ddp" in args.cases) + [c for c in args.cases if c != "ddp"]
     args.width = hidden_width(args.model_mb)
+    if args.png is None:
+        tag = f"race_{args.workload}_{args.nodes}x{args.procs}_{args.rate:g}mbit"
+        args.png = (args.json.with_suffix(".png") if args.json is not None
+                    else Path(tempfile.gettempdir()) / f"{tag}.png")
     return args
 
 
@@ -288,11 +338,38 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cases": [{"name": c, **CASES[c]} for c in args.cases], "nodes": args.nodes,
         "procs": args.procs, "width": args.width, "epochs": args.epochs,
+        "workload": args.workload, "slow_node": args.slow_node,
+        "asr": {"corpus": str(args.asr_corpus), "layers": args.asr_layers,
+                "hidden": args.asr_hidden, "frame_stacking": args.asr_frame_stacking,
+                "spec_augment": False, "warmup_steps": 20},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
-        "budget_s": args.budget, "slack": 0.5, "budget_factor": 3.0,
+        "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,
     }
+
+
+def model_description(args: argparse.Namespace) -> str:
+    """What is trained, in words."""
+    if args.workload == "asr":
+        return (f"recipes.asr SpeechRecognizer: BLSTM {args.asr_layers}x{args.asr_hidden} per "
+                f"direction, frame stacking {args.asr_frame_stacking}, CTC, AdamW (recipe's "
+                f"gossip lr rule), no SpecAugment; synthetic corpus {args.asr_train} train / "
+                f"{args.asr_dev} dev utterances")
+    return f"MLP 64-{args.width}-{args.width}-10, SGD momentum 0.9; scikit-learn digits"
+
+
+def prepare_corpus(args: argparse.Namespace) -> None:
+    """asr: generate (or reuse, cached by its settings) the synthetic corpus."""
+    if args.workload != "asr":
+        return
+    from recipes.asr.synth import CorpusConfig, generate_corpus
+
+    if args.quick and args.asr_corpus == ASR_CORPUS:
+        args.asr_corpus = ASR_CORPUS.with_name("asr-race-quick")
+    config = CorpusConfig(seed=0, num_train=args.asr_train, num_dev=args.asr_dev, num_test=8)
+    _progress(f"corpus {args.asr_corpus} ({args.asr_train} train / {args.asr_dev} dev)")
+    generate_corpus(args.asr_corpus, config, jobs=2, progress=False)
 
 
 def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -318,14 +395,17 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 _progress(f"logs kept in {workdir}")
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
-    results = summarise(results)
-    params = param_count(args.width)
+    results = summarise(results, higher_is_better=args.workload != "asr", warmup=args.warmup)
+    params = results[0]["params"] if results else None
     payload = {
         "benchmark": "race", "workload": args.workload, "nodes": args.nodes,
-        "procs": args.procs, "rate_mbit": args.rate,
+        "procs": args.procs, "rate_mbit": args.rate, "slow_node": args.slow_node,
+        "metric": "dev WER, % (lower is better)" if args.workload == "asr"
+        else "validation accuracy, % (higher is better)",
         "target": results[0]["target"] if results else args.target,
         "budget_s": results[-1]["budget_s"] if results else args.budget,
-        "params": params, "model_bytes": params * 4, "status": detail,
+        "params": params, "model_bytes": None if params is None else params * 4,
+        "model": model_description(args), "status": detail,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine_before": before, "machine_after": machine(), "wall_s": time.time() - t0,
         "cluster": cluster.describe(), "cases": results,
@@ -340,18 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"race: skipped: {reason}", file=sys.stderr)
         return 2
-    _progress(f"{args.nodes}x{args.procs} at {args.rate:g} Mbit/s, {args.workload}, MLP "
-              f"{args.model_mb:g} MB, cases {args.cases}; load {os.getloadavg()}")
+    prepare_corpus(args)
+    _progress(f"{args.nodes}x{args.procs} at {args.rate:g} Mbit/s, {model_description(args)}, "
+              f"cases {args.cases}; load {os.getloadavg()}")
     payload, detail = run_race(args)
     payload["markdown"] = markdown_table(payload)
-    print(payload["markdown"])
+    payload["markdown_per_sample"] = per_sample_table(payload)
+    print(payload["markdown"] + "\n\n" + payload["markdown_per_sample"])
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
         _progress(f"wrote {args.json}")
-    if args.png is not None:
-        plot(payload, args.png)
-        _progress(f"wrote {args.png}")
+    plot(payload, args.png)
+    _progress(f"wrote {args.png}")
     return 0 if detail == "ok" else 1
 
 

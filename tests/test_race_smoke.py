@@ -1,12 +1,19 @@
 """Smoke test of the race (``benchmarks/race.py``) on a tiny emulated cluster.
 
 Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
-elsewhere. 2 nodes x 1 process, ``--quick`` (0.25 MB model, at most 30 steps per case), five
-cases: ``ddp``, ``ddp_bf16``, ``postlocal4``, ``dpsgd`` and ``adpsgd``. Checks the JSON's
-shape, that every case started from the same model (same first validation), that the DDP hooks
-the race registers really ran (bytes on the link: bf16 about half of ddp's, post-local SGD
-about a quarter after its warm-up), that the times to the target agree with the curves, that
-adpsgd (validated at epoch ends) does not deadlock, and that no namespace or link is left.
+elsewhere. 2 nodes x 1 process, ``--quick``:
+
+* ``digits`` (0.25 MB model, at most 30 steps per case), six cases: ``ddp``, ``ddp_bf16``,
+  ``ddp_powersgd2``, ``postlocal4``, ``dpsgd`` and ``adpsgd``. Checks the JSON's shape, that
+  every case started from the same model (same first validation), that the DDP hooks the race
+  registers really ran (bytes on the link: bf16 about half of ddp's, PowerSGD a few %,
+  post-local SGD about a quarter after its warm-up), that the times to the target agree with
+  the curves, that adpsgd (validated at epoch ends) does not deadlock, and that no namespace or
+  link is left;
+* ``asr`` (the recipe's BLSTM at 1 x 64, a 256-utterance corpus) with node 1 slow: ``ddp`` and
+  ``adpsgd``; checks the WER direction of the target and times, the model size in the JSON,
+  that the slow node slept and the PNG.
+
 Timings are never asserted.
 """
 
@@ -42,8 +49,8 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     out, png = tmp_path / "race.json", tmp_path / "race.png"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "1",
            "--rate", "100", "--quick", "--eval-every", "64", "--warmup", "8", "--cases", "ddp",
-           "ddp_bf16", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX, "--json", str(out),
-           "--png", str(png),
+           "ddp_bf16", "ddp_powersgd2", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX,
+           "--json", str(out), "--png", str(png),
            # a target out of reach and a budget that never ends a case: every case runs its
            # 30 steps, so the hook checks always see 22 steps after post-local SGD's warm-up
            "--target", "99.9", "--budget", "100000"]
@@ -55,12 +62,13 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert (report["workload"], report["nodes"], report["procs"], report["rate_mbit"]) == (
         "digits", 2, 1, 100.0)
     cases = {c["name"]: c for c in report["cases"]}
-    assert list(cases) == ["ddp", "ddp_bf16", "postlocal4", "dpsgd", "adpsgd"]
+    assert list(cases) == ["ddp", "ddp_bf16", "ddp_powersgd2", "postlocal4", "dpsgd", "adpsgd"]
     ddp = cases["ddp"]
     assert report["target"] == 99.9
     # --quick caps every case at 30 steps; adpsgd is validated (and stopped) at epoch ends
     # only, where its shared cursor has used every one of the 1437 training samples once
-    assert [cases[n]["steps"] for n in ("ddp", "ddp_bf16", "postlocal4", "dpsgd")] == [30] * 4
+    synchronous = ("ddp", "ddp_bf16", "ddp_powersgd2", "postlocal4", "dpsgd")
+    assert [cases[n]["steps"] for n in synchronous] == [30] * 5
     assert cases["adpsgd"]["curve_samples"] == [0, 1437]
     assert cases["dpsgd"]["curve_samples"] == list(range(0, 30 * 2 * 16 + 1, 2 * 2 * 16))
     assert ddp["metric_at_ddp_time"] == ddp["final_metric"]
@@ -80,7 +88,39 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert cases["ddp_bf16"]["hook_check"]["ok"], cases["ddp_bf16"]["hook_check"]
     assert 0.4 <= cases["ddp_bf16"]["hook_check"]["measured_ratio"] <= 0.6
     assert cases["postlocal4"]["hook_check"]["ok"], cases["postlocal4"]["hook_check"]
+    assert cases["ddp_powersgd2"]["hook_check"]["ok"], cases["ddp_powersgd2"]["hook_check"]
+    assert cases["ddp_powersgd2"]["hook_check"]["measured_ratio"] < 0.25
     warm = cases["postlocal4"]["bytes_per_step_warmup"]
     assert 0.8 <= warm / ddp["bytes_per_step_inter_node"] <= 1.2  # global all-reduce first
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
     assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+
+
+@pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
+def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None:
+    """asr: WER (lower is better) drives target and times; the slow node sleeps; PNG written."""
+    out = tmp_path / "asr.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--workload", "asr",
+           "--nodes", "2", "--procs", "1", "--rate", "100", "--quick", "--eval-every", "32",
+           "--cases", "ddp", "adpsgd", "--slow-node", "1", "--prefix", PREFIX,
+           "--json", str(out), "--budget", "100000"]
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=2000)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0  # the default PNG: next to the JSON
+    assert (report["workload"], report["slow_node"]) == ("asr", 1)
+    assert report["params"] > 0 and report["model_bytes"] == 4 * report["params"]
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == ["ddp", "adpsgd"]
+    ddp = cases["ddp"]
+    assert report["target"] == ddp["final_metric"] + 0.5  # WER: the slack is upwards
+    for c in cases.values():
+        assert c["curve"][0][1] == ddp["curve"][0][1]  # same seed, same model
+        assert all(0.0 <= m for _, m in c["curve"])
+        reached = [s for s, m in c["curve"] if m <= report["target"]]
+        assert c["time_to_target_s"] == (reached[0] if reached else None)
+        assert c["slow_node_sleep_s"] > 0
+    assert ddp["time_to_target_s"] is not None  # its own final WER is within the target
+    # every case is validated at the end of a chunk of 32 utterances (the race's asr epoch)
+    assert all(n % 32 == 0 for n in cases["adpsgd"]["curve_samples"])
