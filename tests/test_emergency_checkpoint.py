@@ -2,7 +2,8 @@
 
 Pure: :func:`lightning_gossip.checkpoints.newest_checkpoint`. Real ranks: one launch per strategy
 of ``tests/scripts/emergency_ranks.py`` (3 tasks started as ``srun`` would): ``dpsgd`` with
-rank 1 killed (``SIGKILL``) and ``adpsgd`` with rank 2 frozen (``SIGSTOP``), after step 4. The
+rank 1 killed (``SIGKILL``) after step 4; ``adpsgd`` with rank 2 frozen (``SIGSTOP``) is the
+last fit of the launch of ``tests/test_preemption.py`` (one launch less). The
 two survivors meet, average their replicas and the lower one writes
 ``emergency-step=<s>-rank=0.ckpt`` next to the run's checkpoints; a fit resumes from it.
 The fuzzed campaign (random rank, time and kind) is ``benchmarks/emergency_fuzz.py``.
@@ -101,18 +102,17 @@ def _resume(path: str, step: int) -> int:
     return trainer.global_step
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy,victim,kind", [("dpsgd", 1, "kill"), ("adpsgd", 2, "stop")])
-def test_survivors_write_an_emergency_checkpoint_that_resumes(tmp_path, strategy, victim, kind):
-    results, lost, text, _ = launch_lost_rank(tmp_path, strategy, victim, kind, step=4)
-    assert lost, text[-8000:]
-    survivors = [r for r in range(N) if r != victim]
+def check_emergency(out: Path, results: list[dict | None], victim: int, text: str,
+                    n: int = N) -> None:
+    """The survivors named the victim and met; the lowest wrote their average, with its
+    optimizer state, as the newest checkpoint; a fit resumes from it."""
+    survivors = [r for r in range(n) if r != victim]
     for r in survivors:
         res = results[r]
         assert res is not None, text[-8000:]
         assert res["exception"] == "PeerSilent", (res, text[-6000:])
         assert victim in res["ranks"], res
-    files = sorted((tmp_path / "ckpts").glob("*emergency*"))
+    files = sorted((out / "ckpts").glob("*emergency*"))
     assert len(files) == 1 and files[0].name.endswith(f"-rank={survivors[0]}.ckpt"), (
         files, text[-8000:])
     ckpt = torch.load(files[0], map_location="cpu", weights_only=False)
@@ -124,5 +124,14 @@ def test_survivors_write_an_emergency_checkpoint_that_resumes(tmp_path, strategy
     np.testing.assert_allclose(weights, mean, rtol=0, atol=1e-6)
     assert files[0].name == f"emergency-step={ckpt['global_step']}-rank={survivors[0]}.ckpt"
     assert ckpt["optimizer_states"][0]["state"], "the writer's optimizer state (momentum)"
-    assert newest_checkpoint(tmp_path) == str(files[0])
+    assert newest_checkpoint(out) == str(files[0])
     assert _resume(str(files[0]), ckpt["global_step"]) == ckpt["global_step"] + 1
+
+
+@pytest.mark.multiprocess
+def test_survivors_of_a_killed_dpsgd_rank_write_an_emergency_checkpoint(tmp_path):
+    """dpsgd, rank 1 of 3 killed after step 4 (adpsgd with a frozen rank: the launch of
+    tests/test_preemption.py)."""
+    results, lost, text, _ = launch_lost_rank(tmp_path, "dpsgd", 1, "kill", step=4)
+    assert lost, text[-8000:]
+    check_emergency(tmp_path, results, 1, text)

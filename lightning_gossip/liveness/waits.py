@@ -241,7 +241,9 @@ def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | N
     (then :class:`GossipTimeout` naming ``what`` and ``peers``, after ``timeout``), polling
     ``should_stop`` (``True``: return ``False`` at once) and, about once a second, the
     heartbeats of ``peers`` (a silent one: :class:`PeerSilent`, unless ``done`` is set within
-    :data:`GRACE_S`). Returns ``True`` once ``done`` is set."""
+    :data:`GRACE_S`) and the liveness monitor's finding (any silent rank: :class:`PeerSilent`
+    naming it, the same way; a peer may be waiting for the others in its emergency
+    checkpoint). Returns ``True`` once ``done`` is set."""
     poll = 0.005 if heartbeat is None else min(0.05, heartbeat.interval)
     # a wait that ends within a beat costs no store read
     next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
@@ -257,6 +259,9 @@ def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | N
             silent = heartbeat.silent(peers)
             if silent and not done.wait(GRACE_S):
                 raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
+            if not silent and getattr(heartbeat, "has_finding", False) and not done.wait(
+                    GRACE_S):  # a peer waits for this rank's emergency checkpoint, say
+                heartbeat.check(what)
     return True
 
 

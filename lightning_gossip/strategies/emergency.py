@@ -5,11 +5,11 @@ A rank whose wait failed on a lost peer (:class:`~lightning_gossip.errors.PeerSi
 :func:`write_emergency_checkpoint` from the strategy's ``on_exception``:
 
 1. :func:`meet_survivors`: it announces itself in the rendezvous store
-   (``lightning-gossip/emergency/<run>/<rank>``), then leaves the heartbeat marked as failed, so
-   a survivor still waiting on it fails at once and comes here too; it waits until every other
-   rank has announced itself or is silent or gone (the lost ones), at most
-   ``heartbeat_timeout + 10`` seconds. A rank gone after announcing itself is a survivor: the
-   announcement comes first.
+   (``lightning-gossip/emergency/<run>/<rank>``) and waits until every other rank has announced
+   itself or is silent or gone (the lost ones), at most ``heartbeat_timeout + 10`` seconds. It
+   keeps beating meanwhile: a survivor still waiting on it fails when its own liveness monitor
+   finds the lost rank (within ``heartbeat_timeout``; every wait consults the monitor), naming
+   that rank, and comes here too. Only then does it leave (marked as failed).
 2. With two or more survivors, they build a gloo group of their own
    (``new_group(..., use_local_synchronization=True)``: only they take part) and average
    their replicas (bounded by :data:`MEET_TIMEOUT_S`); the lowest survivor writes the average.
@@ -53,36 +53,33 @@ def run_key(fit_index: int) -> str:
 
 def meet_survivors(strategy: Any, lost: set[int], key: str) -> list[int] | None:
     """The survivors (this rank included), agreed through the store as the module docstring
-    says; ``None`` when the store cannot be reached. Leaves the heartbeat (failed) either
-    way."""
+    says; ``None`` when the store cannot be reached."""
     beat = strategy.heartbeat
     rank = strategy.global_rank
     try:
         beat.store_call(lambda: beat.store.set(f"{key}/{rank}", str(strategy.step)),
                         "announcing a survivor")
     except GossipTimeout:
-        beat.leave(failed=True, linger_s=0.0)
         return None
-    beat.leave(failed=True, linger_s=0.0)
     posted: set[int] = set()
-    dead = set(lost) - {rank}
+    dead = set(lost) - {rank}  # not waited for, but a survivor if it announced itself
     deadline = time.monotonic() + beat.timeout + EXTRA_WAIT_S
     try:
         while True:
-            pending = [r for r in range(strategy.world_size)
-                       if r != rank and r not in posted and r not in dead]
+            unknown = [r for r in range(strategy.world_size) if r != rank and r not in posted]
+            if unknown:
+                silent = set(beat.silent(unknown))
+                found = beat.store_call(
+                    lambda u=unknown: [bool(beat.store.check([f"{key}/{r}"])) for r in u],
+                    "reading the survivors")
+                posted |= {r for r, f in zip(unknown, found) if f}
+                dead |= silent - posted
+            pending = [r for r in unknown if r not in posted and r not in dead]
             if not pending:
                 break
-            silent = set(beat.silent(pending))  # first: a rank announces before it leaves
-            found = beat.store_call(
-                lambda p=pending: [bool(beat.store.check([f"{key}/{r}"])) for r in p],
-                "reading the survivors")
-            posted |= {r for r, f in zip(pending, found) if f}
-            dead |= silent - posted
             if time.monotonic() > deadline:
                 log.warning("rank %d: ranks %s neither announced themselves nor went silent "
-                            "in time: not waiting for them", rank,
-                            sorted(set(pending) - posted - dead))
+                            "in time: not waiting for them", rank, pending)
                 break
             time.sleep(0.2)
     except GossipTimeout:
@@ -112,7 +109,6 @@ def write_emergency_checkpoint(strategy: Any, error: GossipTimeout) -> Path | No
     started = time.monotonic()
     lost = set(error.ranks)
     strategy.teardown_gossip()  # the communication threads: nothing more is mixed in
-    strategy._emergency_left = True  # meet_survivors leaves the heartbeat (failed)
     members = meet_survivors(strategy, lost, run_key(strategy._fit_index))
     rank = strategy.global_rank
     average = None
@@ -126,7 +122,8 @@ def write_emergency_checkpoint(strategy: Any, error: GossipTimeout) -> Path | No
         assert members is not None
         writer = members[0]
     else:
-        writer = min(set(range(strategy.world_size)) - (lost - {rank}))
+        known = set(members or ())
+        writer = min(set(range(strategy.world_size)) - (lost - known - {rank}))
     if rank != writer:
         return None
     path = checkpoint_dir(trainer) / (f"emergency-step={trainer.global_step}-rank={rank}.ckpt")
@@ -148,14 +145,15 @@ def _save(strategy: Any, trainer: Any, path: Path, average: torch.Tensor | None,
     # with a backup set, lightning_module_state_dict returns the module's weights as they
     # are (it would otherwise average over every rank, the lost one included)
     strategy._local_backup = local
+    tmp = path.with_name(path.name + ".part")
     try:
         ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        ckpt["lightning_gossip_emergency"] = {
+            "survivors": members, "averaged": average is not None,
+            "strategy_step": strategy.step}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        strategy.checkpoint_io.save_checkpoint(ckpt, tmp)  # the state dict views the weights
     finally:
         flat.copy_(local)
         strategy._local_backup = backup
-    ckpt["lightning_gossip_emergency"] = {
-        "survivors": members, "averaged": average is not None, "strategy_step": strategy.step}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    strategy.checkpoint_io.save_checkpoint(ckpt, tmp)
     os.replace(tmp, path)

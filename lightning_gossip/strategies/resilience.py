@@ -78,7 +78,6 @@ class _ResilienceMixin:
 
     _stopping_together = False
     _requeue_done = False
-    _emergency_left = False  # the emergency checkpoint left the heartbeat already
     _fit_index = -1  # fits of this strategy object (the same on every rank)
 
     def install_sigterm_check(self, trainer: Any) -> None:
@@ -93,7 +92,6 @@ class _ResilienceMixin:
         make_sigterm_check_local(trainer, requeue_now=self.requeue_now)
 
     def _begin_fit(self) -> None:
-        self._emergency_left = False
         self._fit_index += 1
 
     def requeue_now(self, received: bool) -> bool:
@@ -154,5 +152,4 @@ class _ResilienceMixin:
             except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
                 log.warning("rank %d: no emergency checkpoint: %s", self.global_rank, e)
         self.teardown_gossip()
-        if not self._emergency_left:
-            self.stop_heartbeat(failed=True)
+        self.stop_heartbeat(failed=True)

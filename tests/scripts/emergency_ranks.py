@@ -75,10 +75,11 @@ class Lose(Callback):
                            replica=strategy._flat.pack().tolist())
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+def run_lost(spec: dict, rank: int) -> None:
+    """One fit in which ``spec["victim"]`` is lost; results into ``spec["out"]``; never
+    returns (``os._exit``)."""
     out = Path(spec["out"])
-    rank = int(os.environ["SLURM_PROCID"])
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     x = torch.randn(256, 5)
     data = TensorDataset(x, (x.sum(-1) > 0).long())
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_lost(json.loads(Path(sys.argv[1]).read_text()), int(os.environ["SLURM_PROCID"]))

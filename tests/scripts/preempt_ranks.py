@@ -8,7 +8,8 @@ one after the other in the same processes: rank ``r`` sends itself ``SIGUSR1`` a
 step ``signal_step + r * signal_spread``. Every rank writes ``OUT/<strategy>/rank<r>.json``: the
 exception the fit ended with, Lightning's ``global_step`` and the strategy's ``step`` then, its
 replica (flat, as a list) at that moment, and ``OUT/<strategy>`` is the ``default_root_dir``
-(``hpc_ckpt_<n>.ckpt`` goes there).
+(``hpc_ckpt_<n>.ckpt`` goes there). With ``lost`` (a spec of
+``tests/scripts/emergency_ranks.py``), a last fit then loses a rank, results in ``OUT/lost``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def main() -> None:
             (out / f"rank{rank}.json").write_text(json.dumps(record.result))
             raise
         (out / f"rank{rank}.json").write_text(json.dumps(record.result))
+    if "lost" in spec:  # then a fit that loses a rank (tests/scripts/emergency_ranks.py)
+        from emergency_ranks import run_lost
+
+        run_lost({**spec["lost"], "out": str(Path(spec["out"]) / "lost"),
+                  "devices": spec["devices"]}, rank)
 
 
 if __name__ == "__main__":
