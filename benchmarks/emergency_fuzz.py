@@ -40,7 +40,7 @@ def one_run(out: Path, rng: random.Random, ranks: int, heartbeat_timeout: float)
     done = [results[r] for r in survivors if results[r] is not None]
     row["survivors_reported"] = len(done)
     row["named"] = all(case["victim"] in (res.get("ranks") or []) for res in done) and bool(done)
-    row["exceptions"] = sorted({str(res.get("exception")) for res in done})
+    row["exceptions"] = sorted({f"{res.get('exception')}({res.get('lost')})" for res in done})
     if lost and len(done) == len(survivors):
         row["exit_after_loss_s"] = round(max(res["t_done"] for res in done) - lost["t"], 2)
     row["emergency"] = len(files) == 1

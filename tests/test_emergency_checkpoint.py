@@ -110,7 +110,7 @@ def check_emergency(out: Path, results: list[dict | None], victim: int, text: st
     for r in survivors:
         res = results[r]
         assert res is not None, text[-8000:]
-        assert res["exception"] == "PeerSilent", (res, text[-6000:])
+        assert res["lost"] == "PeerSilent", (res, text[-6000:])
         assert victim in res["ranks"], res
     files = sorted((out / "ckpts").glob("*emergency*"))
     assert len(files) == 1 and files[0].name.endswith(f"-rank={survivors[0]}.ckpt"), (

@@ -144,11 +144,12 @@ class _ResilienceMixin:
             self.teardown_gossip()
             self.stop_heartbeat(failed=False)
             return
-        if lost_peer(exception) is not None:
+        lost = lost_peer(exception)
+        if lost is not None:
             from lightning_gossip.strategies.emergency import write_emergency_checkpoint
 
             try:
-                write_emergency_checkpoint(self, exception)
+                write_emergency_checkpoint(self, lost)
             except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
                 log.warning("rank %d: no emergency checkpoint: %s", self.global_rank, e)
         self.teardown_gossip()

@@ -69,8 +69,12 @@ class Lose(Callback):
 
     def on_exception(self, trainer, module, exception):
         strategy = trainer.strategy
+        from lightning_gossip.strategies.resilience import lost_peer
+
+        lost = lost_peer(exception)  # adpsgd's gossip thread: a RuntimeError caused by it
         self.result.update(exception=type(exception).__name__, message=str(exception)[:600],
-                           ranks=list(getattr(exception, "ranks", ())),
+                           lost=type(lost).__name__ if lost is not None else None,
+                           ranks=list(lost.ranks) if lost is not None else [],
                            global_step=trainer.global_step,
                            replica=strategy._flat.pack().tolist())
 
