@@ -16,7 +16,8 @@ A rank whose wait failed on a lost peer (:class:`~lightning_gossip.errors.PeerSi
    Where they cannot meet (the store's host is the lost rank, or the group fails), the lowest
    rank not known to be lost writes its own replica.
 3. The file, ``emergency-step=<global_step>-rank=<writer>.ckpt``, goes next to the run's other
-   checkpoints (:func:`~lightning_gossip.checkpoints.checkpoint_dir`), written whole (a
+   checkpoints (:func:`~lightning_gossip.checkpoints.checkpoint_dir`; none with
+   ``enable_checkpointing=False``: no ``ModelCheckpoint``, no file), written whole (a
    temporary file, then renamed): a full Lightning checkpoint (the writer's optimizer and loop
    state) that ``trainer.fit(ckpt_path=...)`` resumes from;
    :func:`~lightning_gossip.checkpoints.newest_checkpoint` picks it when it is the newest.
@@ -104,7 +105,8 @@ def write_emergency_checkpoint(strategy: Any, error: GossipTimeout) -> Path | No
     """Meet the other survivors and write the emergency checkpoint (see the module); the path
     on the rank that wrote it, else ``None``."""
     trainer = strategy.lightning_module.trainer
-    if strategy.heartbeat is None or strategy._flat is None or trainer.state.fn != "fit":
+    if (strategy.heartbeat is None or strategy._flat is None or trainer.state.fn != "fit"
+            or trainer.checkpoint_callback is None):  # no checkpoints asked for
         return None
     started = time.monotonic()
     lost = set(error.ranks)
