@@ -63,6 +63,7 @@ from lightning_gossip.topology import Topology, build
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gossip.async_gossip import AsyncGossip
+    from lightning_gossip.checkpoints import newest_checkpoint
     from lightning_gossip.flat import FlatState
     from lightning_gossip.pairing import Pairing
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
@@ -84,6 +85,7 @@ __all__ = [
     "PeerSilent",
     "Topology",
     "build",
+    "newest_checkpoint",
     "topology",
     "__version__",
 ]
@@ -97,6 +99,7 @@ _LAZY = {
     "AsyncGossip": "lightning_gossip.async_gossip",
     "FlatState": "lightning_gossip.flat",
     "Pairing": "lightning_gossip.pairing",
+    "newest_checkpoint": "lightning_gossip.checkpoints",
 }
 _LIGHTNING = "lightning.pytorch"
 

@@ -202,3 +202,35 @@ def replace_sigterm_broadcast(trainer: Any, check: Any) -> bool:
         return False
     epoch_loop._broadcast_sigterm_tensor = check
     return True
+
+
+def slurm_requeue_signal(trainer: Any) -> int | None:
+    """The signal of Lightning's SLURM auto-requeue handler, when the trainer installed it.
+
+    lightning 2.6.6: ``_SignalConnector.register_signal_handlers`` installs, for a
+    ``SLURMEnvironment(auto_requeue=True)``, a ``_HandlersCompose`` holding the connector's
+    ``_slurm_sigusr_handler_fn`` for ``environment.requeue_signal`` (unless a handler was set
+    already). ``None`` when that handler is not the current one.
+    """
+    import signal
+
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if not isinstance(env, SLURMEnvironment) or not env.auto_requeue:
+        return None
+    sig = env.requeue_signal
+    connector = getattr(trainer, "_signal_connector", None)
+    fn = getattr(type(connector), "_slurm_sigusr_handler_fn", None)
+    if sig is None or fn is None:
+        return None
+    handlers = getattr(signal.getsignal(sig), "signal_handlers", ())
+    if any(getattr(h, "__func__", None) is fn for h in handlers):
+        return int(sig)
+    return None
+
+
+def hpc_save_path(trainer: Any) -> str:
+    """The next ``hpc_ckpt_<n>.ckpt`` in ``trainer.default_root_dir`` (lightning 2.6.6:
+    ``_CheckpointConnector.hpc_save_path``, what the auto-requeue handler writes)."""
+    return str(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))

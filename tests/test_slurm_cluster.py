@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,92 @@ def test_cleanup_after_a_killed_run(slurm_available: None, tmp_path: Path) -> No
     assert any(suffix in r for r in removed), removed
     assert _remains(suffix) == []  # ... until --cleanup
     assert [p for p in pids if _alive(p)] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Preemption under the real SLURM (make test-slow): the digits CPU template with a time limit
+# ----------------------------------------------------------------------------------------------
+#: a time limit far away at first; once an epoch is done the test brings it to 3 minutes from
+#: now (``scontrol update TimeLimit``), so SLURM's ``SIGUSR1@120`` falls in the training (Python's
+#: start-up time varies too much on a busy machine to place it with a fixed limit), and puts it
+#: back once the job is requeued
+PREEMPT_ARGS = ["--time=60", "--signal=SIGUSR1@120"]
+PREEMPT_EPOCHS = 6
+EVENTS = {"signal": "Handling auto-requeue signal at step",
+          "requeued": "DUE TO JOB REQUEUE",  # slurmstepd, as the requeue ends the step
+          "restored": "Restored all states from the checkpoint"}
+
+
+def _digits_data() -> Path:
+    data = ROOT / "data" / "digits"
+    if not data.exists():
+        subprocess.run([sys.executable, "-m", "recipes.imagenet.prepare_digits", "--out",
+                        str(data)], cwd=ROOT, check=True, env=base_env(), timeout=600)
+    return data
+
+
+def _seconds(runtime: str) -> int:
+    """SLURM's ``[D-]HH:MM:SS`` in seconds."""
+    days, _, hms = runtime.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4000)
+@pytest.mark.parametrize("strategy", ["dpsgd", "adpsgd"])
+def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -> None:
+    """``--signal=SIGUSR1@120`` near a time limit on the digits CPU template (2 nodes x 2
+    tasks, 6 epochs): the requeue checkpoint is written at one step on every rank (the ranks
+    stop there: no step is repeated beyond it), the job is requeued, resumes from it and
+    finishes the 6 epochs. Prints the measured times (s after ``sbatch``)."""
+    _digits_data()
+    (ROOT / "logs").mkdir(exist_ok=True)
+    script = ROOT / "recipes/imagenet/slurm/digits_cpu.sbatch"
+    cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    seen: dict[str, float] = {}
+    with cluster:
+        start = time.monotonic()
+        env = cluster.client_env(base_env())
+        export = f"--export=ALL,STRATEGY={strategy},EPOCHS={PREEMPT_EPOCHS}"
+        job = cluster.submit(script, args=[export, *PREEMPT_ARGS], cwd=ROOT, env=env)
+        out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
+        run_dir = ROOT / "runs" / f"digits-{job}"
+        info: dict[str, str] = {}
+        while time.monotonic() - start < 3600:
+            info = cluster.job(job) or info
+            text = out_path.read_text(errors="replace") if out_path.exists() else ""
+            now = round(time.monotonic() - start, 1)
+            for name, marker in EVENTS.items():
+                if marker in text and name not in seen:
+                    seen[name] = now
+            if "limit" not in seen and list(run_dir.rglob("last.ckpt")):
+                minutes = _seconds(info.get("RunTime", "0:0:0")) // 60 + 3
+                cluster.client(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
+                seen["limit"] = now
+            if int(info.get("Restarts", "0") or 0) >= 1 and "unlimit" not in seen:
+                cluster.client(["scontrol", "update", f"JobId={job}", "TimeLimit=60"])
+                seen["unlimit"] = now
+            if info.get("JobState") in S.TERMINAL_STATES:
+                break
+            time.sleep(2)
+    text = out_path.read_text(errors="replace") if out_path.exists() else ""
+    print(f"\n{strategy}: events (s after sbatch) {seen}; {info.get('JobState')} "
+          f"Restarts={info.get('Restarts')}")
+    assert info.get("JobState") == "COMPLETED", (info, text[-6000:])
+    assert int(info.get("Restarts", "0")) >= 1, info
+    hpc = sorted(run_dir.glob("hpc_ckpt_*.ckpt"))
+    assert hpc, text[-6000:]
+    import torch
+
+    ckpt = torch.load(hpc[0], map_location="cpu", weights_only=False)
+    step = int(text.split(EVENTS["signal"], 1)[1].split(":", 1)[0])
+    print(f"{strategy}: hpc checkpoint at global step {ckpt['global_step']}, rank 0 was at "
+          f"step {step} when every rank wrote it")
+    if strategy == "dpsgd":
+        assert ckpt["global_step"] == step  # every rank stopped there: nothing repeated
+    restored = [ln for ln in text.splitlines() if EVENTS["restored"] in ln]
+    assert restored and hpc[-1].name in restored[0], (restored, text[-6000:])
+    lasts = sorted(run_dir.rglob("last.ckpt"))
+    last = torch.load(lasts[0], map_location="cpu", weights_only=False)
+    assert last["epoch"] == PREEMPT_EPOCHS - 1, last["epoch"]  # all epochs, counted from 0

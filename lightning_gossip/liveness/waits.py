@@ -132,20 +132,27 @@ class _Waiter:
 
 
 class SigtermWatch:
-    """Records a SIGTERM for a strategy's own check, instead of Lightning's collectives.
+    """Records SIGTERM (and, deferred, SLURM's requeue signal) for a strategy's own check.
 
     Lightning 2.6 handles SIGTERM with collectives: its signal handler broadcasts from rank 0
     (a rank other than 0 blocks there, inside the handler, until rank 0 joins: a SIGTERM to
     one rank hangs it for the whole ``timeout``), and the training loop broadcasts rank 0's flag
-    before every batch (a per-step collective). The first :meth:`poll` (before the first batch,
-    after Lightning registered its handlers, on the main thread) replaces the SIGTERM handler
-    by one that only records the signal and forwards it to the launcher's children (as
-    Lightning's does). Lightning restores the previous handlers at teardown.
+    before every batch (a per-step collective). Its SLURM auto-requeue handler writes a
+    checkpoint (a collective under the gossip strategies) inside the handler, wherever each
+    rank is. The first :meth:`poll` (before the first batch, after Lightning registered its
+    handlers, on the main thread) replaces the SIGTERM handler by one that only records the
+    signal and forwards it to the launcher's children (as Lightning's does), and with
+    ``defer_requeue`` Lightning's auto-requeue handler by one that only records it
+    (:attr:`requeue_signal`). Lightning restores the previous handlers at teardown.
     """
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, defer_requeue: bool = False) -> None:
         self.trainer = trainer
+        self.defer_requeue = defer_requeue
+        #: the requeue signal whose Lightning handler was replaced (``None``: none)
+        self.requeue_signal: int | None = None
         self._received = threading.Event()
+        self._requeue = threading.Event()
         self._installed = False
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -156,16 +163,31 @@ class SigtermWatch:
                 kill(signum)
         self._received.set()
 
+    def _on_requeue(self, signum: int, frame: Any) -> None:
+        self._requeue.set()
+
     def poll(self) -> bool:
-        """Whether this rank received SIGTERM (installing the handler on the first call)."""
+        """Whether this rank received SIGTERM (installing the handlers on the first call)."""
         if not self._installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+            if self.defer_requeue:
+                from lightning_gossip import _compat
+
+                self.requeue_signal = _compat.slurm_requeue_signal(self.trainer)
+                if self.requeue_signal is not None:
+                    signal.signal(self.requeue_signal, self._on_requeue)
             self._installed = True
         return self._received.is_set() or bool(getattr(self.trainer, "received_sigterm", False))
 
+    @property
+    def requeue_requested(self) -> bool:
+        """Whether this rank received the (deferred) requeue signal."""
+        return self._requeue.is_set()
+
 
 def make_sigterm_check_local(trainer: Any,
-                             stop_now: Callable[[bool], bool] | None = None) -> SigtermWatch:
+                             stop_now: Callable[[bool], bool] | None = None,
+                             requeue_now: Callable[[bool], bool] | None = None) -> SigtermWatch:
     """Replace Lightning's per-batch SIGTERM broadcast by a check without collectives.
 
     Before every batch the check polls a :class:`SigtermWatch` and raises Lightning's
@@ -174,14 +196,22 @@ def make_sigterm_check_local(trainer: Any,
     ``on_exception`` then tells the peers (:meth:`Heartbeat.leave`), which fail within about a
     second, naming this rank. ``DPSGDStrategy`` passes a ``stop_now`` that makes every rank stop
     at the same step, agreed through its gossip messages.
+
+    With ``requeue_now``, Lightning's SLURM auto-requeue handler (which would checkpoint inside
+    the signal handler) is replaced too, and before every batch, first, ``requeue_now(received)``
+    (``received``: this rank got the requeue signal) writes the requeue checkpoint when the
+    strategy says every rank is there; it returns whether the job was requeued, and then the
+    check raises ``SIGTERMException`` (every rank stops at that batch).
     """
     from lightning_gossip import _compat
 
-    watch = SigtermWatch(trainer)
+    watch = SigtermWatch(trainer, defer_requeue=requeue_now is not None)
 
     def local_sigterm_check() -> None:
         received = watch.poll()
-        if stop_now(received) if stop_now is not None else received:
+        requeued = (requeue_now is not None and watch.requeue_signal is not None
+                    and requeue_now(watch.requeue_requested))
+        if requeued or (stop_now(received) if stop_now is not None else received):
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             raise SIGTERMException()
@@ -211,7 +241,9 @@ def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | N
     (then :class:`GossipTimeout` naming ``what`` and ``peers``, after ``timeout``), polling
     ``should_stop`` (``True``: return ``False`` at once) and, about once a second, the
     heartbeats of ``peers`` (a silent one: :class:`PeerSilent`, unless ``done`` is set within
-    :data:`GRACE_S`). Returns ``True`` once ``done`` is set."""
+    :data:`GRACE_S`) and the liveness monitor's finding (any silent rank: :class:`PeerSilent`
+    naming it, the same way; a peer may be waiting for the others in its emergency
+    checkpoint). Returns ``True`` once ``done`` is set."""
     poll = 0.005 if heartbeat is None else min(0.05, heartbeat.interval)
     # a wait that ends within a beat costs no store read
     next_check = 0.0 if heartbeat is None else time.monotonic() + min(1.0, heartbeat.interval)
@@ -227,6 +259,9 @@ def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | N
             silent = heartbeat.silent(peers)
             if silent and not done.wait(GRACE_S):
                 raise PeerSilent(f"{what}: {heartbeat.describe(silent)}", silent)
+            if not silent and getattr(heartbeat, "has_finding", False) and not done.wait(
+                    GRACE_S):  # a peer waits for this rank's emergency checkpoint, say
+                heartbeat.check(what)
     return True
 
 

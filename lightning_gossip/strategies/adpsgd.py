@@ -31,7 +31,6 @@ from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
 from lightning_gossip.hierarchy import ColumnPairing, NodeLayout, make_node_groups
-from lightning_gossip.liveness import make_sigterm_check_local
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.adpsgd_phases import _PhasesMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -243,7 +242,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
                                    self.seed)
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
-        make_sigterm_check_local(trainer)
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback())
 
@@ -271,11 +269,6 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
             self.engine.stop()
             self._last_stats = dict(vars(self.engine.stats))
             self.engine = None
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        """Stop the gossip thread so the process can exit; tell the peers at once."""
-        super().on_exception(exception)
 
     # ------------------------------------------------------------------------------------------
     # Data

@@ -20,7 +20,6 @@ import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
@@ -35,8 +34,7 @@ from lightning_gossip.hierarchy import (
     make_node_groups,
 )
 from lightning_gossip.liveness import keep_alive_at_exit
-from lightning_gossip.liveness.waits import make_sigterm_check_local
-from lightning_gossip.strategies.dpsgd_rounds import NO_STOP, _Round, _RoundsMixin
+from lightning_gossip.strategies.dpsgd_rounds import _Round, _RoundsMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
 from lightning_gossip.topology import Topology, check_name, resolve
@@ -84,6 +82,8 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     the gossip messages (the smallest one wins), and at the start of step ``s`` every rank
     raises Lightning's ``SIGTERMException``: the same step and the same outcome everywhere
     (``on_exception`` callbacks such as ``OnExceptionCheckpoint`` save the consensus model).
+    SLURM's auto-requeue signal is agreed the same way: every rank writes the requeue checkpoint
+    at the same step (:mod:`~lightning_gossip.strategies.dpsgd_stop`).
 
     Example::
 
@@ -175,9 +175,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
         self._worker: CommWorker | None = None  # finishes the rounds off the training thread
         self._stop_lock = threading.Lock()
-        self._stop_at = NO_STOP  # the smallest "stop at step s" known (SIGTERM)
-        self._stop_proposed = False
-        self._stopping_together = False
+        self._reset_agreement()  # the smallest "stop / requeue at step s" known (dpsgd_stop)
 
     # ------------------------------------------------------------------------------------------
     @override
@@ -257,58 +255,6 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
                 # maybe inside a sharded round's all-gather: its group must outlive the process
                 keep_alive_at_exit(groups.node_gossip)
             self._worker = None
-
-    # ------------------------------------------------------------------------------------------
-    # SIGTERM: every rank stops at the same step, agreed through the gossip messages
-    # ------------------------------------------------------------------------------------------
-    @override
-    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
-        """Replace Lightning's per-batch SIGTERM broadcast by :meth:`sigterm_stop_now`."""
-        with self._stop_lock:
-            self._stop_at = NO_STOP
-        self._stop_proposed = False
-        self._stopping_together = False
-        make_sigterm_check_local(trainer, stop_now=self.sigterm_stop_now)
-
-    def sigterm_stop_now(self, received: bool) -> bool:
-        """Called before every training batch: whether every rank stops here.
-
-        ``received``: this rank got SIGTERM. The first time, it proposes to stop at
-        :meth:`stop_step_for` of the next round it sends; the proposal goes out with every
-        round from then on. Every rank stops at the first batch whose step is at least the
-        smallest proposal it knows of, which is the same batch on every rank. With
-        ``hierarchical=True`` on a single node (nothing to gossip) the flags are combined by
-        an all-reduce on the gossip group instead.
-        """
-        if not self._exchanging:
-            flag = torch.tensor([1 if received else 0], device=self.root_device)
-            self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=self._group,
-                         what=f"agreeing whether to stop (SIGTERM) at step {self.step}")
-            stop = bool(flag.item())
-        else:
-            if received and not self._stop_proposed:
-                self._stop_proposed = True
-                first = self.step + (1 if self.overlap and self._started(self.step) else 0)
-                proposal = self.stop_step_for(self.global_rank, first)
-                with self._stop_lock:
-                    self._stop_at = min(self._stop_at, proposal)
-                log.info("rank %d received SIGTERM at step %d: proposes that every rank "
-                         "stops at step %d", self.global_rank, self.step, proposal)
-            with self._stop_lock:
-                stop = self.step >= self._stop_at
-        if stop:
-            self._stopping_together = True
-        return stop
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        """Stop gossip; after an error also tell the peers at once (heartbeat ``leave``). A
-        stop agreed by every rank (SIGTERM) leaves quietly: the peers stop at the same step."""
-        if isinstance(exception, SIGTERMException) and self._stopping_together:
-            self.teardown_gossip()
-            self.stop_heartbeat(failed=False)
-            return
-        super().on_exception(exception)
 
     # ------------------------------------------------------------------------------------------
     # The step

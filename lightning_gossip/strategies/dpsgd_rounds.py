@@ -23,40 +23,24 @@ does not promise progress for two communicators driven from two threads in diffe
 on different ranks, so with an NCCL node group the training thread issues the all-gather
 itself (on the node group, right before the add) and the worker only waits and mixes.
 
-Every round also carries a one-element side message, the smallest "stop at step s" this rank
-knows of (SIGTERM, see :meth:`_RoundsMixin.stop_step_for`), on the same group and to the same
-peers; the worker waits for it too.
+Every round also carries a side message, the smallest "stop at step s" and "requeue at step s"
+this rank knows of (SIGTERM, SLURM's auto-requeue signal: :mod:`.dpsgd_stop`), on the same group
+and to the same peers; the worker waits for it too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gossip.exchange import CommWorker, Job, NeighborExchange, post, wait_all
+from lightning_gossip.exchange import CommWorker, Job, NeighborExchange
 from lightning_gossip.hierarchy import ShardedExchange
 from lightning_gossip.liveness import keep_alive_at_exit
-
-#: "no stop agreed" in the stop messages
-NO_STOP = 2**62
-#: the tag of the stop messages (apart from the replicas' tag 0)
-STOP_TAG = 7
-
-
-@dataclass
-class _StopMessages:
-    """One round's stop side messages: what this rank sent, what it receives, the works."""
-
-    send: Tensor
-    recv: list[tuple[int, Tensor]]
-    works: list = field(default_factory=list)
-
-    def received(self) -> int:
-        """The smallest value received (:data:`NO_STOP` if none)."""
-        return min((int(buf.item()) for _, buf in self.recv), default=NO_STOP)
+from lightning_gossip.strategies.dpsgd_stop import NO_STOP as NO_STOP
+from lightning_gossip.strategies.dpsgd_stop import _StopAgreementMixin, _StopMessages
 
 
 @dataclass
@@ -70,7 +54,7 @@ class _Round:
     job: Job | None = None
 
 
-class _RoundsMixin:
+class _RoundsMixin(_StopAgreementMixin):
     """Exchange-round bookkeeping of :class:`DPSGDStrategy`."""
 
     def _started(self, step: int) -> bool:
@@ -222,82 +206,3 @@ class _RoundsMixin:
             return
         self._flat.copy_(self._collect(rnd))
         self._recycle(rnd)
-
-    # ------------------------------------------------------------------------------------------
-    # Stopping together (SIGTERM): "stop at step s" rides along every round
-    # ------------------------------------------------------------------------------------------
-    def _stop_peers(self, rank: int, step: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """``(send_to, recv_from)`` ranks of ``rank``'s stop messages in round ``step``: its
-        replica peers (flat), or its column peers plus its node's other ranks (sharded)."""
-        assert self.topology is not None and self.layout is not None
-        devices = self.layout.devices
-        node, local = divmod(rank, devices)
-        peers = self.topology.peers(node, step)
-        mates = tuple(node * devices + k for k in range(devices) if k != local)
-        send_to = tuple(r * devices + local for r in peers.send_to) + mates
-        recv_from = tuple(j * devices + local for j in peers.recv_ranks) + mates
-        return send_to, recv_from
-
-    def _post_stop(self, step: int) -> _StopMessages:
-        assert self._flat is not None and self._group is not None
-        send_to, recv_from = self._stop_peers(self.global_rank, step)
-        device = self._flat.device
-        with self._stop_lock:
-            value = self._stop_at
-        send = torch.tensor([value], dtype=torch.int64, device=device)
-        recv = [(j, torch.empty(1, dtype=torch.int64, device=device)) for j in recv_from]
-        msgs = _StopMessages(send, recv)
-        msgs.works = post(send, send_to, recv, self._group, tag=STOP_TAG)
-        return msgs
-
-    def _merge_stop(self, rnd: _Round, watch_peers: bool) -> None:
-        """Wait for the round's stop messages and keep the smallest step heard of."""
-        msgs = rnd.stop
-        if msgs is None:
-            return
-        ranks = sorted({j for j, _ in msgs.recv})
-        wait_all(msgs.works, self.timeout,
-                 f"stop messages of rank {self.global_rank} with ranks {ranks} at step "
-                 f"{rnd.step}", heartbeat=self.heartbeat if watch_peers else None,
-                 peers=ranks if watch_peers else ())
-        value = msgs.received()
-        with self._stop_lock:
-            if value < self._stop_at:
-                self._stop_at = value
-
-    def _rounds_lag(self) -> int:
-        """Steps from posting a round to the first batch start after it was applied, minus
-        one: 2 with ``delay_by_one`` (a round received at step t+1 goes out again at t+2),
-        else 1."""
-        return 2 if self.delay_by_one else 1
-
-    def stop_step_for(self, rank: int, first_round: int) -> int:
-        """The first step at which every rank knows a stop that ``rank`` puts into its stop
-        messages from round ``first_round`` on.
-
-        Simulates the spreading along the actual rounds (the topology at every step, which
-        every rank can compute), so it is exact for static and time-varying topologies alike:
-        at most ``(world_size - 1)`` rounds when every step's graph is connected (twice that
-        with ``delay_by_one``). Raises ``RuntimeError`` when the rounds do not connect the
-        ranks within ``100 * world_size`` steps.
-        """
-        n, lag = self.world_size, self._rounds_lag()
-        known = {rank: first_round - lag}  # rank -> the round after which it knows the stop
-        t = first_round
-        limit = first_round + 100 * n * lag
-        while len(known) < n:
-            if t > limit:
-                raise RuntimeError(
-                    f"the stop proposed by rank {rank} at round {first_round} does not reach "
-                    f"ranks {sorted(set(range(n)) - set(known))} within {limit - first_round} "
-                    "rounds: the topology does not connect the ranks")
-            heard = {}
-            for j in range(n):
-                if j in known:
-                    continue
-                _, recv_from = self._stop_peers(j, t)
-                if any(i in known and known[i] + lag <= t for i in recv_from):
-                    heard[j] = t
-            known.update(heard)
-            t += 1
-        return max(known.values()) + lag

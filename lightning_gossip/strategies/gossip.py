@@ -32,20 +32,17 @@ from typing_extensions import override
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement
 from lightning_gossip.flat import FlatState, flatten_module_
-from lightning_gossip.liveness import (
-    Heartbeat,
-    make_sigterm_check_local,
-    watched_collective,
-)
+from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
 from lightning_gossip.strategies.replicas import _ReplicasMixin
+from lightning_gossip.strategies.resilience import _ResilienceMixin
 
 log = logging.getLogger(__name__)
 
 EVALUATE_CHOICES = ("consensus", "local")
 
 
-class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
+class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
     """Base class of the decentralized strategies: one replica per rank, mixed by gossip.
 
     Args:
@@ -294,19 +291,12 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
         check_agreement(self.gossip_config(), self.global_rank, self.world_size)
         self._check_replicas_match()
         if fitting:
-            self.install_sigterm_check(trainer)  # no per-batch collective (docs/faults.md)
+            self.install_sigterm_check(trainer)  # no per-batch collective (resilience.py)
             self._broadcast_initial_weights()
             self.setup_gossip(trainer)
 
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
-
-    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
-        """Replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a
-        check of the strategy's own: here a rank that received SIGTERM stops on its own at its
-        next batch and its peers fail naming it (``liveness.make_sigterm_check_local``);
-        ``DPSGDStrategy`` stops every rank at the same step."""
-        make_sigterm_check_local(trainer)
 
     @override
     def model_to_device(self) -> None:
@@ -385,12 +375,6 @@ class GossipStrategy(_ReplicasMixin, ParallelStrategy, ABC):
                                                        device=device)
         self.watched(dist.broadcast, buf, src=src, group=group, what=what)
         return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        """This rank failed: stop gossip and tell the peers at once (heartbeat ``leave``)."""
-        self.teardown_gossip()
-        self.stop_heartbeat(failed=True)
 
     @override
     def teardown(self) -> None:

@@ -1,0 +1,161 @@
+"""The survivors' emergency checkpoint, written before they exit on a lost rank.
+
+A rank whose wait failed on a lost peer (:class:`~lightning_gossip.errors.PeerSilent`, or a
+:class:`~lightning_gossip.errors.GossipTimeout` naming it) calls
+:func:`write_emergency_checkpoint` from the strategy's ``on_exception``:
+
+1. :func:`meet_survivors`: it announces itself in the rendezvous store
+   (``lightning-gossip/emergency/<run>/<rank>``) and waits until every other rank has announced
+   itself or is silent or gone (the lost ones), at most ``heartbeat_timeout + 10`` seconds. It
+   keeps beating meanwhile: a survivor still waiting on it fails when its own liveness monitor
+   finds the lost rank (within ``heartbeat_timeout``; every wait consults the monitor), naming
+   that rank, and comes here too. Only then does it leave (marked as failed).
+2. With two or more survivors, they build a gloo group of their own
+   (``new_group(..., use_local_synchronization=True)``: only they take part) and average
+   their replicas (bounded by :data:`MEET_TIMEOUT_S`); the lowest survivor writes the average.
+   Where they cannot meet (the store's host is the lost rank, or the group fails), the lowest
+   rank not known to be lost writes its own replica.
+3. The file, ``emergency-step=<global_step>-rank=<writer>.ckpt``, goes next to the run's other
+   checkpoints (:func:`~lightning_gossip.checkpoints.checkpoint_dir`; none with
+   ``enable_checkpointing=False``: no ``ModelCheckpoint``, no file), written whole (a
+   temporary file, then renamed): a full Lightning checkpoint (the writer's optimizer and loop
+   state) that ``trainer.fit(ckpt_path=...)`` resumes from;
+   :func:`~lightning_gossip.checkpoints.newest_checkpoint` picks it when it is the newest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_gossip.checkpoints import checkpoint_dir
+from lightning_gossip.errors import GossipTimeout
+
+log = logging.getLogger(__name__)
+
+#: seconds the survivors give the creation of their group and its all-reduce
+MEET_TIMEOUT_S = 20.0
+#: seconds a survivor waits for the others beyond ``heartbeat_timeout``
+EXTRA_WAIT_S = 10.0
+
+
+def run_key(fit_index: int) -> str:
+    """The store prefix of one fit's meeting (a torchrun restart round has its own)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"lightning-gossip/emergency/{restart}.{fit_index}"
+
+
+def meet_survivors(strategy: Any, lost: set[int], key: str) -> list[int] | None:
+    """The survivors (this rank included), agreed through the store as the module docstring
+    says; ``None`` when the store cannot be reached."""
+    beat = strategy.heartbeat
+    rank = strategy.global_rank
+    try:
+        beat.store_call(lambda: beat.store.set(f"{key}/{rank}", str(strategy.step)),
+                        "announcing a survivor")
+    except GossipTimeout:
+        return None
+    posted: set[int] = set()
+    dead = set(lost) - {rank}  # not waited for, but a survivor if it announced itself
+    deadline = time.monotonic() + beat.timeout + EXTRA_WAIT_S
+    try:
+        while True:
+            unknown = [r for r in range(strategy.world_size) if r != rank and r not in posted]
+            if unknown:
+                silent = set(beat.silent(unknown))
+                found = beat.store_call(
+                    lambda u=unknown: [bool(beat.store.check([f"{key}/{r}"])) for r in u],
+                    "reading the survivors")
+                posted |= {r for r, f in zip(unknown, found) if f}
+                dead |= silent - posted
+            pending = [r for r in unknown if r not in posted and r not in dead]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                log.warning("rank %d: ranks %s neither announced themselves nor went silent "
+                            "in time: not waiting for them", rank, pending)
+                break
+            time.sleep(0.2)
+    except GossipTimeout:
+        return None
+    return sorted(posted | {rank})
+
+
+def survivors_average(strategy: Any, members: list[int]) -> torch.Tensor:
+    """The average of the members' replicas (a gloo group of their own, bounded)."""
+    timeout = timedelta(seconds=MEET_TIMEOUT_S)
+    group = dist.new_group(members, backend="gloo", timeout=timeout,
+                           use_local_synchronization=True)
+    flat = strategy._flat.pack().to("cpu", torch.float32).clone()
+    work = dist.all_reduce(flat, group=group, async_op=True)
+    if work.wait(timeout) is False:
+        raise GossipTimeout(f"the survivors {members} did not average within {timeout}",
+                            members)
+    return flat.div_(len(members))
+
+
+def write_emergency_checkpoint(strategy: Any, error: GossipTimeout) -> Path | None:
+    """Meet the other survivors and write the emergency checkpoint (see the module); the path
+    on the rank that wrote it, else ``None``."""
+    trainer = strategy.lightning_module.trainer
+    if (strategy.heartbeat is None or strategy._flat is None or trainer.state.fn != "fit"
+            or trainer.checkpoint_callback is None):  # no checkpoints asked for
+        return None
+    started = time.monotonic()
+    lost = set(error.ranks)
+    strategy.teardown_gossip()  # the communication threads: nothing more is mixed in
+    members = meet_survivors(strategy, lost, run_key(strategy._fit_index))
+    rank = strategy.global_rank
+    average = None
+    if members is not None and len(members) >= 2:
+        try:
+            average = survivors_average(strategy, members)
+        except Exception as e:  # noqa: BLE001 - fall back to this rank's replica
+            log.warning("rank %d: the survivors %s could not average (%s): writing a replica",
+                        rank, members, e)
+    if average is not None:
+        assert members is not None
+        writer = members[0]
+    else:
+        known = set(members or ())
+        writer = min(set(range(strategy.world_size)) - (lost - known - {rank}))
+    if rank != writer:
+        return None
+    path = checkpoint_dir(trainer) / (f"emergency-step={trainer.global_step}-rank={rank}.ckpt")
+    _save(strategy, trainer, path, average, members)
+    log.warning("rank %d: wrote the emergency checkpoint %s (%s) %.1f s after the error", rank,
+                path, "the average of survivors " + str(members) if average is not None
+                else "this rank's replica", time.monotonic() - started)
+    return path
+
+
+def _save(strategy: Any, trainer: Any, path: Path, average: torch.Tensor | None,
+          members: list[int] | None) -> None:
+    """A full Lightning checkpoint of the current state with ``average`` as the weights (or
+    the local replica), without any collective; written whole."""
+    flat = strategy._flat
+    local, backup = flat.pack(), strategy._local_backup
+    if average is not None:
+        flat.copy_(average.to(local.device))
+    # with a backup set, lightning_module_state_dict returns the module's weights as they
+    # are (it would otherwise average over every rank, the lost one included)
+    strategy._local_backup = local
+    tmp = path.with_name(path.name + ".part")
+    try:
+        ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        ckpt["lightning_gossip_emergency"] = {
+            "survivors": members, "averaged": average is not None,
+            "strategy_step": strategy.step}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        strategy.checkpoint_io.save_checkpoint(ckpt, tmp)  # the state dict views the weights
+    finally:
+        flat.copy_(local)
+        strategy._local_backup = backup
+    os.replace(tmp, path)

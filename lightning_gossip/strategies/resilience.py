@@ -1,0 +1,156 @@
+"""What :class:`~lightning_gossip.strategies.GossipStrategy` does when a run is interrupted, as a
+mixin: Lightning's SLURM auto-requeue at a batch boundary instead of inside the signal handler,
+the quiet exit of a stop every rank agreed on, and the emergency checkpoint of the survivors of
+a lost rank.
+
+**Requeue.** Lightning's handler of SLURM's requeue signal (``SIGUSR1`` with
+``#SBATCH --signal=SIGUSR1@N``) writes ``hpc_ckpt_<n>.ckpt`` from inside the handler, wherever
+each rank is; under the gossip strategies that checkpoint is a collective (the consensus
+average), entered from different places on different ranks. The strategies record the signal
+instead (:func:`~lightning_gossip.liveness.waits.make_sigterm_check_local`) and act at a batch
+start: ``dpsgd`` at a step agreed through its gossip messages (:mod:`.dpsgd_stop`), ``adpsgd``
+(whose ranks never share a step) at each rank's next batch start, where the ranks of a node
+first agree (an all-reduce of the flag on the node group, ``hierarchical``). Every rank then
+writes the checkpoint (:meth:`_ResilienceMixin.save_and_requeue`), rank 0 runs ``scontrol
+requeue``, and every rank stops (quietly, as after an agreed SIGTERM).
+
+**Emergency checkpoint.** A rank that fails because a peer was lost (a
+:class:`~lightning_gossip.errors.GossipError` naming it) first meets the other survivors
+(:func:`~lightning_gossip.strategies.emergency.meet_survivors`) and writes an
+``emergency-step=<s>-rank=<r>.ckpt`` next to the run's checkpoints: the survivors' average
+where they can meet, otherwise one survivor's own replica (with its optimizer state).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from typing import Any
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_gossip import _compat
+from lightning_gossip.errors import GossipTimeout
+from lightning_gossip.liveness import make_sigterm_check_local
+
+log = logging.getLogger(__name__)
+
+
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue`` this SLURM job (array jobs as ``<job>_<task>``), as Lightning's
+    auto-requeue handler does; whether it succeeded."""
+    import os
+
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = (f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job is not None
+           else os.environ.get("SLURM_JOB_ID", ""))
+    if not job.replace("_", "").isdigit():
+        log.warning("cannot requeue: no SLURM job id (SLURM_JOB_ID=%r)", job)
+        return False
+    try:
+        result = subprocess.call(["scontrol", "requeue", job])
+    except OSError as e:
+        log.warning("requeuing SLURM job %s failed: %s", job, e)
+        return False
+    if result != 0:
+        log.warning("requeuing SLURM job %s failed with error code %d", job, result)
+        return False
+    log.info("Requeued SLURM job: %s", job)
+    return True
+
+
+def lost_peer(exception: BaseException) -> GossipTimeout | None:
+    """The :class:`~lightning_gossip.errors.GossipTimeout` (a peer silent, gone or not
+    answering: ``PeerSilent`` is one) that ``exception`` is or was caused by, naming the
+    ranks; ``None`` for anything else."""
+    seen = 0
+    e: BaseException | None = exception
+    while e is not None and seen < 10:
+        if isinstance(e, GossipTimeout) and e.ranks:
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
+
+
+class _ResilienceMixin:
+    """Requeue at a batch boundary, quiet agreed stops, emergency checkpoints."""
+
+    _stopping_together = False
+    _requeue_done = False
+    _fit_index = -1  # fits of this strategy object (the same on every rank)
+
+    def install_sigterm_check(self, trainer: Any) -> None:
+        """Replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a
+        check of the strategy's own: here a rank that received SIGTERM stops on its own at its
+        next batch and its peers fail naming it (``liveness.make_sigterm_check_local``);
+        ``DPSGDStrategy`` stops every rank at the same step. Lightning's SLURM auto-requeue
+        handler is deferred to :meth:`requeue_now`."""
+        self._stopping_together = False
+        self._requeue_done = False
+        self._begin_fit()
+        make_sigterm_check_local(trainer, requeue_now=self.requeue_now)
+
+    def _begin_fit(self) -> None:
+        self._fit_index += 1
+
+    def requeue_now(self, received: bool) -> bool:
+        """Before every batch while Lightning's SLURM auto-requeue is on: write the requeue
+        checkpoint and requeue once this rank received the signal (the ranks of a node agree
+        first: they step together); whether every rank stops here (always, once written).
+
+        Raises ``RuntimeError`` when ``scontrol requeue`` failed (the checkpoint is written;
+        resume with ``ckpt_path="hpc"``): ``adpsgd``'s ranks cannot go back to training
+        together from here.
+        """
+        if self._requeue_done:
+            return False
+        if getattr(self, "_node_group", None) is not None:
+            import torch
+
+            flag = torch.tensor([1.0 if received else 0.0], device=self.root_device)
+            self._node_all_reduce(flag, "agreeing on the requeue (SLURM)")
+            received = bool(flag.item() > 0)
+        if not received:
+            return False
+        self._requeue_done = True
+        if not self.save_and_requeue():
+            raise RuntimeError(
+                f"rank {self.global_rank}: the requeue checkpoint was written at step "
+                f"{self.step} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
+        self._stopping_together = True
+        return True
+
+    def save_and_requeue(self) -> bool:
+        """Lightning's auto-requeue, at a point every rank reaches: finalize the loggers, write
+        ``hpc_ckpt_<n>.ckpt`` into ``default_root_dir`` (the consensus weights, a collective),
+        ``scontrol requeue`` on rank 0; whether the job was requeued (rank 0's answer,
+        broadcast)."""
+        trainer = self.lightning_module.trainer
+        rank_zero_info(f"Handling auto-requeue signal at step {self.step}: every rank writes "
+                       "the requeue checkpoint here")
+        for logger in trainer.loggers:
+            logger.finalize("finished")
+        trainer.save_checkpoint(_compat.hpc_save_path(trainer))
+        ok = requeue_slurm_job() if self.global_rank == 0 else False
+        return bool(self.broadcast(ok, src=0))
+
+    def on_exception(self, exception: BaseException) -> None:
+        """This rank failed: after a stop every rank agreed on (SIGTERM, requeue), stop gossip
+        and leave quietly (the peers stop at the same point); after a lost peer, write the
+        emergency checkpoint with the other survivors first; else stop gossip and tell the
+        peers at once (heartbeat ``leave``)."""
+        if isinstance(exception, SIGTERMException) and self._stopping_together:
+            self.teardown_gossip()
+            self.stop_heartbeat(failed=False)
+            return
+        lost = lost_peer(exception)
+        if lost is not None:
+            from lightning_gossip.strategies.emergency import write_emergency_checkpoint
+
+            try:
+                write_emergency_checkpoint(self, lost)
+            except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
+                log.warning("rank %d: no emergency checkpoint: %s", self.global_rank, e)
+        self.teardown_gossip()
+        self.stop_heartbeat(failed=True)

@@ -1,0 +1,154 @@
+"""Preemption under SLURM's auto-requeue: the requeue signal (``SIGUSR1``) reaches the ranks at
+different steps, and every rank writes the requeue checkpoint at a point all of them reach.
+
+Lightning's own handler writes ``hpc_ckpt_<n>.ckpt`` inside the signal handler, wherever each
+rank is; under ``dpsgd`` that hung under a real SLURM (three ranks in the checkpoint's average,
+one waiting for its gossip round). One launch of ``tests/scripts/preempt_ranks.py`` (3 tasks
+started as ``srun`` would, a fake ``scontrol`` on ``PATH``) runs a ``dpsgd`` fit, then an
+``adpsgd`` fit, in the same processes; rank ``r`` signals itself after step ``3 + 2 r``. A last
+``adpsgd`` fit of the same launch freezes rank 2: its survivors' emergency checkpoint is checked
+as in ``tests/test_emergency_checkpoint.py``.
+
+The real-SLURM scenario (``--signal=SIGUSR1@N``, requeue, resume) is in
+``tests/test_slurm_cluster.py`` (``slow``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
+from lightning_gossip.topology import build
+from tests.launch import ROOT, base_env, free_port, launch_processes
+from tests.test_emergency_checkpoint import check_emergency
+
+SCRIPT = ROOT / "tests/scripts/preempt_ranks.py"
+N, SIGNAL_STEP, SPREAD = 3, 3, 2
+
+
+class _Rounds(_RoundsMixin):
+    """The agreement's arithmetic for a flat ``DPSGDStrategy()`` (random ring, seed 0)."""
+
+    def __init__(self, n: int) -> None:
+        self.world_size, self.delay_by_one = n, False
+        self.topology = build("random_ring", n, 0)
+        from lightning_gossip.hierarchy import NodeLayout
+
+        self.layout = NodeLayout(n, 1, 0, 0)
+
+
+def _load_ckpt(folder: Path) -> dict:
+    files = sorted(folder.glob("hpc_ckpt_*.ckpt"))
+    assert [f.name for f in files] == ["hpc_ckpt_1.ckpt"], files
+    return torch.load(files[0], map_location="cpu", weights_only=False)
+
+
+def _weights(ckpt: dict) -> np.ndarray:
+    state = ckpt["state_dict"]
+    return np.concatenate([state["net.weight"].numpy().ravel(), state["net.bias"].numpy()])
+
+
+LOST = {"strategy": "adpsgd", "victim": 2, "kind": "stop", "step": 4, "heartbeat_timeout": 3.0}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> tuple[Path, str, int]:
+    """The launch: ``(its folder, its output, its exit status)``."""
+    tmp_path = tmp_path_factory.mktemp("preempt")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"out": str(tmp_path), "devices": N, "strategies": ["dpsgd",
+                                "adpsgd"], "signal_step": SIGNAL_STEP, "signal_spread": SPREAD,
+                                "lost": LOST}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        launch = launch_processes([(cmd, env) for cmd, env in fake_slurm_commands(spec)],
+                                  timeout=500)
+    assert not launch.timed_out, launch.stdout[-12000:]
+    return tmp_path, launch.stdout, max(launch.returncodes)
+
+
+def fake_slurm_commands(spec: Path) -> list[tuple[list[str], dict[str, str]]]:
+    """The ``N`` tasks as ``srun`` starts them on one node (``SLURM_*`` variables)."""
+    port = str(free_port())
+    return [([sys.executable, str(SCRIPT), str(spec)], base_env(
+        SLURM_NTASKS=str(N), SLURM_NTASKS_PER_NODE=str(N), SLURM_PROCID=str(task),
+        SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NNODES="1",
+        SLURM_JOB_NAME="lightning-gossip-test", SLURM_JOB_ID="4242",
+        SLURM_NODELIST="127.0.0.1", MASTER_PORT=port)) for task in range(N)]
+
+
+@pytest.mark.multiprocess
+def test_requeue_signal_at_different_steps_checkpoints_together(launched):
+    tmp_path, text, _ = launched
+    log = tmp_path / "scontrol.log"
+    assert log.exists(), text[-8000:]
+    # rank 0 requeued the job once per fit, with SLURM's job id
+    assert log.read_text().split("\n") == ["requeue 4242", "requeue 4242", ""], text[-4000:]
+
+    # dpsgd: every rank wrote the checkpoint and stopped at the same agreed step
+    ranks = [json.loads((tmp_path / "dpsgd" / f"rank{r}.json").read_text()) for r in range(N)]
+    rounds = _Rounds(N)
+    agreed = min(rounds.stop_step_for(r, SIGNAL_STEP + SPREAD * r) for r in range(N))
+    for res in ranks:
+        assert res["exception"] == "SIGTERMException", (res, text[-6000:])
+        assert res["exit_code"] in (None, 0)
+        assert res["global_step"] == res["strategy_step"] == agreed, ranks
+    ckpt = _load_ckpt(tmp_path / "dpsgd")
+    assert ckpt["global_step"] == agreed  # no step between the checkpoint and the stop
+    mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)
+    np.testing.assert_allclose(_weights(ckpt), mean, rtol=0, atol=1e-6)
+
+    # adpsgd: each rank at its own next batch, the checkpoint the average of the replicas
+    ranks = [json.loads((tmp_path / "adpsgd" / f"rank{r}.json").read_text()) for r in range(N)]
+    for r, res in enumerate(ranks):
+        assert res["exception"] == "SIGTERMException", (res, text[-6000:])
+        assert res["global_step"] == SIGNAL_STEP + SPREAD * r, ranks
+    ckpt = _load_ckpt(tmp_path / "adpsgd")
+    assert ckpt["global_step"] == ranks[0]["global_step"]
+    mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)
+    np.testing.assert_allclose(_weights(ckpt), mean, rtol=0, atol=1e-6)
+
+    # the requeue checkpoint resumes: a fit from it starts at its step
+    _resume_one_step(tmp_path / "dpsgd" / "hpc_ckpt_1.ckpt", agreed)
+
+
+@pytest.mark.multiprocess
+def test_survivors_of_a_frozen_adpsgd_rank_write_an_emergency_checkpoint(launched):
+    """The launch's last fit: adpsgd, rank 2 of 3 frozen (SIGSTOP) after its step 4."""
+    tmp_path, text, code = launched
+    out = tmp_path / "lost"
+    results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
+               for r in range(N)]
+    assert (out / "victim.json").exists(), text[-8000:]
+    check_emergency(out, results, LOST["victim"], text)
+    assert code == 3  # the survivors failed (PeerSilent) after writing it
+
+
+def _resume_one_step(path: Path, step: int) -> None:
+    import lightning as L
+
+    spec = importlib.util.spec_from_file_location("preempt_ranks", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.randn(8, 5)
+    data = torch.utils.data.TensorDataset(x, (x.sum(-1) > 0).long())
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=step + 1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module.Tiny(), torch.utils.data.DataLoader(data, batch_size=4),
+                ckpt_path=str(path))
+    assert trainer.global_step == step + 1
