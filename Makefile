@@ -9,29 +9,40 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 # Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group).
 DOCTESTS := --doctest-modules lightning_gossip
 
-.PHONY: setup demo test test-slow test-all test-fast lint docs bench
+.PHONY: setup bytecode demo test test-slow test-all test-fast lint docs bench
 
 setup:
 	@bash scripts/setup.sh
+
+# Python bytecode for the venv (once per install) and the repository. uv installs no .pyc files
+# and with PYTHONDONTWRITEBYTECODE set Python writes none either: every process of a test launch
+# (about 200 in `make test`) then compiles torch and Lightning again, about 10 s of CPU each.
+SITE = $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+bytecode: setup
+	@if [ ! .venv/.bytecode-compiled -nt .venv/.lightning-gossip-installed ]; then \
+	  echo "[setup] compiling the Python bytecode of .venv/ (once, about a minute)"; \
+	  $(PY) -m compileall -q -j 0 $(SITE) >/dev/null || true; \
+	  touch .venv/.bytecode-compiled; fi
+	@$(PY) -m compileall -q lightning_gossip tests recipes benchmarks >/dev/null || true
 
 demo: setup
 	$(PY) -m recipes.asr.demo
 
 # Unit tests, doctests, the multi-process fits, every fault kind, the recipes' smoke runs; not
 # the tests marked `slow` (pyproject.toml's addopts deselects them). About 15 minutes.
-test: setup
+test: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 $(DOCTESTS) tests
 
 # The tests marked `slow`: the seeded fuzz subset, soak runs, benchmark smoke runs (tests/README.md).
-test-slow: setup
+test-slow: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 -m slow tests
 
 # Both of the above in one run.
-test-all: setup
+test-all: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 -m "slow or not slow" $(DOCTESTS) tests
 
 # The inner loop: no process launches (LG_NO_LAUNCH=1 makes a launch fail loudly), doctests.
-test-fast: setup
+test-fast: bytecode
 	LG_NO_LAUNCH=1 $(PY) -m pytest -q -m "not multiprocess and not slow" $(DOCTESTS) tests
 
 # ruff (E501 included), a docstring on every public name, the API reference in strict mode.

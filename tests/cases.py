@@ -1,8 +1,9 @@
 """The multi-process fits the strategy tests check, grouped by world size.
 
-Process start-up dominates short runs, so every world size is launched once per session
-(``world_run`` in ``conftest.py``) with all of its cases for both strategies; each test then
-reads the JSON its case wrote. Also the NumPy references the results are compared with.
+Process start-up dominates short runs, so every world size is launched once per test run with
+all of its cases for both strategies (``tests/shared_runs.py``, ``world_run`` in
+``conftest.py``); each test then reads the JSON its case wrote. Also the NumPy references the
+results are compared with.
 """
 
 from __future__ import annotations
@@ -269,5 +270,6 @@ def read_cases(path: Path) -> list[Case]:
 
 
 def all_cases(world: int) -> list[Case]:
-    """Every case of the shared launch with ``world`` ranks (``world_run`` in conftest)."""
+    """The strategy cases of world size ``world`` (``tests/shared_runs.py`` adds the
+    multi-node ones and a failing last case to some launches)."""
     return [*dpsgd_cases(world), *adpsgd_cases(world)]

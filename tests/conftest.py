@@ -1,4 +1,4 @@
-"""Shared fixtures: one launch per world size runs every strategy case of that size."""
+"""Shared fixtures: one launch per process layout runs every strategy case of that layout."""
 
 from __future__ import annotations
 
@@ -9,44 +9,61 @@ from pathlib import Path
 
 import pytest
 
-from tests.cases import all_cases, launch
+from tests.shared_runs import LAYOUTS, launch_layout
 
 # Rank scripts, not tests: never imported by pytest (``--doctest-modules`` would run them).
 collect_ignore = ["scripts"]
 
 
 @pytest.fixture(scope="session")
-def world_run(tmp_path_factory) -> Callable[[int], Path]:
-    """``world_run(n)`` launches the cases for world size ``n`` once and returns their folder.
+def shared_run(tmp_path_factory) -> Callable[[str], Path]:
+    """``shared_run(key)`` launches the cases of ``tests.shared_runs.LAYOUTS[key]`` once and
+    returns their folder.
 
     Once per test run, also under pytest-xdist (``make test``): every worker has a session of
     its own, so the launch goes to the folder all workers share (the parent of the workers'
-    base temporary folders), under a file lock; the first worker that needs world size ``n``
-    launches it, the others wait for the lock and read the same results.
+    base temporary folders), under a file lock; the first worker that needs a layout launches
+    it, the others wait for the lock and read the same results. A launch that failed is not
+    repeated: the tests that need it fail with its error.
     """
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    done: dict[int, Path] = {}
+    done: dict[str, Path] = {}
 
-    def get(world: int) -> Path:
-        if world not in done:
-            folder = root / f"world_run{world}"
-            with open(root / f"world_run{world}.lock", "w") as lock:
+    def get(key: str) -> Path:
+        if key not in LAYOUTS:
+            raise KeyError(f"no shared launch {key!r}: one of {sorted(LAYOUTS)}")
+        if key not in done:
+            folder = root / f"shared_{key}"
+            with open(root / f"shared_{key}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if (folder / "error").exists():
+                    raise AssertionError((folder / "error").read_text())
                 if not (folder / "launched").exists():
                     folder.mkdir(exist_ok=True)
-                    launch(folder, all_cases(world), nprocs=world)
+                    try:
+                        launch_layout(key, folder)
+                    except BaseException as e:
+                        (folder / "error").write_text(f"shared launch {key} failed: {e}")
+                        raise
                     (folder / "launched").touch()
-            done[world] = folder
-        return done[world]
+            done[key] = folder
+        return done[key]
 
     return get
 
 
+@pytest.fixture(scope="session")
+def world_run(shared_run) -> Callable[[int], Path]:
+    """``world_run(n)``: the folder of the shared launch with ``n`` ranks (1 to 5)."""
+    return lambda world: shared_run(f"world{world}")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """A test that uses ``world_run`` launches processes: it is marked ``multiprocess`` here, so
-    ``-m "not multiprocess"`` (``make test-fast``) leaves it out even if its mark was forgotten.
+    """A test that uses ``shared_run`` (or ``world_run``) launches processes: it is marked
+    ``multiprocess`` here, so ``-m "not multiprocess"`` (``make test-fast``) leaves it out even
+    if its mark was forgotten.
 
     Those tests are also put first: under pytest-xdist (``make test``: ``--dist loadfile``, all
     tests of a file on one worker, so a module's fixtures run once) their files then start at
@@ -57,6 +74,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     runs them.
     """
     for item in items:
-        if "world_run" in getattr(item, "fixturenames", ()):
+        if "shared_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)
-    items.sort(key=lambda item: "world_run" not in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: "shared_run" not in getattr(item, "fixturenames", ()))

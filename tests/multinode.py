@@ -1,23 +1,21 @@
-"""The multi-node launches of the hierarchical / wire-dtype / global-average tests.
+"""The multi-node cases of the hierarchical / wire-dtype / global-average tests, and the NumPy
+references their results are compared with.
 
-Two layouts, each launched once per test session with all of its cases: ``torchrun`` with
-``--nnodes 2 --node-rank k`` (2 processes each) on loopback, and 2 fake SLURM nodes of 2 tasks
-(``SLURM_NNODES=2``, ``SLURM_NODEID``, ``SLURM_LOCALID``, as ``srun`` sets them). Also the
-NumPy references the results are compared with.
+They run in the shared launches of ``tests/shared_runs.py``: 2 torchrun nodes of 2 processes
+(``world4``, with the flat 4-rank cases), 2 fake SLURM nodes of 2 tasks (``slurm2x2``), 2 nodes
+of one process (``nodes2x1``) and one node of 2 (``world2``).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from tests.cases import Case, check, write_cases
-from tests.launch import base_env, free_port, launch_processes, read_rank_results, run_torchrun
+from tests.cases import Case
+from tests.launch import read_rank_results
 
-SCRIPT = Path(__file__).parent / "scripts" / "hier_cases.py"
 NODES, DEVICES = 2, 2
 WORLD = NODES * DEVICES
 #: a 2-node mixing matrix that does not average in one step (halves the disagreement)
@@ -54,6 +52,30 @@ CONV_HIER_BF16 = Case("conv_hier_bf16",
 TORCHRUN_CASES = [HIER_EXACT, HIER_BLOCKING, HIER_DELAY, HIER_TRAIN, HIER_BF16, BF16_RING,
                   BF16_RANDOM_RING, FP16_RING, GA_FLAT, GA_HIER, AD_GA, CONV_HIER, CONV_HIER_BF16]
 
+# hierarchical AD-PSGD (tests/test_hierarchical_adpsgd.py)
+_AD = {"final_average": False, "consensus_every_n_steps": 1, "timeout": 60}
+_AH = {**_AD, "hierarchical": True}
+_AD_LR0 = dict(strategy="adpsgd", offset=1.0, epochs=3, log=True, num_nodes=NODES)
+AH_LR0 = Case("ah_lr0", strategy_kwargs=_AH, **_AD_LR0)
+AH_DELAY = Case("ah_delay_lr0", strategy_kwargs={**_AH, "delay_by_one": True}, **_AD_LR0)
+AH_BF16 = Case("ah_bf16_lr0", strategy_kwargs={**_AH, "wire_dtype": "bf16"}, **_AD_LR0)
+AD_BF16 = Case("ad_bf16_lr0", strategy_kwargs={**_AD, "wire_dtype": "bf16"}, **_AD_LR0)
+AD_FP16 = Case("ad_fp16_lr0", strategy_kwargs={**_AD, "wire_dtype": "fp16",
+                                               "pairing": "random", "seed": 3}, **_AD_LR0)
+AH_TRAIN = Case("ah_train", strategy="adpsgd", lr=0.5, batchnorm=True, batches=8, epochs=2,
+                num_nodes=NODES, strategy_kwargs={**_AH, "max_staleness": 1})
+_AD_DIGITS = dict(strategy="adpsgd", task="digits", lr=0.05, epochs=4, val_batches=1.0,
+                  different_init=False, batch_size=16, num_nodes=NODES)
+CONV_AH = Case("conv_ah", strategy_kwargs={"hierarchical": True}, **_AD_DIGITS)
+CONV_AH_BF16 = Case("conv_ah_bf16",
+                    strategy_kwargs={"hierarchical": True, "wire_dtype": "bf16"}, **_AD_DIGITS)
+ADPSGD_2X2 = [AH_LR0, AH_DELAY, AH_BF16, AD_BF16, AD_FP16, AH_TRAIN, CONV_AH, CONV_AH_BF16]
+
+AH_ONE_PROC = Case("ah_one_proc", strategy_kwargs=_AH, **{**_AD_LR0, "num_nodes": 2})
+AD_ONE_PROC_FLAT = replace(AH_ONE_PROC, name="ad_one_proc_flat", strategy_kwargs=_AD)
+AH_ONE_NODE = Case("ah_one_node", strategy="adpsgd", lr=0.5, batchnorm=True, offset=1.0,
+                   num_nodes=1, strategy_kwargs=_AH)
+
 SLURM_TRAIN = replace(HIER_TRAIN, name="slurm_hier_train")
 SLURM_BF16 = replace(HIER_TRAIN, name="slurm_hier_bf16",
                      strategy_kwargs={**HIER_TRAIN.strategy_kwargs, "wire_dtype": "bf16"})
@@ -68,61 +90,6 @@ ONE_PROC_HIER = Case("one_proc_hier", lr=0.5, batchnorm=True, offset=1.0, num_no
                      strategy_kwargs={"final_average": False, "hierarchical": True})
 ONE_PROC_FLAT = replace(ONE_PROC_HIER, name="one_proc_flat",
                         strategy_kwargs={"final_average": False, "hierarchical": False})
-
-_done: dict[str, Path] = {}
-_outputs: dict[str, str] = {}
-
-
-def small_layout_run(tmp_factory, nodes: int, devices: int) -> tuple[Path, str]:
-    """Launch the cases of the ``nodes x devices`` layout (1 x 2: :data:`ONE_NODE`; 2 x 1:
-    :data:`ONE_PROC_HIER` and :data:`ONE_PROC_FLAT`) once; their folder and the output."""
-    key = f"{nodes}x{devices}"
-    if key not in _done:
-        cases = [ONE_NODE] if nodes == 1 else [ONE_PROC_HIER, ONE_PROC_FLAT]
-        tmp = tmp_factory.mktemp(f"multinode_{key}")
-        write_cases(tmp / "cases.json", cases)
-        _outputs[key] = check(run_torchrun(SCRIPT, str(tmp), str(tmp / "cases.json"),
-                                           nprocs=devices, nnodes=nodes, timeout=900))
-        _done[key] = tmp
-    return _done[key], _outputs[key]
-
-
-def torchrun_run(tmp_factory) -> Path:
-    """Launch :data:`TORCHRUN_CASES` once (2 torchruns, ``--nnodes 2``); their folder."""
-    if "torchrun" not in _done:
-        tmp = tmp_factory.mktemp("multinode_torchrun")
-        write_cases(tmp / "cases.json", TORCHRUN_CASES)
-        check(run_torchrun(SCRIPT, str(tmp), str(tmp / "cases.json"), nprocs=DEVICES,
-                           nnodes=NODES, timeout=1500))
-        _done["torchrun"] = tmp
-    return _done["torchrun"]
-
-
-def slurm_env(node: int, local: int, port: int) -> dict[str, str]:
-    """The variables ``srun`` sets for task ``local`` of node ``node`` (2 nodes x 2 tasks)."""
-    return base_env(
-        SLURM_NTASKS=str(WORLD), SLURM_NTASKS_PER_NODE=str(DEVICES), SLURM_NNODES=str(NODES),
-        SLURM_PROCID=str(node * DEVICES + local), SLURM_LOCALID=str(local),
-        SLURM_NODEID=str(node), SLURM_JOB_NAME="lightning-gossip-test", SLURM_JOB_ID="4243",
-        SLURM_NODELIST="127.0.0.1", MASTER_PORT=str(port),
-    )
-
-
-def slurm_run(tmp_factory) -> Path:
-    """Launch :data:`SLURM_CASES` once as 2 fake SLURM nodes of 2 tasks; their folder."""
-    if "slurm" not in _done:
-        tmp = tmp_factory.mktemp("multinode_slurm")
-        write_cases(tmp / "cases.json", SLURM_CASES)
-        port = free_port()
-        commands = [([sys.executable, str(SCRIPT), str(tmp), str(tmp / "cases.json")],
-                     slurm_env(node, local, port))
-                    for node in range(NODES) for local in range(DEVICES)]
-        launched = launch_processes(commands, timeout=900)
-        assert not launched.timed_out, launched.stdout[-12000:]
-        check(launched.completed())
-        _done["slurm"] = tmp
-    return _done["slurm"]
-
 
 def results(folder: Path, case: Case, world: int = WORLD) -> list[dict]:
     """Every rank's JSON of ``case``, in global-rank order."""

@@ -15,13 +15,13 @@ from tests.cases import (
     AD_STRAGGLER,
     AD_STRESS,
     AD_WS1,
-    Case,
     adpsgd_lr0_cases,
     assert_conserved_and_contracting,
     assert_stress_ok,
     launch,
     stress_repeats,
 )
+from tests.shared_runs import AD_NAN, AD_RAISES, output, returncode
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
@@ -63,22 +63,21 @@ def test_no_deadlock_soak(tmp_path):
             assert_stress_ok(tmp_path / str(world) / case.name, world)
 
 
-@pytest.mark.multiprocess
-def test_a_rank_that_raises_fails_every_rank_with_the_message(tmp_path):
-    cases = [Case("fail", strategy="adpsgd", epochs=5, batches=20, lr=0.1,
-                  raise_at={"rank": 2, "step": 4}, strategy_kwargs={"timeout": 60})]
-    result = launch(tmp_path, cases, nprocs=3, expect_ok=False, timeout=180)
-    assert result.returncode != 0
-    assert "injected failure on rank 2" in result.stdout
+def test_a_rank_that_raises_fails_every_rank_with_the_message(world_run):
+    """The last case of the 3-rank launch: rank 2 raises at step 4."""
+    folder = world_run(3)
+    assert AD_RAISES.raise_at == {"rank": 2, "step": 4}
+    assert returncode(folder) != 0
+    assert "injected failure on rank 2" in output(folder)
 
 
-@pytest.mark.multiprocess
-def test_non_finite_values_from_a_peer_are_reported_with_its_rank(tmp_path):
-    cases = [Case("nan", strategy="adpsgd", epochs=3, batches=20, lr=0.1,
-                  nan_at={"rank": 1, "step": 3}, strategy_kwargs={"timeout": 60})]
-    result = launch(tmp_path, cases, nprocs=2, expect_ok=False, timeout=180)
-    assert result.returncode != 0
-    assert "received non-finite values (NaN/Inf) in the replica from rank 1" in result.stdout
+def test_non_finite_values_from_a_peer_are_reported_with_its_rank(world_run):
+    """The last case of the 2-rank launch: rank 1's weights become NaN at step 3."""
+    folder = world_run(2)
+    assert AD_NAN.nan_at == {"rank": 1, "step": 3}
+    assert returncode(folder) != 0
+    text = output(folder)
+    assert "received non-finite values (NaN/Inf) in the replica from rank 1" in text, text[-4000:]
 
 
 def test_bad_arguments_and_unsupported_trainer_settings():

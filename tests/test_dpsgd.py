@@ -29,14 +29,13 @@ from tests.cases import (
     DP_WS1,
     EXACT_4,
     EXACT_5,
-    SCRIPT,
     Case,
+    all_cases,
     assert_case_exact,
     expected_mixing,
-    launch,
-    write_cases,
 )
-from tests.launch import check, read_rank_results, run_fake_slurm, run_lightning
+from tests.launch import check, read_rank_results, run_lightning
+from tests.shared_runs import DP_NODES, output, returncode
 
 
 def _ids(case: Case) -> str:
@@ -139,41 +138,31 @@ def test_popen_launcher_with_the_registered_strategy_name(tmp_path):
     assert "DPSGDStrategy" in out
 
 
-@pytest.mark.multiprocess
-def test_two_nodes_of_two_processes_with_torchrun(tmp_path):
-    nodes = Case("nodes", strategy_kwargs={"final_average": False, "seed": 5}, offset=1.0,
-                 num_nodes=2, exact_topology="random_ring")  # the default topology
-    launch(tmp_path, [nodes], nprocs=2, nnodes=2)
-    results = nodes.results(tmp_path, 4)
+def test_two_nodes_of_two_processes_with_torchrun(world_run):
+    """The 4-rank launch is 2 torchrun nodes of 2 processes (``tests/shared_runs.py``)."""
+    results = DP_NODES.results(world_run(4), 4)
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     assert {r["cluster_env"] for r in results} == {"TorchElasticEnvironment"}
-    assert_case_exact(results, nodes)
+    assert_case_exact(results, DP_NODES)
 
 
-@pytest.mark.multiprocess
-def test_slurm_environment_gives_the_ranks(tmp_path):
-    dp_case = Case("dp", strategy_kwargs={"final_average": False, "topology": "ring"},
-                   offset=1.0, exact_topology="ring")
-    ad_case = Case("ad", strategy="adpsgd", offset=1.0, epochs=2,
-                   strategy_kwargs={"final_average": False, "timeout": 60})
-    write_cases(tmp_path / "cases.json", [dp_case, ad_case])
-    out = check(run_fake_slurm(SCRIPT, str(tmp_path), str(tmp_path / "cases.json"), ntasks=3))
-    assert "GLOBAL_RANK: 2" in out
-    dp = dp_case.results(tmp_path, 3)
-    assert {r["cluster_env"] for r in dp} == {"SLURMEnvironment"}
-    assert_case_exact(dp, dp_case)
-    ad = ad_case.results(tmp_path, 3)
-    x0, final = (np.array([r[k] for r in ad]) for k in ("x0", "final"))
-    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+def test_slurm_environment_gives_the_ranks(world_run):
+    """The 3-rank launch is started as srun would (``SLURM_*`` variables, no torchrun)."""
+    folder = world_run(3)
+    assert "GLOBAL_RANK: 2" in output(folder)
+    for case in all_cases(3):
+        assert {r["cluster_env"] for r in case.results(folder, 3)} == {"SLURMEnvironment"}
+    # the fits ran as under torchrun: dpsgd exact, adpsgd conserves the sum
+    # (test_world_sizes_1_2_3, test_adpsgd.py::test_sum_conserved_and_consensus_contracts)
 
 
-@pytest.mark.multiprocess
-def test_mismatched_replicas_fail_on_every_rank_naming_the_parameter(tmp_path):
-    result = launch(tmp_path, [Case("mismatch", mismatch_rank=1)], nprocs=2, expect_ok=False,
-                    timeout=180)
-    assert result.returncode != 0
+def test_mismatched_replicas_fail_on_every_rank_naming_the_parameter(world_run):
+    """The last case of the 5-rank launch: rank 1's model is one unit wider."""
+    folder = world_run(5)
+    assert returncode(folder) != 0
+    text = output(folder)
     msg = "model replicas differ between ranks: parameter/buffer 'net.0.weight'"
-    assert result.stdout.count(msg) >= 2, result.stdout[-4000:]
+    assert text.count(msg) >= 2, text[-4000:]
 
 
 def test_bad_arguments_are_rejected_at_construction():

@@ -15,14 +15,16 @@ from lightning_gossip.hierarchy import NodeLayout, check_layout
 from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
 from tests import multinode as M
 from tests.cases import consensus_by_epoch
+from tests.shared_runs import output
 
 multiprocess = pytest.mark.multiprocess
 FP32 = dict(rtol=0, atol=2e-6)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return M.torchrun_run(tmp_path_factory)
+def run(shared_run):
+    """The 2 x 2 torchrun launch (``world4`` of ``tests/shared_runs.py``)."""
+    return shared_run("world4")
 
 
 def _steps(results: list[dict]) -> np.ndarray:
@@ -129,8 +131,8 @@ def test_hierarchical_digits_converges(run):
 
 
 @multiprocess
-def test_fake_slurm_two_nodes_hierarchical_fit(tmp_path_factory):
-    folder = M.slurm_run(tmp_path_factory)
+def test_fake_slurm_two_nodes_hierarchical_fit(shared_run):
+    folder = shared_run("slurm2x2")
     results = M.results(folder, M.SLURM_TRAIN)
     assert {r["cluster_env"] for r in results} == {"SLURMEnvironment"}
     assert [r["rank"] for r in results] == list(range(M.WORLD))
@@ -148,19 +150,19 @@ def test_fake_slurm_two_nodes_hierarchical_fit(tmp_path_factory):
 
 
 @multiprocess
-def test_one_node_is_plain_data_parallelism(tmp_path_factory):
-    folder, output = M.small_layout_run(tmp_path_factory, nodes=1, devices=2)
+def test_one_node_is_plain_data_parallelism(shared_run):
+    folder = shared_run("world2")
     results = M.results(folder, M.ONE_NODE, world=2)
     steps = _steps(results)
     assert len(steps) == M.ONE_NODE.batches
     assert all((x == x[0]).all() for x in steps)  # one replica, as with DDP
     assert np.abs(steps[-1][0] - np.array(results[0]["x0"])).max() > 1e-3  # it trained
-    assert "plain data parallelism" in output  # the warning (rank 0 only)
+    assert "plain data parallelism" in output(folder)  # the warning (rank 0 only)
 
 
 @multiprocess
-def test_one_process_per_node_is_the_flat_strategy(tmp_path_factory):
-    folder, _ = M.small_layout_run(tmp_path_factory, nodes=2, devices=1)
+def test_one_process_per_node_is_the_flat_strategy(shared_run):
+    folder = shared_run("nodes2x1")
     hier = M.results(folder, M.ONE_PROC_HIER, world=2)
     flat = M.results(folder, M.ONE_PROC_FLAT, world=2)
     assert np.abs(np.array(hier[0]["x0"]) - np.array(hier[1]["x0"])).max() > 0.1

@@ -1,12 +1,13 @@
 """Hierarchical AD-PSGD and its compressed wire on real processes (gloo).
 
-Three launches: 2 simulated nodes x 2 processes (torchrun ``--nnodes 2`` on loopback) with every
-2x2 case, 2 nodes x 1 process (hierarchical against flat), and 1 node x 2 processes (plain data
-parallelism). The rank script is ``tests/scripts/hier_cases.py`` (start offsets drawn per node
-for hierarchical cases). Checks: bit-identical weights inside each node after every step,
-conservation of the replicas' sum with lr = 0 (fp32 and bf16 wire, flat and hierarchical) with
-shrinking disagreement, the bytes each rank sends, a short digits run; and, without processes,
-the pairing over nodes, the sharded delta mailbox and the set-up check of the node layout.
+The cases (``tests/multinode.py``) run in three shared launches (``tests/shared_runs.py``): 2
+simulated nodes x 2 processes (torchrun ``--nnodes 2`` on loopback), 2 nodes x 1 process
+(hierarchical against flat), and 1 node x 2 processes (plain data parallelism). The rank script
+is ``tests/scripts/hier_cases.py`` (start offsets drawn per node for hierarchical cases).
+Checks: bit-identical weights inside each node after every step, conservation of the replicas'
+sum with lr = 0 (fp32 and bf16 wire, flat and hierarchical) with shrinking disagreement, the
+bytes each rank sends, a short digits run; and, without processes, the pairing over nodes, the
+sharded delta mailbox and the set-up check of the node layout.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,63 +26,35 @@ from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.hierarchy import ColumnPairing, NodeLayout
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.strategies import ADPSGDStrategy
-from tests.cases import (
-    Case,
-    assert_conserved_and_contracting,
-    check,
-    consensus_by_epoch,
-    write_cases,
+from tests.cases import Case, assert_conserved_and_contracting, consensus_by_epoch
+from tests.launch import ROOT, base_env, read_rank_results
+from tests.multinode import (
+    AD_BF16,
+    AD_FP16,
+    AD_ONE_PROC_FLAT,
+    AH_BF16,
+    AH_DELAY,
+    AH_LR0,
+    AH_ONE_NODE,
+    AH_ONE_PROC,
+    AH_TRAIN,
+    CONV_AH,
+    CONV_AH_BF16,
+    DEVICES,
+    NODES,
+    WORLD,
 )
-from tests.launch import ROOT, base_env, read_rank_results, run_torchrun
+from tests.shared_runs import output
 
 multiprocess = pytest.mark.multiprocess
-SCRIPT = Path(__file__).parent / "scripts" / "hier_cases.py"
-NODES, DEVICES = 2, 2
-WORLD = NODES * DEVICES
 TINY_NUMEL = 5 * 3 + 3 + 3 * 2 + 2  # the tiny model of tests/scripts/gossip_cases.py
 TINY_BN_NUMEL = TINY_NUMEL + 4 * 3  # with BatchNorm1d(3): weight, bias, running mean/var
 
-_AD = {"final_average": False, "consensus_every_n_steps": 1, "timeout": 60}
-_H = {**_AD, "hierarchical": True}
-_LR0 = dict(strategy="adpsgd", offset=1.0, epochs=3, log=True, num_nodes=NODES)
-AH_LR0 = Case("ah_lr0", strategy_kwargs=_H, **_LR0)
-AH_DELAY = Case("ah_delay_lr0", strategy_kwargs={**_H, "delay_by_one": True}, **_LR0)
-AH_BF16 = Case("ah_bf16_lr0", strategy_kwargs={**_H, "wire_dtype": "bf16"}, **_LR0)
-AD_BF16 = Case("ad_bf16_lr0", strategy_kwargs={**_AD, "wire_dtype": "bf16"}, **_LR0)
-AD_FP16 = Case("ad_fp16_lr0", strategy_kwargs={**_AD, "wire_dtype": "fp16",
-                                               "pairing": "random", "seed": 3}, **_LR0)
-AH_TRAIN = Case("ah_train", strategy="adpsgd", lr=0.5, batchnorm=True, batches=8, epochs=2,
-                num_nodes=NODES, strategy_kwargs={**_H, "max_staleness": 1})
-_DIGITS = dict(strategy="adpsgd", task="digits", lr=0.05, epochs=4, val_batches=1.0,
-               different_init=False, batch_size=16, num_nodes=NODES)
-CONV_AH = Case("conv_ah", strategy_kwargs={"hierarchical": True}, **_DIGITS)
-CONV_AH_BF16 = Case("conv_ah_bf16", strategy_kwargs={"hierarchical": True, "wire_dtype": "bf16"},
-                    **_DIGITS)
-CASES_2X2 = [AH_LR0, AH_DELAY, AH_BF16, AD_BF16, AD_FP16, AH_TRAIN, CONV_AH, CONV_AH_BF16]
-
-ONE_PROC_HIER = Case("ah_one_proc", strategy_kwargs=_H, **{**_LR0, "num_nodes": 2})
-ONE_PROC_FLAT = replace(ONE_PROC_HIER, name="ad_one_proc_flat", strategy_kwargs=_AD)
-ONE_NODE = Case("ah_one_node", strategy="adpsgd", lr=0.5, batchnorm=True, offset=1.0,
-                num_nodes=1, strategy_kwargs=_H)
-
-_done: dict[str, tuple[Path, str]] = {}
-
-
-def _launch(tmp_factory, key: str, cases: list[Case], nodes: int, devices: int
-            ) -> tuple[Path, str]:
-    """Launch ``cases`` once per session on ``nodes`` torchruns of ``devices`` processes."""
-    if key not in _done:
-        tmp = tmp_factory.mktemp(f"hier_adpsgd_{key}")
-        write_cases(tmp / "cases.json", cases)
-        out = check(run_torchrun(SCRIPT, str(tmp), str(tmp / "cases.json"), nprocs=devices,
-                                 nnodes=nodes, timeout=1500))
-        _done[key] = (tmp, out)
-    return _done[key]
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return _launch(tmp_path_factory, "2x2", CASES_2X2, NODES, DEVICES)[0]
+def run(shared_run) -> Path:
+    """The 2 x 2 torchrun launch (``world4`` of ``tests/shared_runs.py``)."""
+    return shared_run("world4")
 
 
 def _results(folder: Path, case: Case, world: int = WORLD) -> list[dict]:
@@ -167,28 +139,28 @@ def test_hierarchical_digits_converges(run):
 
 # -- other layouts ------------------------------------------------------------------------------
 @multiprocess
-def test_one_process_per_node_is_the_flat_strategy(tmp_path_factory):
-    folder, _ = _launch(tmp_path_factory, "2x1", [ONE_PROC_HIER, ONE_PROC_FLAT], 2, 1)
-    hier = _results(folder, ONE_PROC_HIER, world=2)
-    flat = _results(folder, ONE_PROC_FLAT, world=2)
+def test_one_process_per_node_is_the_flat_strategy(shared_run):
+    folder = shared_run("nodes2x1")
+    hier = _results(folder, AH_ONE_PROC, world=2)
+    flat = _results(folder, AD_ONE_PROC_FLAT, world=2)
     # Asynchronous gossip is not bit-reproducible between two runs (when a delta lands depends
     # on thread timing), so what is compared: the same start, the same flat path (whole
     # replicas on the wire, no node groups), the same invariants.
     assert [r["x0"] for r in hier] == [r["x0"] for r in flat]
     assert _bytes_per_exchange(hier) == _bytes_per_exchange(flat) == [4 * TINY_NUMEL] * 2
-    for case in (ONE_PROC_HIER, ONE_PROC_FLAT):
+    for case in (AH_ONE_PROC, AD_ONE_PROC_FLAT):
         assert_conserved_and_contracting(folder / case.name, 2)
 
 
 @multiprocess
-def test_one_node_is_plain_data_parallelism(tmp_path_factory):
-    folder, output = _launch(tmp_path_factory, "1x2", [ONE_NODE], 1, 2)
-    results = _results(folder, ONE_NODE, world=2)
+def test_one_node_is_plain_data_parallelism(shared_run):
+    folder = shared_run("world2")
+    results = _results(folder, AH_ONE_NODE, world=2)
     steps = np.array([r["steps"] for r in results])
-    assert steps.shape[1] == ONE_NODE.batches
+    assert steps.shape[1] == AH_ONE_NODE.batches
     assert (steps[0] == steps[1]).all()  # one replica, as with DDP
     assert np.abs(steps[0][-1] - np.array(results[0]["x0"])).max() > 1e-3  # it trained
-    assert "plain data parallelism" in output  # the warning (rank 0 only)
+    assert "plain data parallelism" in output(folder)  # the warning (rank 0 only)
     assert all(r["gossip_stats"] == {} for r in results)  # no gossip thread
 
 

@@ -27,10 +27,8 @@ from lightning_gossip.topology import build
 from tests.launch import (
     ROOT,
     base_env,
-    check,
     free_port,
     launch_processes,
-    run_torchrun,
     torchrun_command,
 )
 
@@ -133,7 +131,8 @@ def _launch(tmp_path: Path, name: str, spec: dict, nprocs: int) -> list[dict]:
 
 SIGTERM_CASES = [
     # (name, ranks, strategy kwargs, SIGTERM rank, after step, expected stop step)
-    ("ring-overlap", 4, {"topology": "ring"}, 1, 3, 5),
+    # (blocking rounds here, overlapped ones in the other case)
+    ("ring-blocking", 4, {"topology": "ring", "overlap": False}, 1, 3, 5),
     ("random-ring-delay-by-one", 3, {"delay_by_one": True}, 2, 4, None),
 ]
 
@@ -167,6 +166,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, name, n
         assert res["default_outside"] > 0  # ... and the set-up's world-group calls
 
 
+@pytest.mark.slow  # make test: the SIGTERM cases count the same (blocking and overlapped)
 @pytest.mark.multiprocess
 def test_no_world_group_collective_during_dpsgd_steps(tmp_path):
     """Twelve blocking dpsgd steps on 2 ranks: zero calls on the default group."""
@@ -306,8 +306,6 @@ def main():
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     w2 = [[0.75, 0.25], [0.25, 0.75]]
-    if sys.argv[3:] == ["freeze"]:
-        frozen(out, rank, w2)
     cases = [("worker", DPSGDStrategy, {}), ("training_gather", TrainingThreadGather, {}),
              ("blocking", DPSGDStrategy, {"overlap": False}),
              ("bf16_delay", DPSGDStrategy, {"wire_dtype": "bf16", "delay_by_one": True})]
@@ -328,28 +326,59 @@ def main():
         result = {"x0": record.x0, "steps": record.steps, "calls": list(CALLS),
                   "comm_thread": f"lightning-gossip-comm-{rank}"}
         (out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
+    if sys.argv[3:] == ["freeze"]:  # last: the launch ends in it
+        CALLS.clear()
+        CURRENT.clear()
+        frozen(out, rank, w2)
 
 
 if __name__ == "__main__":
     main()
 '''
 
+SHARDED_CASES = ("worker", "training_gather", "blocking", "bf16_delay")
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> tuple[Path, str]:
+    """One launch of 2 torchrun nodes x 2 processes: the four lr = 0 fits, then the long fit in
+    which rank 3 freezes (it ends the launch); the folder and the output."""
+    out = tmp_path_factory.mktemp("sharded")
+    script = out / "sharded_ranks.py"
+    script.write_text(_SHARDED_SCRIPT)
+    port = free_port()
+    commands = [(torchrun_command(script, str(out), str(ROOT), "freeze", nprocs=2,
+                                  nnodes=2, node_rank=node, port=port), base_env())
+                for node in range(2)]
+    try:
+        launched = launch_processes(commands, timeout=900)
+    finally:
+        pid = out / "pid3"
+        if pid.exists():  # a stopped rank may be outside the killed process groups
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not launched.timed_out, launched.stdout[-12000:]
+    return out, launched.stdout
+
 
 @pytest.mark.multiprocess
-def test_sharded_rounds_are_mixed_on_the_communication_thread(tmp_path):
+def test_sharded_rounds_are_mixed_on_the_communication_thread(sharded_run):
     """2 nodes x 2 processes (hierarchical, lr = 0): every sharded round is waited on, mixed
     and all-gathered on the communication thread, whose all-gathers use the node's second
     group only (the training thread keeps the node group: no group sees two threads); with
     the training thread all-gathering (the NCCL path) the replicas are bit-identical; in every
     mode the nodes' ranks stay bit-identical and the node replicas follow ``W2`` exactly."""
-    script = tmp_path / "sharded_ranks.py"
-    script.write_text(_SHARDED_SCRIPT)
-    check(run_torchrun(script, str(tmp_path), str(ROOT), nprocs=2, nnodes=2, timeout=900))
+    folder, text = sharded_run
     nodes, devices = 2, 2
     w2 = np.array([[0.75, 0.25], [0.25, 0.75]])
-    runs = {name: [json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
+    missing = [f"{name}-rank{r}" for name in SHARDED_CASES for r in range(nodes * devices)
+               if not (folder / f"{name}-rank{r}.json").exists()]
+    assert not missing, (missing, text[-8000:])
+    runs = {name: [json.loads((folder / f"{name}-rank{r}.json").read_text())
                    for r in range(nodes * devices)]
-            for name in ("worker", "training_gather", "blocking", "bf16_delay")}
+            for name in SHARDED_CASES}
     for name, ranks in runs.items():
         for res in ranks:
             comm, calls = res["comm_thread"], res["calls"]
@@ -403,30 +432,14 @@ def test_frozen_peer_of_a_sharded_round_is_named(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_frozen_node_mate_in_sharded_rounds_is_named(tmp_path):
+def test_frozen_node_mate_in_sharded_rounds_is_named(sharded_run):
     """2 nodes x 2 processes (hierarchical): rank 3 freezes (SIGSTOP). A rank that waits on it
     (its node mate in the all-gather on the communication thread or the gradient all-reduce,
     its column peer in the exchange) names it after about ``heartbeat_timeout``, and the
     launch ends (no rank hangs at exit in the abandoned all-gather)."""
-    script = tmp_path / "sharded_ranks.py"
-    script.write_text(_SHARDED_SCRIPT)
-    port = free_port()
-    commands = [(torchrun_command(script, str(tmp_path), str(ROOT), "freeze", nprocs=2,
-                                  nnodes=2, node_rank=node, port=port), base_env())
-                for node in range(2)]
-    try:
-        launched = launch_processes(commands, timeout=420)
-    finally:
-        pid = tmp_path / "pid3"
-        if pid.exists():  # a stopped rank may be outside the killed process groups
-            try:
-                os.kill(int(pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    text = launched.stdout
-    assert not launched.timed_out, text[-12000:]
+    folder, text = sharded_run
     errors = {r: json.loads(f.read_text())["error"]
-              for r in range(3) if (f := tmp_path / f"frozen-rank{r}.json").exists()}
+              for r in range(3) if (f := folder / f"frozen-rank{r}.json").exists()}
     named = [r for r, e in errors.items() if e and "rank(s) 3" in e]
     assert named, (errors, text[-8000:])
     print("\nrank 3 frozen (2 x 2 hierarchical): " + "; ".join(

@@ -61,7 +61,8 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "dpsgd", "adpsgd"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow),  # Lightning's
+                                      "dpsgd", "adpsgd"])  # own strategy: make test-slow
 def test_two_rank_fit_on_digits(strategy: str, digits: Path, tmp_path: Path) -> None:
     run = run_lightning(
         "-m", "recipes.imagenet", "fit", f"--config={CONFIG}",  # `python -m recipes.imagenet`

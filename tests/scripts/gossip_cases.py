@@ -145,6 +145,22 @@ def digits_loaders(batch_size: int):
 
 
 def run_case(case: Case, out: Path) -> None:
+    """Run ``case`` on this rank; print a ``TIMING`` line (its CPU and wall seconds)."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    try:
+        _run_case(case, out)
+    finally:
+        timing(case.name, time.process_time() - cpu0, time.monotonic() - wall0)
+
+
+def timing(what: str, cpu_s: float, wall_s: float) -> None:
+    """``TIMING {json}``: where a launch's CPU goes (``tests/README.md``), never asserted."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    print("TIMING " + json.dumps({"rank": rank, "what": what, "cpu_s": round(cpu_s, 2),
+                                  "wall_s": round(wall_s, 2)}), flush=True)
+
+
+def _run_case(case: Case, out: Path) -> None:
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
     nodes = case.num_nodes
@@ -209,6 +225,7 @@ def run_case(case: Case, out: Path) -> None:
 
 
 def main() -> None:
+    timing("start-up", time.process_time(), float("nan"))
     out = Path(sys.argv[1])
     for case in read_cases(Path(sys.argv[2])):
         run_case(case, out)

@@ -11,6 +11,7 @@ every other case runs exactly as in ``gossip_cases.py``.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ gossip_cases.Recorder.on_train_start = _on_train_start
 
 
 def main() -> None:
+    gossip_cases.timing("start-up", time.process_time(), float("nan"))
     out = Path(sys.argv[1])
     for case in read_cases(Path(sys.argv[2])):
         _PER_NODE["on"] = bool(case.strategy_kwargs.get("hierarchical", False))
