@@ -234,3 +234,12 @@ def hpc_save_path(trainer: Any) -> str:
     """The next ``hpc_ckpt_<n>.ckpt`` in ``trainer.default_root_dir`` (lightning 2.6.6:
     ``_CheckpointConnector.hpc_save_path``, what the auto-requeue handler writes)."""
     return str(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
+
+
+def dump_checkpoint(trainer: Any) -> dict[str, Any]:
+    """The full Lightning checkpoint of ``trainer`` now (weights, optimizer, loops), without
+    writing it.
+
+    lightning 2.6.6: ``trainer._checkpoint_connector.dump_checkpoint(weights_only=False)``.
+    """
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_gossip._compat import dump_checkpoint
 from lightning_gossip.checkpoints import checkpoint_dir
 from lightning_gossip.errors import GossipTimeout
 
@@ -88,12 +89,13 @@ def meet_survivors(strategy: Any, lost: set[int], key: str) -> list[int] | None:
     return sorted(posted | {rank})
 
 
-def survivors_average(strategy: Any, members: list[int]) -> torch.Tensor:
-    """The average of the members' replicas (a gloo group of their own, bounded)."""
+def survivors_average(flat_state: Any, members: list[int]) -> torch.Tensor:
+    """The average of the members' replicas, ``flat_state`` here (a gloo group of their own,
+    bounded)."""
     timeout = timedelta(seconds=MEET_TIMEOUT_S)
     group = dist.new_group(members, backend="gloo", timeout=timeout,
                            use_local_synchronization=True)
-    flat = strategy._flat.pack().to("cpu", torch.float32).clone()
+    flat = flat_state.pack().to("cpu", torch.float32).clone()
     work = dist.all_reduce(flat, group=group, async_op=True)
     if work.wait(timeout) is False:
         raise GossipTimeout(f"the survivors {members} did not average within {timeout}",
@@ -101,22 +103,25 @@ def survivors_average(strategy: Any, members: list[int]) -> torch.Tensor:
     return flat.div_(len(members))
 
 
-def write_emergency_checkpoint(strategy: Any, error: GossipTimeout) -> Path | None:
+def write_emergency_checkpoint(strategy: Any, error: GossipTimeout, flat_state: Any,
+                               fit_index: int) -> Path | None:
     """Meet the other survivors and write the emergency checkpoint (see the module); the path
-    on the rank that wrote it, else ``None``."""
+    on the rank that wrote it, else ``None``. ``flat_state``: the strategy's replica as a
+    :class:`~lightning_gossip.flat.FlatState`; ``fit_index``: which fit of the strategy this is
+    (each has its own meeting)."""
     trainer = strategy.lightning_module.trainer
-    if (strategy.heartbeat is None or strategy._flat is None or trainer.state.fn != "fit"
+    if (strategy.heartbeat is None or flat_state is None or trainer.state.fn != "fit"
             or trainer.checkpoint_callback is None):  # no checkpoints asked for
         return None
     started = time.monotonic()
     lost = set(error.ranks)
     strategy.teardown_gossip()  # the communication threads: nothing more is mixed in
-    members = meet_survivors(strategy, lost, run_key(strategy._fit_index))
+    members = meet_survivors(strategy, lost, run_key(fit_index))
     rank = strategy.global_rank
     average = None
     if members is not None and len(members) >= 2:
         try:
-            average = survivors_average(strategy, members)
+            average = survivors_average(flat_state, members)
         except Exception as e:  # noqa: BLE001 - fall back to this rank's replica
             log.warning("rank %d: the survivors %s could not average (%s): writing a replica",
                         rank, members, e)
@@ -140,22 +145,12 @@ def _save(strategy: Any, trainer: Any, path: Path, average: torch.Tensor | None,
           members: list[int] | None) -> None:
     """A full Lightning checkpoint of the current state with ``average`` as the weights (or
     the local replica), without any collective; written whole."""
-    flat = strategy._flat
-    local, backup = flat.pack(), strategy._local_backup
-    if average is not None:
-        flat.copy_(average.to(local.device))
-    # with a backup set, lightning_module_state_dict returns the module's weights as they
-    # are (it would otherwise average over every rank, the lost one included)
-    strategy._local_backup = local
     tmp = path.with_name(path.name + ".part")
-    try:
-        ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    with strategy.weights_as_is(average):  # no collective: not every rank is there
+        ckpt = dump_checkpoint(trainer)
         ckpt["lightning_gossip_emergency"] = {
             "survivors": members, "averaged": average is not None,
             "strategy_step": strategy.step}
         path.parent.mkdir(parents=True, exist_ok=True)
         strategy.checkpoint_io.save_checkpoint(ckpt, tmp)  # the state dict views the weights
-    finally:
-        flat.copy_(local)
-        strategy._local_backup = backup
     os.replace(tmp, path)

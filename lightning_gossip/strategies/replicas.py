@@ -5,7 +5,9 @@ average, the consensus distance)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -114,6 +116,23 @@ class _ReplicasMixin:
             return
         self._local_backup = self._flat.pack()
         self._flat.copy_(self._all_average(self._local_backup, "for evaluation"))
+
+    @contextlib.contextmanager
+    def weights_as_is(self, weights: Tensor | None = None) -> Iterator[None]:
+        """Within the block the replica holds ``weights`` (the local replica when ``None``) and
+        :meth:`lightning_module_state_dict` returns them as they are, without averaging (no
+        collective: the emergency checkpoint's survivors cannot meet every rank); the local
+        replica is back afterwards."""
+        assert self._flat is not None
+        local, backup = self._flat.pack(), self._local_backup
+        if weights is not None:
+            self._flat.copy_(weights.to(local.device))
+        self._local_backup = local  # with a backup set, the state dict is the module's as is
+        try:
+            yield
+        finally:
+            self._flat.copy_(local)
+            self._local_backup = backup
 
     def _restore_local(self) -> None:
         if self._local_backup is not None and self._flat is not None:

@@ -149,7 +149,7 @@ class _ResilienceMixin:
             from lightning_gossip.strategies.emergency import write_emergency_checkpoint
 
             try:
-                write_emergency_checkpoint(self, lost)
+                write_emergency_checkpoint(self, lost, self._flat, self._fit_index)
             except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
                 log.warning("rank %d: no emergency checkpoint: %s", self.global_rank, e)
         self.teardown_gossip()
