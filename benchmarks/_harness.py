@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the launcher is shared with the tests
     sys.path.insert(0, str(ROOT))
 
-from tests import launch as L  # noqa: E402
+from benchmarks import launch as L  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
@@ -56,7 +56,7 @@ def launch(script: Path, spec: dict[str, Any], nprocs: int, workdir: Path,
     they arrive; the whole output is kept in ``workdir/log.txt``. Every rank writes
     ``workdir/rank<r>.json``. A failed launch raises ``RuntimeError`` with the tail of the
     output; on timeout every rank first dumps its threads' stacks (see
-    ``tests/launch.py``, the one launcher of tests and benchmarks) so a hang can be located,
+    ``benchmarks/launch.py``, the one launcher of tests and benchmarks) so a hang can be located,
     then the launch is killed.
     """
     workdir.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the launcher is shared with the tests
     sys.path.insert(0, str(ROOT))
 
-from tests.launch import (  # noqa: E402
+from benchmarks.launch import (  # noqa: E402
     Launched,
     base_env,
     descendants,

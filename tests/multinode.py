@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.launch import read_rank_results
 from tests.cases import Case
-from tests.launch import read_rank_results
 
 NODES, DEVICES = 2, 2
 WORLD = NODES * DEVICES

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import ROOT, base_env, launch_processes
+from benchmarks.launch import ROOT, base_env, launch_processes
 
 pytestmark = pytest.mark.multiprocess
 

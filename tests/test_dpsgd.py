@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.launch import check, read_rank_results, run_lightning
 from tests.cases import (
     CONV_ADPSGD,
     CONV_DDP,
@@ -34,7 +35,6 @@ from tests.cases import (
     assert_case_exact,
     expected_mixing,
 )
-from tests.launch import check, read_rank_results, run_lightning
 from tests.shared_runs import DP_NODES, output, returncode
 
 

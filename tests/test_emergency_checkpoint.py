@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.launch import ROOT, launch_processes
 from lightning_gossip.checkpoints import main as checkpoints_main
 from lightning_gossip.checkpoints import newest_checkpoint
-from tests.launch import ROOT, launch_processes
 
 SCRIPT = ROOT / "tests/scripts/emergency_ranks.py"
 N = 3
@@ -54,7 +54,7 @@ def launch_lost_rank(out: Path, strategy: str, victim: int, kind: str, step: int
                      timeout: float = 300) -> tuple[list[dict | None], dict, str, float]:
     """Run the script once (``n`` tasks as ``srun`` starts them): ``(per-rank results, the
     victim's record, output, wall seconds)``; ``None`` for a rank that wrote nothing."""
-    from tests.launch import base_env, free_port
+    from benchmarks.launch import base_env, free_port
 
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "spec.json"

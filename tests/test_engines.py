@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.launch import ROOT, base_env, check, run_torchrun
+from benchmarks.launch import ROOT, base_env, check, run_torchrun
 
 EXAMPLE = ROOT / "docs" / "examples" / "adpsgd_plain_loop.py"
 

@@ -263,7 +263,7 @@ def _rank_main(out: Path) -> None:  # pragma: no cover - runs in the launched ra
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from launch import check, run_torchrun
+    from benchmarks.launch import check, run_torchrun
 
     out = tmp_path_factory.mktemp("flat_storage")
     check(run_torchrun(Path(__file__), str(out), nprocs=2, timeout=900))

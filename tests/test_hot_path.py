@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
-from lightning_gossip.exchange import CommWorker
-from lightning_gossip.hierarchy import NodeLayout
-from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
-from lightning_gossip.topology import build
-from tests.launch import (
+from benchmarks.launch import (
     ROOT,
     base_env,
     free_port,
     launch_processes,
     torchrun_command,
 )
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
+from lightning_gossip.exchange import CommWorker
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
+from lightning_gossip.topology import build
 
 SCRIPT = ROOT / "tests/scripts/hot_path_ranks.py"
 

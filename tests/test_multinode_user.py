@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.launch import base_env, free_port, launch_processes, read_rank_results, torchrun_command
+from benchmarks.launch import (
+    base_env,
+    free_port,
+    launch_processes,
+    read_rank_results,
+    torchrun_command,
+)
 
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_user.py"
 NODES, DEVICES = 2, 2

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.launch import ROOT, base_env, free_port, launch_processes
 from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
 from lightning_gossip.topology import build
-from tests.launch import ROOT, base_env, free_port, launch_processes
 from tests.test_emergency_checkpoint import check_emergency
 
 SCRIPT = ROOT / "tests/scripts/preempt_ranks.py"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import ROOT, base_env
+from benchmarks.launch import ROOT, base_env
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
