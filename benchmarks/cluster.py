@@ -57,7 +57,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -342,10 +341,6 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def _raise_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(f"signal {signal.Signals(signum).name}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the emulated-cluster benchmark."""
     p = argparse.ArgumentParser(
@@ -423,33 +418,26 @@ def main(argv: list[str] | None = None) -> int:
     _progress(f"{args.nodes} nodes x {args.procs} procs, {args.rate:g} Mbit/s links, MLP "
               f"{params / 1e6:.2f}M params ({params * 4 / 1e6:.1f} MB), {args.epochs} epoch(s), "
               f"cases {runnable}; {info_before['uptime']}")
-    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below removes everything; a signal
-    # ignored when the run started (nohup, background job) stays ignored.
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s in old:
-        if old[s] is not signal.SIG_IGN:
-            signal.signal(s, _raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="lg-cluster-"))
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     t_start = time.time()
     launches: list[dict[str, Any]] = []
-    try:
-        cluster.build()
-        ran, launches = run_cases(cluster, runnable, args, workdir)
-        results += ran
-    except BaseException as e:
-        _progress(f"interrupted ({type(e).__name__}: {e}); removing the cluster")
-        raise
-    finally:
+    with N.signals_unwind():  # SIGTERM/SIGHUP too reach the finally that removes everything
         try:
-            cluster.close()
+            cluster.build()
+            ran, launches = run_cases(cluster, runnable, args, workdir)
+            results += ran
+        except BaseException as e:
+            _progress(f"interrupted ({type(e).__name__}: {e}); removing the cluster")
+            raise
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            if not args.keep_logs:
-                shutil.rmtree(workdir, ignore_errors=True)
-            else:
-                _progress(f"logs kept in {workdir}")
+            try:
+                cluster.close()
+            finally:
+                if not args.keep_logs:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                else:
+                    _progress(f"logs kept in {workdir}")
     order = {c: i for i, c in enumerate(args.cases)}
     results.sort(key=lambda r: order[r["case"]])
     info_after = machine()

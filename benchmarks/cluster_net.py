@@ -23,11 +23,13 @@ exit. :func:`remove_leftovers` removes whatever an interrupted run left behind, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,3 +345,23 @@ def worker_env(iface: str, root: str) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
     return env
+
+
+def _raise_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def signals_unwind() -> Iterator[None]:
+    """Within the block SIGTERM and SIGHUP unwind like Ctrl-C (``SystemExit``), so a driver's
+    ``finally`` removes the cluster; a signal ignored when the run started (nohup, a background
+    job) stays ignored. The previous handlers are back afterwards."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in old.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _raise_on_signal)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -329,10 +328,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _raise_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(f"signal {signal.Signals(signum).name}")
-
-
 def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     """What every rank reads: cases, sizes, target/budget (None: set by ddp), slack."""
     return {
@@ -374,27 +369,22 @@ def prepare_corpus(args: argparse.Namespace) -> None:
 
 def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Build the cluster, run the cases, remove everything; (the payload, launch detail)."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s in old:
-        if old[s] is not signal.SIG_IGN:
-            signal.signal(s, _raise_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="lg-race-"))
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     before = machine()
     t0 = time.time()
-    try:
-        cluster.build()
-        results, detail = launch(cluster, build_spec(args), workdir, args.timeout)
-    finally:
+    with N.signals_unwind():
         try:
-            cluster.close()
+            cluster.build()
+            results, detail = launch(cluster, build_spec(args), workdir, args.timeout)
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            if args.keep_logs:
-                _progress(f"logs kept in {workdir}")
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+            try:
+                cluster.close()
+            finally:
+                if args.keep_logs:
+                    _progress(f"logs kept in {workdir}")
+                else:
+                    shutil.rmtree(workdir, ignore_errors=True)
     results = summarise(results, higher_is_better=args.workload != "asr", warmup=args.warmup)
     params = results[0]["params"] if results else None
     payload = {

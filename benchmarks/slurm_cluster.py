@@ -496,38 +496,18 @@ def run_sbatch(args: Any) -> int:
     t0 = time.monotonic()
     cluster = SlurmCluster(args.nodes, args.rate, cpus=args.procs, prefix=args.prefix,
                            keep=args.keep_logs)
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s in old:
-        if old[s] is not signal.SIG_IGN:
-            signal.signal(s, _raise_on_signal)
-    try:
-        cluster.start()
-        _progress(f"SLURM up in {time.monotonic() - t0:.1f} s: {args.nodes} nodes x "
-                  f"{args.procs} CPUs, {args.rate:g} Mbit/s links")
-        env = cluster.client_env()
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        before = cluster.net.all_counters()
-        t_job = time.monotonic()
-        job_id = cluster.submit(Path(args.sbatch).resolve(), shlex.split(args.sbatch_args),
-                                cwd=os.getcwd(), env=env)
-        _progress(f"submitted job {job_id}: sbatch {args.sbatch_args} {args.sbatch}")
-        info = cluster.wait(job_id, args.job_timeout)
-        wall = time.monotonic() - t_job
-        sent = [a["tx_bytes"] - b["tx_bytes"]
-                for a, b in zip(cluster.net.all_counters(), before)]
-        if info.get("JobState") != "COMPLETED":
-            print(f"daemon logs (the job did not complete):\n{cluster.daemon_logs(1500)}")
-    except BaseException as e:
-        _progress(f"stopped ({type(e).__name__}: {e}); removing the cluster")
-        raise
-    finally:
+    with N.signals_unwind():  # SIGTERM/SIGHUP too reach the finally that removes everything
         try:
-            cluster.close()
+            job_id, info, wall, sent = _run_job(cluster, args, t0)
+        except BaseException as e:
+            _progress(f"stopped ({type(e).__name__}: {e}); removing the cluster")
+            raise
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            if args.keep_logs:
-                _progress(f"configuration and daemon logs kept in {cluster.run}")
+            try:
+                cluster.close()
+            finally:
+                if args.keep_logs:
+                    _progress(f"configuration and daemon logs kept in {cluster.run}")
     fields = ("JobId", "JobName", "JobState", "Reason", "ExitCode", "RunTime", "NodeList",
               "NumNodes", "NumTasks", "Restarts")
     print("scontrol show job: " + " ".join(f"{k}={info.get(k, '?')}" for k in fields))
@@ -540,5 +520,23 @@ def run_sbatch(args: Any) -> int:
     return 0 if ok else 1
 
 
-def _raise_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(f"signal {signal.Signals(signum).name}")
+def _run_job(cluster: SlurmCluster, args: Any,
+             t0: float) -> tuple[str, dict[str, str], float, list[int]]:
+    """Start SLURM, submit the batch script and wait for it: (the job id, its ``scontrol``
+    fields, the wall time from submission to its end, the bytes each node sent on its link)."""
+    cluster.start()
+    _progress(f"SLURM up in {time.monotonic() - t0:.1f} s: {args.nodes} nodes x "
+              f"{args.procs} CPUs, {args.rate:g} Mbit/s links")
+    env = cluster.client_env()
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    before = cluster.net.all_counters()
+    t_job = time.monotonic()
+    job_id = cluster.submit(Path(args.sbatch).resolve(), shlex.split(args.sbatch_args),
+                            cwd=os.getcwd(), env=env)
+    _progress(f"submitted job {job_id}: sbatch {args.sbatch_args} {args.sbatch}")
+    info = cluster.wait(job_id, args.job_timeout)
+    wall = time.monotonic() - t_job
+    sent = [a["tx_bytes"] - b["tx_bytes"] for a, b in zip(cluster.net.all_counters(), before)]
+    if info.get("JobState") != "COMPLETED":
+        print(f"daemon logs (the job did not complete):\n{cluster.daemon_logs(1500)}")
+    return job_id, info, wall, sent
