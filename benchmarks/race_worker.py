@@ -62,47 +62,21 @@ import torch.distributed as dist  # noqa: E402
 from cluster_worker import read_counters  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from torch import nn  # noqa: E402
+from workloads import Classifier, digits_80_20  # noqa: E402
 
 
-class MLP(L.LightningModule):
-    """64 -> width -> width -> 10, ReLU, SGD with momentum 0.9 (as ``cluster_worker``)."""
+class RaceClassifier(Classifier):
+    """``workloads.Classifier`` of 64 -> width -> width -> 10 (as ``cluster_worker``) that runs
+    the race's validation at every epoch end."""
 
     def __init__(self, width: int, lr: float) -> None:
-        super().__init__()
-        self.lr = lr
-        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width),
-                                 nn.ReLU(), nn.Linear(width, 10))
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs)
+        super().__init__([64, width, width, 10], lr)
 
     def on_train_epoch_end(self) -> None:
         """After every callback's epoch end (adpsgd's ranks have met): the race's validation."""
         meter = next((c for c in self.trainer.callbacks if isinstance(c, RaceMeter)), None)
         if meter is not None:
             meter.epoch_end(self.trainer, self)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        inputs, target = batch
-        return nn.functional.cross_entropy(self(inputs), target)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
-
-
-def load_data() -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """Digits, 80/20 stratified split with a fixed seed: (train dataset, x_val, y_val)."""
-    import numpy as np
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    from torch.utils.data import TensorDataset
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    train = TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr))
-    return train, torch.from_numpy(x_te), torch.from_numpy(y_te)
 
 
 class RaceMeter(Callback):
@@ -315,7 +289,7 @@ def make_model(spec: dict[str, Any], ctx: dict[str, Any]) -> L.LightningModule:
     """The workload's model, from the seed set just before."""
     if ctx["workload"] == "asr":
         return race_asr.make_model(spec, ctx["data"], RaceMeter)
-    return MLP(int(spec["width"]), float(spec["lr"]))
+    return RaceClassifier(int(spec["width"]), float(spec["lr"]))
 
 
 def make_loader(spec: dict[str, Any], ctx: dict[str, Any]) -> Any:
@@ -368,7 +342,7 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         ctx["data"] = race_asr.load(spec, rank, world)
         num_train = ctx["data"]["num_train"]
     else:
-        ctx["train"], ctx["x_val"], ctx["y_val"] = load_data()
+        ctx["train"], ctx["x_val"], ctx["y_val"] = digits_80_20()
         num_train = len(ctx["train"])
     per_rank = -(-num_train // world)
     ctx["steps_per_epoch"] = -(-per_rank // batch)
