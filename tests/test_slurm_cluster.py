@@ -32,7 +32,9 @@ import slurm_cluster as S  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
-PREFIX = "lgt"  # not the benchmark's default, so a concurrent benchmark run is left alone
+#: not the benchmark's default, so a concurrent benchmark run is left alone; LG_SLURM_TEST_PREFIX
+#: overrides it where several sessions bring up clusters on one machine (each its own prefix)
+PREFIX = os.environ.get("LG_SLURM_TEST_PREFIX", "lgt")
 JOB_TIMEOUT_S = 600.0  # only bounds a hang: 4 Python processes importing Lightning on 2 cores
 
 RANKS_SCRIPT = """\
