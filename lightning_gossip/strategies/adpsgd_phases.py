@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import NonFiniteReplica
@@ -50,29 +51,52 @@ class _PhasesMixin:
                          "a gossip phase", **kwargs)
             self.engine.begin_phase()
 
-    def end_epoch(self, trainer: pl.Trainer) -> None:
-        """Epoch end on this rank: quiet the network, agree on stopping, log consensus."""
+    def before_requeue(self) -> None:
+        """This rank takes the requeue signal at its batch start: it meets every rank in the
+        epoch-end meeting's collective first, so that a rank already at its epoch end (waiting
+        there for the others) joins the requeue checkpoint instead of meeting it in another
+        collective."""
         if self.engine is None:
             return
         self.quiesce()
-        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
-        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        # [stop?, steps, non-finite replica on rank r...]: the max of each (the steps decide
-        # the global average below)
+        self._meet(stop=False, requeue=True)
+
+    def _meet(self, stop: bool, requeue: bool) -> torch.Tensor:
+        """The meeting of every rank (epoch end, or a requeue): one all-reduce (max) of
+        ``[stop?, steps, requeue?, non-finite replica on rank r...]``; raises
+        :class:`NonFiniteReplica` on every rank when a replica holds NaN/Inf."""
         assert self._flat is not None
-        stop = torch.zeros(2 + self.world_size, device=self.root_device)
-        stop[0], stop[1] = float(local_stop), float(self.step)
-        stop[2 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
-        self.watched(dist.all_reduce, stop, op=dist.ReduceOp.MAX,
+        met = torch.zeros(3 + self.world_size, device=self.root_device)
+        met[0], met[1], met[2] = float(stop), float(self.step), float(requeue)
+        met[3 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
+        self.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
                      what="waiting for every rank at the epoch-end meeting (agreeing on whether "
-                     "to stop)")
-        bad = [r for r in range(self.world_size) if stop[2 + r].item() > 0]
+                     "to stop or requeue)")
+        bad = [r for r in range(self.world_size) if met[3 + r].item() > 0]
         if bad:
             raise NonFiniteReplica(
                 f"rank {self.global_rank}: at the end of the epoch the replica of rank(s) "
                 f"{', '.join(map(str, bad))} holds NaN/Inf (its training diverged: check its "
                 "learning rate, loss scaling and data); stopping every rank before it is "
                 "averaged in", bad)
+        return met
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """Epoch end on this rank: quiet the network, agree on stopping, log consensus.
+
+        When another rank took SLURM's requeue signal at its batch start meanwhile, it meets
+        this one here (:meth:`before_requeue`): this rank then writes the requeue checkpoint
+        with every rank and stops (Lightning's ``SIGTERMException``, exit 0).
+        """
+        if self.engine is None:
+            return
+        self.quiesce()
+        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
+        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        stop = self._meet(stop=bool(local_stop), requeue=False)
+        if stop[2].item() > 0:
+            self.requeue_together()  # type: ignore[attr-defined]
+            raise SIGTERMException()
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps

@@ -10,7 +10,9 @@ average), entered from different places on different ranks. The strategies recor
 instead (:func:`~lightning_gossip.liveness.waits.make_sigterm_check_local`) and act at a batch
 start: ``dpsgd`` at a step agreed through its gossip messages (:mod:`.dpsgd_stop`), ``adpsgd``
 (whose ranks never share a step) at each rank's next batch start, where the ranks of a node
-first agree (an all-reduce of the flag on the node group, ``hierarchical``). Every rank then
+first agree (an all-reduce of the flag on the node group, ``hierarchical``), then meet every
+rank in the epoch-end meeting's collective (a rank already at its epoch end joins the requeue
+from there, :meth:`_ResilienceMixin.before_requeue`). Every rank then
 writes the checkpoint (:meth:`_ResilienceMixin.save_and_requeue`), rank 0 runs ``scontrol
 requeue``, and every rank stops (quietly, as after an agreed SIGTERM).
 
@@ -113,13 +115,25 @@ class _ResilienceMixin:
             received = bool(flag.item() > 0)
         if not received:
             return False
+        self.before_requeue()
+        self.requeue_together()
+        return True
+
+    def before_requeue(self) -> None:
+        """Called on a rank that takes the requeue signal at its batch start, before the
+        checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
+
+    def requeue_together(self) -> None:
+        """Write the requeue checkpoint with every rank and requeue; then every rank stops.
+
+        Raises ``RuntimeError`` when ``scontrol requeue`` failed (the checkpoint is written).
+        """
         self._requeue_done = True
         if not self.save_and_requeue():
             raise RuntimeError(
                 f"rank {self.global_rank}: the requeue checkpoint was written at step "
                 f"{self.step} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
         self._stopping_together = True
-        return True
 
     def save_and_requeue(self) -> bool:
         """Lightning's auto-requeue, at a point every rank reaches: finalize the loggers, write

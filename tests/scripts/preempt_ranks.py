@@ -5,7 +5,9 @@ Started the way ``srun`` starts tasks (``SLURM_*`` variables: Lightning's ``SLUR
 with ``auto_requeue=True`` numbers the ranks and installs its requeue handler), with a fake
 ``scontrol`` on ``PATH``. Runs one fit per strategy named in ``SPEC.json`` (``strategies``),
 one after the other in the same processes: rank ``r`` sends itself ``SIGUSR1`` after optimizer
-step ``signal_step + r * signal_spread``. Every rank writes ``OUT/<strategy>/rank<r>.json``: the
+step ``signal_step + r * signal_spread`` (``adpsgd_epoch_end``: an ``adpsgd`` fit where
+rank 0 is at its epoch-end meeting when the others take the signal, see
+:class:`SignalAfterEpochEnd`). Every rank writes ``OUT/<strategy>/rank<r>.json``: the
 exception the fit ended with, Lightning's ``global_step`` and the strategy's ``step`` then, its
 replica (flat, as a list) at that moment, and ``OUT/<strategy>`` is the ``default_root_dir``
 (``hpc_ckpt_<n>.ckpt`` goes there). With ``lost`` (a spec of
@@ -18,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -60,6 +63,29 @@ class Signal(Callback):
                            replica=strategy._flat.pack().tolist())
 
 
+class SignalAfterEpochEnd(Signal):
+    """``adpsgd_epoch_end``: rank 0 (no signal) reaches its epoch end and waits at the meeting;
+    the other ranks signal themselves after their batch ``at``, once rank 0 is past its last
+    batch (a marker file), so they take the signal at their next batch start while rank 0 is
+    in its epoch-end meeting."""
+
+    def __init__(self, at: int, rank: int, marker: Path, last_batch: int) -> None:
+        super().__init__(at)
+        self.rank, self.marker, self.last_batch = rank, marker, last_batch
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.rank == 0:
+            if batch_idx == self.last_batch:
+                self.marker.touch()
+            return
+        if trainer.global_step == self.at:
+            deadline = time.monotonic() + 60
+            while not self.marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # rank 0 is at its epoch-end meeting by now
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(os.environ["SLURM_PROCID"])
@@ -71,9 +97,15 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         kwargs = {"timeout": spec.get("timeout", 60.0), "heartbeat_timeout": 10.0,
                   "consensus_every_n_steps": None}
-        strategy = (lightning_gossip.DPSGDStrategy(**kwargs) if name == "dpsgd"
-                    else lightning_gossip.ADPSGDStrategy(**kwargs))
         record = Signal(spec["signal_step"] + rank * spec["signal_spread"])
+        if name == "dpsgd":
+            strategy = lightning_gossip.DPSGDStrategy(**kwargs)
+        elif name == "adpsgd":
+            strategy = lightning_gossip.ADPSGDStrategy(**kwargs)
+        else:  # adpsgd_epoch_end: fixed shards, 96 / devices / 4 batches per rank and epoch
+            strategy = lightning_gossip.ADPSGDStrategy(shared_cursor=False, **kwargs)
+            record = SignalAfterEpochEnd(spec["signal_step"], rank, out / "rank0_at_epoch_end",
+                                         len(data) // spec["devices"] // 4 - 1)
         trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=spec["devices"],
                             max_epochs=spec.get("epochs", 20), callbacks=[record], logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
