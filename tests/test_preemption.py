@@ -117,6 +117,7 @@ def test_requeue_signal_at_different_steps_checkpoints_together(launched):
     for r, res in enumerate(ranks):
         assert res["exception"] == "SIGTERMException", (res, text[-6000:])
         assert res["global_step"] == SIGNAL_STEP + SPREAD * r, ranks
+    assert "the ranks' steps at the requeue checkpoint: [3, 5, 7] (sum 15)" in text, text[-6000:]
     ckpt = _load_ckpt(tmp_path / "adpsgd")
     assert ckpt["global_step"] == ranks[0]["global_step"]
     mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)
@@ -141,6 +142,7 @@ def test_requeue_while_a_rank_is_at_its_epoch_end(launched):
         assert res.get("exit_code") in (None, 0), res
     assert ranks[0]["global_step"] == 96 // N // 4, ranks  # its whole epoch
     assert [res["global_step"] for res in ranks[1:]] == [SIGNAL_STEP] * 2, ranks
+    assert "the ranks' steps at the requeue checkpoint: [8, 3, 3] (sum 14)" in text, text[-6000:]
     ckpt = _load_ckpt(out)
     assert ckpt["global_step"] == ranks[0]["global_step"]
     mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)

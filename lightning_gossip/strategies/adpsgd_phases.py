@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import NonFiniteReplica
@@ -59,15 +60,21 @@ class _PhasesMixin:
         if self.engine is None:
             return
         self.quiesce()
-        self._meet(stop=False, requeue=True)
+        self._log_requeue_steps(self._meet(stop=False, requeue=True))
+
+    def _log_requeue_steps(self, met: torch.Tensor) -> None:
+        steps = [int(x) for x in met[3 + self.world_size:].tolist()]
+        rank_zero_info(f"adpsgd requeue: the ranks' steps at the requeue checkpoint: {steps} "
+                       f"(sum {sum(steps)})")
 
     def _meet(self, stop: bool, requeue: bool) -> torch.Tensor:
         """The meeting of every rank (epoch end, or a requeue): one all-reduce (max) of
-        ``[stop?, steps, requeue?, non-finite replica on rank r...]``; raises
-        :class:`NonFiniteReplica` on every rank when a replica holds NaN/Inf."""
+        ``[stop?, steps, requeue?, non-finite replica on rank r..., steps of rank r...]``;
+        raises :class:`NonFiniteReplica` on every rank when a replica holds NaN/Inf."""
         assert self._flat is not None
-        met = torch.zeros(3 + self.world_size, device=self.root_device)
+        met = torch.zeros(3 + 2 * self.world_size, device=self.root_device)
         met[0], met[1], met[2] = float(stop), float(self.step), float(requeue)
+        met[3 + self.world_size + self.global_rank] = float(self.step)
         met[3 + self.global_rank] = float(not bool(torch.isfinite(self._flat.pack().sum())))
         self.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
                      what="waiting for every rank at the epoch-end meeting (agreeing on whether "
@@ -95,6 +102,7 @@ class _PhasesMixin:
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         stop = self._meet(stop=bool(local_stop), requeue=False)
         if stop[2].item() > 0:
+            self._log_requeue_steps(stop)
             self.requeue_together()  # type: ignore[attr-defined]
             raise SIGTERMException()
         if stop[0].item() > 0:
