@@ -6,7 +6,8 @@ rank is; under ``dpsgd`` that hung under a real SLURM (three ranks in the checkp
 one waiting for its gossip round). One launch of ``tests/scripts/preempt_ranks.py`` (3 tasks
 started as ``srun`` would, a fake ``scontrol`` on ``PATH``) runs a ``dpsgd`` fit, then an
 ``adpsgd`` fit, in the same processes; rank ``r`` signals itself after step ``3 + 2 r``. A third
-(``adpsgd``) has rank 0 at its epoch-end meeting when the others take the signal. A last
+and a fourth (``adpsgd``) have rank 0 at its epoch end (at the meeting; at the validation
+before it) when the others take the signal. A last
 ``adpsgd`` fit of the same launch freezes rank 2: its survivors' emergency checkpoint is checked
 as in ``tests/test_emergency_checkpoint.py``.
 
@@ -71,7 +72,7 @@ def launched(tmp_path_factory) -> tuple[Path, str, int]:
     scontrol.chmod(0o755)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"out": str(tmp_path), "devices": N, "strategies": ["dpsgd",
-                                "adpsgd", "adpsgd_epoch_end"], "signal_step": SIGNAL_STEP, "signal_spread": SPREAD,
+                                "adpsgd", "adpsgd_epoch_end", "adpsgd_validation"], "signal_step": SIGNAL_STEP, "signal_spread": SPREAD,
                                 "lost": LOST}))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -97,7 +98,7 @@ def test_requeue_signal_at_different_steps_checkpoints_together(launched):
     log = tmp_path / "scontrol.log"
     assert log.exists(), text[-8000:]
     # rank 0 requeued the job once per fit, with SLURM's job id
-    assert log.read_text().split("\n") == ["requeue 4242"] * 3 + [""], text[-4000:]
+    assert log.read_text().split("\n") == ["requeue 4242"] * 4 + [""], text[-4000:]
 
     # dpsgd: every rank wrote the checkpoint and stopped at the same agreed step
     ranks = [json.loads((tmp_path / "dpsgd" / f"rank{r}.json").read_text()) for r in range(N)]
@@ -128,21 +129,24 @@ def test_requeue_signal_at_different_steps_checkpoints_together(launched):
 
 
 @pytest.mark.multiprocess
-def test_requeue_while_a_rank_is_at_its_epoch_end(launched):
-    """adpsgd: rank 0 is at its epoch-end meeting (all its batches done) when ranks 1 and 2
-    take the requeue signal at their batch start (after step 3): the requeue meets it in the
-    epoch-end meeting's collective, every rank writes the checkpoint and stops. Before, the
-    ranks met in different collectives (the checkpoint's average against the meeting) and
-    failed."""
+@pytest.mark.parametrize("fit", ["adpsgd_epoch_end", "adpsgd_validation"])
+def test_requeue_while_a_rank_is_at_its_epoch_end(launched, fit):
+    """adpsgd: rank 0 is at its epoch end (all its batches done: at the meeting, or at the
+    validation that comes first) when ranks 1 and 2 take the requeue signal at their batch
+    start (after step 3): the requeue meets it in the epoch-end meeting's collective, every
+    rank writes the checkpoint and stops. Before, the ranks met in different collectives (the
+    checkpoint's average, or the meeting, against the meeting or the validation's average):
+    rank 0 died in gloo, no checkpoint."""
     tmp_path, text, _ = launched
-    out = tmp_path / "adpsgd_epoch_end"
+    out = tmp_path / fit
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(N)]
     for res in ranks:
         assert res["exception"] == "SIGTERMException", (res, text[-6000:])
         assert res.get("exit_code") in (None, 0), res
     assert ranks[0]["global_step"] == 96 // N // 4, ranks  # its whole epoch
     assert [res["global_step"] for res in ranks[1:]] == [SIGNAL_STEP] * 2, ranks
-    assert "the ranks' steps at the requeue checkpoint: [8, 3, 3] (sum 14)" in text, text[-6000:]
+    assert text.count("the ranks' steps at the requeue checkpoint: [8, 3, 3] (sum 14)") == 2, (
+        text[-6000:])
     ckpt = _load_ckpt(out)
     assert ckpt["global_step"] == ranks[0]["global_step"]
     mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)

@@ -54,9 +54,9 @@ class _PhasesMixin:
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
-        epoch-end meeting's collective first, so that a rank already at its epoch end (waiting
-        there for the others) joins the requeue checkpoint instead of meeting it in another
-        collective."""
+        epoch-end meeting's collective first, so that a rank already at its epoch end (at the
+        validation or the meeting, waiting there for the others) joins the requeue checkpoint
+        instead of meeting it in another collective."""
         if self.engine is None:
             return
         self.quiesce()
@@ -88,12 +88,30 @@ class _PhasesMixin:
                 "averaged in", bad)
         return met
 
+    def _join_requeue(self, met: torch.Tensor) -> None:
+        """After a meeting: when some rank came to it to requeue, write the requeue checkpoint
+        with every rank and stop (Lightning's ``SIGTERMException``, exit 0)."""
+        if met[2].item() > 0:
+            self._log_requeue_steps(met)
+            self.requeue_together()  # type: ignore[attr-defined]
+            raise SIGTERMException()
+
+    def on_validation_start(self) -> None:
+        """A validation during ``fit`` (at the epoch end, before :meth:`end_epoch`): every rank
+        meets first, so that a requeue begun by ranks at their batch start is joined here
+        (:meth:`before_requeue`), then the consensus weights are swapped in."""
+        trainer = self.lightning_module.trainer  # type: ignore[attr-defined]
+        if self.engine is not None and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.quiesce()
+            self._join_requeue(self._meet(stop=False, requeue=False))
+        super().on_validation_start()  # type: ignore[misc]
+
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """Epoch end on this rank: quiet the network, agree on stopping, log consensus.
 
         When another rank took SLURM's requeue signal at its batch start meanwhile, it meets
-        this one here (:meth:`before_requeue`): this rank then writes the requeue checkpoint
-        with every rank and stops (Lightning's ``SIGTERMException``, exit 0).
+        this one here (:meth:`before_requeue`; or at the validation before, when there is one):
+        this rank then writes the requeue checkpoint with every rank and stops.
         """
         if self.engine is None:
             return
@@ -101,10 +119,7 @@ class _PhasesMixin:
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         stop = self._meet(stop=bool(local_stop), requeue=False)
-        if stop[2].item() > 0:
-            self._log_requeue_steps(stop)
-            self.requeue_together()  # type: ignore[attr-defined]
-            raise SIGTERMException()
+        self._join_requeue(stop)
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps

@@ -7,7 +7,8 @@ with ``auto_requeue=True`` numbers the ranks and installs its requeue handler), 
 one after the other in the same processes: rank ``r`` sends itself ``SIGUSR1`` after optimizer
 step ``signal_step + r * signal_spread`` (``adpsgd_epoch_end``: an ``adpsgd`` fit where
 rank 0 is at its epoch-end meeting when the others take the signal, see
-:class:`SignalAfterEpochEnd`). Every rank writes ``OUT/<strategy>/rank<r>.json``: the
+:class:`SignalAfterEpochEnd`; ``adpsgd_validation``: the same with a validation at the epoch
+end, where rank 0 then is). Every rank writes ``OUT/<strategy>/rank<r>.json``: the
 exception the fit ended with, Lightning's ``global_step`` and the strategy's ``step`` then, its
 replica (flat, as a list) at that moment, and ``OUT/<strategy>`` is the ``default_root_dir``
 (``hpc_ckpt_<n>.ckpt`` goes there). With ``lost`` (a spec of
@@ -40,6 +41,10 @@ class Tiny(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y), sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -102,17 +107,20 @@ def main() -> None:
             strategy = lightning_gossip.DPSGDStrategy(**kwargs)
         elif name == "adpsgd":
             strategy = lightning_gossip.ADPSGDStrategy(**kwargs)
-        else:  # adpsgd_epoch_end: fixed shards, 96 / devices / 4 batches per rank and epoch
+        else:  # adpsgd_epoch_end, adpsgd_validation: fixed shards, 96 / devices / 4 batches
+            # per rank and epoch; the second validates at the epoch end (before the meeting)
             strategy = lightning_gossip.ADPSGDStrategy(shared_cursor=False, **kwargs)
             record = SignalAfterEpochEnd(spec["signal_step"], rank, out / "rank0_at_epoch_end",
                                          len(data) // spec["devices"] // 4 - 1)
         trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=spec["devices"],
                             max_epochs=spec.get("epochs", 20), callbacks=[record], logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, limit_val_batches=0,
+                            enable_model_summary=False, num_sanity_val_steps=0,
+                            limit_val_batches=2 if name == "adpsgd_validation" else 0,
                             default_root_dir=str(out))
         try:
-            trainer.fit(Tiny(), DataLoader(data, batch_size=4, shuffle=True))
+            trainer.fit(Tiny(), DataLoader(data, batch_size=4, shuffle=True),
+                        DataLoader(data, batch_size=4))
             record.result.setdefault("exception", None)
         except SystemExit as e:  # SIGTERMException: every rank stops, requeued
             record.result["exit_code"] = e.code
