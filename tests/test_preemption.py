@@ -71,8 +71,9 @@ def launched(tmp_path_factory) -> tuple[Path, str, int]:
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
     scontrol.chmod(0o755)
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"out": str(tmp_path), "devices": N, "strategies": ["dpsgd",
-                                "adpsgd", "adpsgd_epoch_end", "adpsgd_validation"], "signal_step": SIGNAL_STEP, "signal_spread": SPREAD,
+    fits = ["dpsgd", "adpsgd", "adpsgd_epoch_end", "adpsgd_validation"]
+    spec.write_text(json.dumps({"out": str(tmp_path), "devices": N, "strategies": fits,
+                                "signal_step": SIGNAL_STEP, "signal_spread": SPREAD,
                                 "lost": LOST}))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
