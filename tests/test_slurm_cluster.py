@@ -169,7 +169,7 @@ def _seconds(runtime: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(4000)
-@pytest.mark.parametrize("strategy", ["dpsgd", "adpsgd"])
+@pytest.mark.parametrize("strategy", ["dpsgd", "adpsgd", "adpsgd-hierarchical"])
 def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -> None:
     """``--signal=SIGUSR1@120`` near a time limit on the digits CPU template (2 nodes x 2
     tasks, 6 epochs): the requeue checkpoint is written at one step on every rank (the ranks
@@ -183,7 +183,9 @@ def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -
     with cluster:
         start = time.monotonic()
         env = cluster.client_env(base_env())
-        export = f"--export=ALL,STRATEGY={strategy},EPOCHS={PREEMPT_EPOCHS}"
+        name, _, hierarchical = strategy.partition("-")
+        export = (f"--export=ALL,STRATEGY={name},EPOCHS={PREEMPT_EPOCHS},"
+                  f"HIERARCHICAL={'true' if hierarchical else 'false'}")
         job = cluster.submit(script, args=[export, *PREEMPT_ARGS], cwd=ROOT, env=env)
         out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
         run_dir = ROOT / "runs" / f"digits-{job}"
@@ -223,7 +225,7 @@ def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -
     assert ckpt["global_step"] == step
     steps = [ln for ln in text.splitlines() if "steps at the requeue checkpoint" in ln]
     print(f"{strategy}: {steps[0] if steps else 'no per-rank steps logged'}")
-    if strategy == "adpsgd":
+    if strategy.startswith("adpsgd"):
         assert steps, text[-6000:]
     restored = [ln for ln in text.splitlines() if EVENTS["restored"] in ln]
     assert restored and hpc[-1].name in restored[0], (restored, text[-6000:])
