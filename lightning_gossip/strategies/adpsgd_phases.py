@@ -12,6 +12,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import NonFiniteReplica
@@ -52,6 +53,7 @@ class _PhasesMixin:
                          "a gossip phase", **kwargs)
             self.engine.begin_phase()
 
+    @override
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
         epoch-end meeting's collective first, so that a rank already at its epoch end (at the
@@ -96,6 +98,7 @@ class _PhasesMixin:
             self.requeue_together()  # type: ignore[attr-defined]
             raise SIGTERMException()
 
+    @override
     def on_validation_start(self) -> None:
         """A validation during ``fit`` (at the epoch end, before :meth:`end_epoch`): every rank
         meets first, so that a requeue begun by ranks at their batch start is joined here
