@@ -137,7 +137,7 @@ def test_requeue_while_a_rank_is_at_its_epoch_end(launched, fit):
     start (after step 3): the requeue meets it in the epoch-end meeting's collective, every
     rank writes the checkpoint and stops. Before, the ranks met in different collectives (the
     checkpoint's average, or the meeting, against the meeting or the validation's average):
-    rank 0 died in gloo, no checkpoint."""
+    one rank died (no Python exception), the others failed, no checkpoint."""
     tmp_path, text, _ = launched
     out = tmp_path / fit
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(N)]
