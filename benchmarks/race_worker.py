@@ -135,6 +135,8 @@ class RaceMeter(Callback):
         self.eval_model = copy.deepcopy(net_of(pl_module))
         dist.barrier(group=self.ctx["group"])
         self._mark("start")
+        if self.ctx["warmup"] == 0:  # (--warmup 0: no warm-up, the bytes after it = all)
+            self._mark("warmup")
         self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
         self.t_resume = time.perf_counter()
 
