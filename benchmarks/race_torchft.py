@@ -63,7 +63,8 @@ def unavailable() -> str | None:
         import torchft  # noqa: F401
     except Exception as e:  # ImportError, or a binary that does not load
         return (f"torchft is not importable ({type(e).__name__}: {e}); install the benchmark "
-                f"extra: uv pip install -c constraints.txt -e '.[race]' (pins {PIN})")
+                f"extra: .tools/bin/uv pip install --python .venv/bin/python -c "
+                f"constraints.txt -e '.[race]' (pins {PIN})")
     return None
 
 
