@@ -20,7 +20,11 @@ at the first validation at or above the target, or when its budget is spent.
 Cases: ``ddp`` (Lightning ``DDPStrategy``), ``ddp_bf16`` (plus torch's ``bf16_compress_hook``),
 ``postlocal4`` (torch's post-local SGD: ``post_localSGD_hook`` with an explicit per-node
 ``subgroup`` and a ``PeriodicModelAverager`` of period 4 after ``--warmup`` steps), ``dpsgd``,
-``adpsgd``, ``dpsgd_hier_bf16``, ``adpsgd_hier_bf16`` (the library's strategies). Lightning
+``adpsgd``, ``dpsgd_hier_bf16``, ``adpsgd_hier_bf16`` (the library's strategies),
+``torchft_localsgd`` and ``torchft_diloco`` (torchft's LocalSGD and DiLoCo, sync every 16 steps,
+one replica group per node, the lighthouse in node 0: ``benchmarks/race_torchft.py``; they need
+the optional ``race`` extra, ``uv pip install -c constraints.txt -e '.[race]'``, and are skipped
+with a message when torchft is not importable). Lightning
 registers DDP communication hooks only on CUDA (silently skipped on CPU), so the race registers
 them itself on the wrapped model before the first backward, and checks in the link bytes that
 they ran (``hook_check``: bf16 about half of ddp's bytes per step, post-local SGD about
@@ -54,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import cluster_net as N  # noqa: E402
+import race_torchft  # noqa: E402
 from cluster_worker import hidden_width  # noqa: E402
 from race_report import markdown_table, per_sample_table, plot  # noqa: E402
 
@@ -69,6 +74,8 @@ CASES: dict[str, dict[str, Any]] = {
     "ddp_powersgd4": {"kind": "ddp_powersgd", "rank": 4},
     "postlocal4": {"kind": "postlocal", "period": 4},
     "postlocal16": {"kind": "postlocal", "period": 16},
+    "torchft_localsgd": {"kind": "torchft_localsgd", "period": 16},
+    "torchft_diloco": {"kind": "torchft_diloco", "period": 16},
     "dpsgd": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {}},
     "adpsgd": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {}},
     "dpsgd_hier_bf16": {"kind": "gossip", "strategy": "dpsgd",
@@ -78,7 +85,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 """Case name -> what the worker runs."""
 
-PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16")
+PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16",
+         "torchft_localsgd", "torchft_diloco")
 """The cases a Lightning user would try instead of the library (besides plain ddp)."""
 
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -206,9 +214,10 @@ def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None,
                warmup: int = 0) -> dict[str, Any] | None:
     """Bytes per step against ddp's, for the cases whose DDP hook the race registered.
 
-    bf16: over the whole run; PowerSGD and post-local SGD: after their ``warmup`` steps of
-    plain all-reduce. The expected ratio comes from the worker (``race_hooks.expected_ratio``);
-    post-local SGD's is that of the averages really made in the run's steps. A hook that did
+    bf16 and torchft: over the whole run; PowerSGD and post-local SGD: after their ``warmup``
+    steps of plain all-reduce. The expected ratio comes from the worker
+    (``race_hooks.expected_ratio``, ``race_torchft.expected_ratio`` of its steps); post-local
+    SGD's is that of the averages really made in the run's steps. A hook that did
     not run would send ddp's bytes (ratio 1).
     """
     expected = res.get("expected_hook_ratio")
@@ -220,6 +229,10 @@ def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None,
     if res["kind"] == "ddp_bf16":
         measured = res["bytes_per_step_inter_node"]
         what = "bytes/step over ddp's (bf16 hook halves the all-reduce)"
+    elif res["kind"] in race_torchft.KINDS:
+        measured = res["bytes_per_step_inter_node"]
+        what = ("bytes/step over ddp's (torchft: every local rank averages the model with its "
+                "peers on the other nodes every period steps; race_torchft.expected_ratio)")
     else:
         measured = res["bytes_per_step_after_warmup"]
         what = ("bytes/step after warm-up over ddp's (" + (
@@ -331,7 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     """What every rank reads: cases, sizes, target/budget (None: set by ddp), slack."""
     return {
-        "cases": [{"name": c, **CASES[c]} for c in args.cases], "nodes": args.nodes,
+        "cases": [{"name": c, "index": i, **CASES[c]} for i, c in enumerate(args.cases)],
+        "nodes": args.nodes,
         "procs": args.procs, "width": args.width, "epochs": args.epochs,
         "workload": args.workload, "slow_node": args.slow_node,
         "asr": {"corpus": str(args.asr_corpus), "layers": args.asr_layers,
@@ -367,18 +381,46 @@ def prepare_corpus(args: argparse.Namespace) -> None:
     generate_corpus(args.asr_corpus, config, jobs=2, progress=False)
 
 
+def start_lighthouse(cluster: N.EmulatedCluster, workdir: Path) -> race_torchft.Lighthouse:
+    """torchft's lighthouse in node 0's namespace (IPv6 checked first); the caller stops it."""
+    problem = race_torchft.ipv6_problem(cluster.exec_prefix(0))
+    if problem:
+        raise RuntimeError(f"torchft cases: {problem}")
+    lighthouse = race_torchft.Lighthouse(cluster.exec_prefix(0), cluster.members[0].address,
+                                         cluster.nodes, workdir / "lighthouse.log")
+    _progress(f"torchft lighthouse at {lighthouse.url} (node 0)")
+    return lighthouse.start()
+
+
+def skip_torchft(args: argparse.Namespace) -> str | None:
+    """Drop the torchft cases from ``args.cases`` when torchft is not importable; the reason."""
+    wanted = [c for c in args.cases if CASES[c]["kind"] in race_torchft.KINDS]
+    reason = race_torchft.unavailable() if wanted else None
+    if reason:
+        args.cases = [c for c in args.cases if c not in wanted]
+    return reason
+
+
 def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Build the cluster, run the cases, remove everything; (the payload, launch detail)."""
     workdir = Path(tempfile.mkdtemp(prefix="lg-race-"))
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     before = machine()
     t0 = time.time()
+    lighthouse = None
     with N.signals_unwind():
         try:
             cluster.build()
-            results, detail = launch(cluster, build_spec(args), workdir, args.timeout)
+            spec = build_spec(args)
+            if any(CASES[c]["kind"] in race_torchft.KINDS for c in args.cases):
+                lighthouse = start_lighthouse(cluster, workdir)
+                spec["torchft"] = {"lighthouse": lighthouse.url,
+                                   "addresses": [m.address for m in cluster.members]}
+            results, detail = launch(cluster, spec, workdir, args.timeout)
         finally:
             try:
+                if lighthouse is not None:
+                    lighthouse.stop()
                 cluster.close()
             finally:
                 if args.keep_logs:
@@ -406,6 +448,11 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the race; 0 on success, 1 if it failed, 2 where it cannot run here."""
     args = parse_args(argv)
+    skipped = skip_torchft(args)
+    if skipped:
+        print(f"race: skipping the torchft cases: {skipped}", file=sys.stderr)
+        if not args.cases:
+            return 2
     reason = N.check_available(args.prefix)
     if reason:
         print(f"race: skipped: {reason}", file=sys.stderr)

@@ -64,7 +64,7 @@ def expected_ratio(case: dict[str, Any], module: nn.Module) -> float | None:
 def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any) -> Any:
     """Register ``case``'s hook on the trainer's wrapped model; the averager to call, or None."""
     kind = case["kind"]
-    if kind in ("ddp", "gossip"):
+    if kind in ("ddp", "gossip") or kind.startswith("torchft_"):  # torchft: race_torchft.py
         return None
     from torch.nn.parallel import DistributedDataParallel
 

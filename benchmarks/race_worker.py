@@ -18,6 +18,9 @@ Cases:
   step), registered here on the wrapped ``DistributedDataParallel`` in ``on_fit_start`` (before
   the first backward), because Lightning registers them only on CUDA
   (``benchmarks/race_hooks.py``);
+* ``torchft_localsgd``, ``torchft_diloco``: DDP inside the node (``DDPStrategy`` on the node's
+  process group) and torchft's ``LocalSGD``/``DiLoCo`` across nodes, one replica group per node,
+  hooked on Lightning's optimizer in ``on_fit_start`` (``benchmarks/race_torchft.py``);
 * the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``
   options), with ``final_average=False`` and no periodic consensus.
 
@@ -57,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 import lightning as L  # noqa: E402
 import race_asr  # noqa: E402
 import race_hooks  # noqa: E402
+import race_torchft  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from cluster_worker import read_counters  # noqa: E402
@@ -98,6 +102,8 @@ class RaceMeter(Callback):
         # a collective is safe (one elsewhere can deadlock with its gossip): validate there
         self.at_epoch_end = case.get("strategy") == "adpsgd" or ctx["workload"] == "asr"
         self.averager: Any = None
+        self.torchft: Any = None  # race_torchft.TorchFTSync of a torchft case
+        self.torchft_commits: int | None = None
         self.sleep_s = float(ctx.get("sleep_s", 0.0))  # a slow node's ranks: > 0
 
     def _tx(self) -> int:
@@ -109,11 +115,28 @@ class RaceMeter(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.averager = race_hooks.install(self.case, trainer, self.ctx["warmup"],
                                            self.ctx["node_group"])
+        if self.case["kind"] in race_torchft.KINDS:
+            self.torchft = race_torchft.TorchFTSync(self.case, int(self.case["index"]),
+                                                    pl_module, trainer.optimizers[0], self.ctx)
+
+    def close_torchft(self) -> None:
+        """Stop a torchft case's manager and store (collective on the node's group)."""
+        if self.torchft is not None:
+            self.torchft_commits = self.torchft.commits()
+            self.torchft.close()
+            self.torchft = None
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.torchft is not None:
+            self.torchft.closed = True  # no collective here: the other ranks may be gone
+            self.torchft.manager.shutdown(wait=False)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.eval_model = copy.deepcopy(net_of(pl_module))
         dist.barrier(group=self.ctx["group"])
         self._mark("start")
+        if self.ctx["warmup"] == 0:  # (--warmup 0: no warm-up, the bytes after it = all)
+            self._mark("warmup")
         self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
         self.t_resume = time.perf_counter()
 
@@ -151,6 +174,7 @@ class RaceMeter(Callback):
             self.train_s += time.perf_counter() - self.t_resume
             self.evaluate(trainer, pl_module)
             self._mark("end")
+        self.close_torchft()
 
     def evaluate(self, trainer: Any, pl_module: Any, last: bool = False) -> bool:
         """Metric of the exact replica average; record it; True when every rank should stop.
@@ -209,10 +233,13 @@ def validation_metric(net: nn.Module, ctx: dict[str, Any], module: Any) -> float
     return 100.0 * float((pred == ctx["y_val"]).float().mean())
 
 
-def make_strategy(case: dict[str, Any], timeout: timedelta) -> Any:
-    """The Lightning strategy of ``case``."""
+def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = None) -> Any:
+    """The Lightning strategy of ``case`` (torchft cases: DDP on the node's ``node_group``)."""
     from lightning.pytorch.strategies import DDPStrategy
 
+    if case["kind"] in race_torchft.KINDS:
+        return DDPStrategy(process_group_backend="gloo", timeout=timeout,
+                           process_group=node_group)
     if case["kind"] != "gossip":
         return DDPStrategy(process_group_backend="gloo", timeout=timeout)
     import lightning_gossip
@@ -253,12 +280,13 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     asr = ctx["workload"] == "asr"
     trainer = L.Trainer(
         accelerator="cpu", devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
-        strategy=make_strategy(case, ctx["timeout"]), max_epochs=100_000,
+        strategy=make_strategy(case, ctx["timeout"], ctx["node_group"]), max_epochs=100_000,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=not asr, gradient_clip_val=5.0 if asr else None,
         callbacks=[meter], default_root_dir=str(ctx["out"] / case["name"] / "lightning"))
     trainer.fit(model, make_loader(spec, ctx))
+    meter.close_torchft()  # (closed at the train end already; idempotent)
     dist.barrier(group=ctx["group"])
     marks = [None] * ctx["world"]
     dist.all_gather_object(marks, meter.marks if ctx["local_rank"] == 0 else None,
@@ -269,7 +297,11 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
         "kwargs": case.get("kwargs", {}), "period": case.get("period"),
         "rank": case.get("rank"), "params": sum(p.numel() for p in net_of(model).parameters()),
-        "expected_hook_ratio": race_hooks.expected_ratio(case, net_of(model)),
+        "expected_hook_ratio": (
+            race_torchft.expected_ratio(meter.steps, int(case["period"]), ctx["nodes"],
+                                        ctx["procs"]) if case["kind"] in race_torchft.KINDS
+            else race_hooks.expected_ratio(case, net_of(model))),
+        "torchft_commits": meter.torchft_commits,
         "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
         "steps": meter.steps, "train_s": curve[-1][0] if curve else None,
@@ -332,6 +364,7 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     batch = int(spec["batch_size"])
     ctx: dict[str, Any] = {
         "rank": rank, "world": world, "local_rank": int(os.environ["LOCAL_RANK"]),
+        "procs": procs, "nodes": int(spec["nodes"]), "torchft": spec.get("torchft"),
         "iface": os.environ["GLOO_SOCKET_IFNAME"], "timeout": timeout, "out": out,
         "group": group, "node_group": node_group, "workload": spec["workload"],
         "higher_is_better": spec["workload"] != "asr",

@@ -13,6 +13,11 @@ elsewhere. 2 nodes x 1 process, ``--quick``:
 * ``asr`` (the recipe's BLSTM at 1 x 64, a 256-utterance corpus) with node 1 slow: ``ddp`` and
   ``adpsgd``; checks the WER direction of the target and times, the model size in the JSON,
   that the slow node slept and the PNG.
+* ``torchft`` (2 nodes x 2 processes: a replica group of two DDP ranks per node, the
+  configuration of the real races), ``digits``: ``ddp``, ``torchft_localsgd``,
+  ``torchft_diloco``; checks that torchft's manager committed the syncs that 30 steps with
+  ``sync_every=16`` make and that the link bytes show them. Skips when torchft (the optional
+  ``race`` extra) is not installed.
 
 Timings are never asserted.
 """
@@ -31,6 +36,7 @@ from benchmarks.launch import ROOT, base_env
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cluster_net as N  # noqa: E402
+import race_torchft  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -124,3 +130,34 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
     assert ddp["time_to_target_s"] is not None  # its own final WER is within the target
     # every case is validated at the end of a chunk of 32 utterances (the race's asr epoch)
     assert all(n % 32 == 0 for n in cases["adpsgd"]["curve_samples"])
+
+
+def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
+    """torchft's LocalSGD and DiLoCo: lighthouse, quorum, one commit per 16 steps, link bytes."""
+    missing = race_torchft.unavailable()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "torchft.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "2",
+           "--rate", "100", "--quick", "--eval-every", "128", "--cases", "ddp",
+           "torchft_localsgd", "torchft_diloco", "--prefix", PREFIX, "--json", str(out),
+           "--target", "99.9", "--budget", "100000"]  # every case runs its 30 steps
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=900)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    assert "torchft lighthouse at http://" in result.stdout
+    report = json.loads(out.read_text())
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == ["ddp", "torchft_localsgd", "torchft_diloco"]
+    for name in ("torchft_localsgd", "torchft_diloco"):
+        c = cases[name]
+        assert c["steps"] == 30 and c["period"] == 16
+        assert c["torchft_commits"] == 1, (name, c["torchft_commits"])  # 30 // 16 syncs
+        assert c["curve"][0] == [0.0, cases["ddp"]["curve"][0][1]]  # same seed, same model
+        # one model average per node's local rank every 16 steps: 2 x 1 M / (ddp's 1.5 M) / 16
+        # per step over 30 steps; a sync that did not cross the link would send ~nothing
+        assert c["hook_check"]["expected_ratio"] == round(
+            race_torchft.expected_ratio(30, 16, 2, 2), 4)
+        assert c["hook_check"]["ok"], (name, c["hook_check"])
+    prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
+    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
