@@ -14,7 +14,8 @@ EXAMPLE = ROOT / "docs" / "examples" / "adpsgd_plain_loop.py"
 
 
 def test_engine_names_import_no_lightning() -> None:
-    code = ("import sys; from lightning_gossip import AsyncGossip, FlatState, Pairing; "
+    code = ("import sys; from lightning_gossip import AsyncGossip, FlatState, Pairing, SyncGossip; "
+            "import lightning_gossip.sync_gossip, lightning_gossip.async_gossip; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', "
             "'pytorch_lightning', 'torch'}))")
     out = subprocess.run([sys.executable, "-c", code], env=base_env(), capture_output=True,
