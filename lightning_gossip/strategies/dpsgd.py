@@ -20,7 +20,6 @@ from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -33,7 +32,7 @@ from lightning_gossip.hierarchy import (
 )
 from lightning_gossip.strategies.dpsgd_stop import _StopHooksMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
+from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
@@ -42,7 +41,7 @@ __all__ = ["DPSGDStrategy"]
 log = logging.getLogger(__name__)
 
 
-class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
+class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
     """Synchronous D-PSGD: mix with this step's neighbours around every optimizer step.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -165,8 +164,6 @@ class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
         #: ranks under ``hierarchical=True``)
         self.engine: SyncGossip | None = None
         self._groups: NodeGroups | None = None
-        self._node_group: dist.ProcessGroup | None = None  # gradients averaged here
-        self._buffers: list[Tensor] = []  # floating buffers, averaged in the node
         self._group: dist.ProcessGroup | None = None  # the engine's
         self._stats = SyncStats()  # over every fit of this process
         self._reset_stop_hooks()
@@ -204,13 +201,12 @@ class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
                 layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self._group, column=self._group)
             self.layout = layout
+        self.node = None
         if hierarchical:
-            assert self._groups is not None
-            self._node_group = self._groups.node
-            self._buffers = self._find_node_buffers()
-        else:
-            self._node_group = None
-            self._buffers = []
+            assert self._groups is not None and self._flat is not None and self.layout is not None
+            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
+                                     self._groups.node, self.timeout, self.heartbeat,
+                                     step=lambda: self.step)
         self.engine = None
         if exchanging:
             assert self._flat is not None and self.topology is not None
@@ -218,7 +214,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
                 self._flat, self.global_rank, self.topology, self._group, self.timeout,
                 overlap=self.overlap, delay_by_one=self.delay_by_one, wire_dtype=self._wire,
                 layout=self.layout, groups=self._groups if hierarchical else None,
-                node_gather=self._node_all_gather if hierarchical else None,
+                node_gather=self.node.all_gather if self.node else None,
                 heartbeat=self.heartbeat, stats=self._stats)
             self.engine.start()
 
@@ -251,7 +247,7 @@ class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
     def sharded(self) -> bool:
         """Whether the exchange goes through :class:`~lightning_gossip.hierarchy.ShardedExchange`
         (``hierarchical`` with several processes per node, or a compressed ``wire_dtype``)."""
-        return self._node_group is not None or self._wire != torch.float32
+        return self.node is not None or self._wire != torch.float32
 
     @override
     def teardown_gossip(self) -> None:
@@ -288,13 +284,13 @@ class DPSGDStrategy(_NodeAveragingMixin, _StopHooksMixin, GossipStrategy):
         self.check_liveness(t)
         if self.engine is not None:  # manual optimization, a second optimizer
             self.engine.before_step(t)
-        if self._node_group is not None:
-            closure = self._node_averaging(closure)
+        if self.node:
+            closure = self.node.wrap(closure)
         # The local step runs whatever happens (also when AMP skips it): every rank must
         # take part in every exchange, or its peers would wait for it.
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._node_group is not None:
-            self._average_node_buffers()
+        if self.node:
+            self.node.average_buffers()
         if self.engine is not None:
             self.engine.after_step(t)
         self.step = t + 1
