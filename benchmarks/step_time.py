@@ -20,7 +20,7 @@ rank) and times, back to back in the same processes, every case below on the sam
                      sharded rounds of ``lightning_gossip.hierarchy.ShardedExchange``).
 
 Gossip on the training thread: ``time.perf_counter`` around the strategy methods the training
-thread runs for gossip in a step (``DPSGDStrategy._start``, ``_apply_delta``,
+thread runs for gossip in a step (``SyncGossip._start``, ``_apply_delta``,
 ``_finish_blocking``; ``AsyncGossip.after_step``), wrapped in the worker, summed per step; the
 median over the measured steps is reported. The same wrapping works on older versions of the
 package, so before/after figures come from this one script.
@@ -66,7 +66,7 @@ import cli_args as A  # noqa: E402
 CASES = ("solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_delay1", "adpsgd",
          "dpsgd_overlap_bf16")
 DEFAULT_CASES = CASES[1:]
-#: the strategy methods the training thread runs for gossip, timed per step
+#: the engine methods the training thread runs for gossip, timed per step
 GOSSIP_METHODS = {"dpsgd": ("_start", "_apply_delta", "_finish_blocking"),
                   "adpsgd": ("after_step",)}
 DEFAULT_OUT = H.RESULTS_DIR / "step_time.json"
@@ -131,14 +131,18 @@ def _fit(w: H.Worker, clock: Any, case: str,
 
 
 def _gossip_clock() -> Any:
-    """A clock around the strategy methods the training thread runs for gossip."""
+    """A clock around the engine methods the training thread runs for gossip."""
     import meters as M
 
-    import lightning_gossip
     from lightning_gossip.async_gossip.engine import AsyncGossip
 
+    try:
+        from lightning_gossip.sync_gossip.engine import SyncGossip as sync_rounds
+    except ImportError:  # before the engine (issue 21) the strategy ran the rounds itself
+        from lightning_gossip import DPSGDStrategy as sync_rounds
+
     clock = M.GossipClock()
-    clock.wrap(lightning_gossip.DPSGDStrategy, GOSSIP_METHODS["dpsgd"])
+    clock.wrap(sync_rounds, GOSSIP_METHODS["dpsgd"])
     clock.wrap(AsyncGossip, GOSSIP_METHODS["adpsgd"])
     return clock
 

@@ -15,9 +15,10 @@ the topology tools start in a fraction of a second; importing ``lightning.pytorc
 seconds. Two mechanisms keep the promises above without that import:
 
 * The strategy classes (:class:`DPSGDStrategy`, :class:`ADPSGDStrategy`,
-  :class:`GossipStrategy`) and the AD-PSGD engine with its parts (:class:`AsyncGossip`,
-  :class:`FlatState`, :class:`Pairing`; they import torch but no Lightning, see
-  ``docs/engines.md``) are attributes loaded on first access (a module ``__getattr__``):
+  :class:`GossipStrategy`) and the engines with their parts (:class:`SyncGossip`,
+  :class:`AsyncGossip`, :class:`FlatState`, :class:`Pairing`; they import torch but no
+  Lightning, see ``docs/engines.md``) are attributes loaded on first access (a module
+  ``__getattr__``):
   ``from lightning_gossip import DPSGDStrategy`` imports :mod:`lightning_gossip.strategies`,
   and with it torch and Lightning, at that moment.
 * The names are registered as soon as Lightning is there: at once if ``lightning.pytorch`` is
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gossip.flat import FlatState
     from lightning_gossip.pairing import Pairing
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
+    from lightning_gossip.sync_gossip import SyncGossip
 
 __version__ = "0.1.0"
 
@@ -83,6 +85,7 @@ __all__ = [
     "NonFiniteReplica",
     "Pairing",
     "PeerSilent",
+    "SyncGossip",
     "Topology",
     "build",
     "newest_checkpoint",
@@ -95,8 +98,9 @@ _LAZY = {
     "ADPSGDStrategy": "lightning_gossip.strategies",
     "DPSGDStrategy": "lightning_gossip.strategies",
     "GossipStrategy": "lightning_gossip.strategies",
-    # The AD-PSGD engine and its parts, for a plain PyTorch loop (no Lightning): docs/engines.md
+    # The engines and their parts, for a plain PyTorch loop (no Lightning): docs/engines.md
     "AsyncGossip": "lightning_gossip.async_gossip",
+    "SyncGossip": "lightning_gossip.sync_gossip",
     "FlatState": "lightning_gossip.flat",
     "Pairing": "lightning_gossip.pairing",
     "newest_checkpoint": "lightning_gossip.checkpoints",

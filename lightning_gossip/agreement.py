@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from lightning_gossip.errors import ConfigMismatch
 
-__all__ = ["ConfigMismatch", "check_agreement", "config_differences", "config_outliers"]
+__all__ = ["ConfigMismatch", "check_agreement", "config_differences", "config_outliers",
+           "plain_repr"]
 
 
 def config_differences(configs: Sequence[dict[str, Any]]) -> list[str]:
@@ -75,3 +76,12 @@ def check_agreement(config: dict[str, Any], rank: int, world_size: int,
             f"rank {rank}: the gossip configuration differs between ranks (every rank must "
             f"be given the same strategy arguments, world and node sizes):\n  {lines}", diffs,
             config_outliers(gathered))
+
+
+def plain_repr(value: Any) -> str:
+    """``repr`` of a configuration value; arrays (explicit mixing matrices) by their contents,
+    objects without a meaningful ``repr`` by their type's name."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    text = repr(value)
+    return type(value).__name__ if " at 0x" in text else text

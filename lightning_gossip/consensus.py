@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gossip.liveness.heartbeat import watched_collective
+from lightning_gossip.liveness.collectives import watched_collective
 
 __all__ = ["all_average", "check_every", "consensus_distance", "relative_distance"]
 

@@ -273,17 +273,15 @@ def test_every_overridden_hook_is_marked_and_still_exists_in_lightning():
     from lightning.pytorch.strategies import ParallelStrategy
 
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
-    from lightning_gossip.strategies.adpsgd import _PhaseCallback
-    from lightning_gossip.strategies.adpsgd_phases import _PhasesMixin
-    from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
-    from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
+    from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback, _PhasesMixin
+    from lightning_gossip.strategies.dpsgd_stop import _StopHooksMixin
     from lightning_gossip.strategies.replicas import _ReplicasMixin
 
     # The mixins hold hooks moved out of the strategy modules: checked against the same bases.
     for cls, base in ((GossipStrategy, ParallelStrategy), (DPSGDStrategy, GossipStrategy),
                       (ADPSGDStrategy, GossipStrategy), (_PhaseCallback, Callback),
-                      (_ReplicasMixin, ParallelStrategy), (_RoundsMixin, GossipStrategy),
-                      (_NodeAveragingMixin, GossipStrategy), (_PhasesMixin, GossipStrategy)):
+                      (_ReplicasMixin, ParallelStrategy), (_StopHooksMixin, GossipStrategy),
+                      (_PhasesMixin, GossipStrategy)):
         unmarked, stray = _overrides(cls, base)
         assert not unmarked, f"{cls.__name__}: add @override to {unmarked}"
         assert not stray, f"{cls.__name__}: {stray} marked @override but {base.__name__} " \

@@ -29,7 +29,7 @@ from benchmarks.launch import (
 from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
 from lightning_gossip.exchange import CommWorker
 from lightning_gossip.hierarchy import NodeLayout
-from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
+from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
 
 SCRIPT = ROOT / "tests/scripts/hot_path_ranks.py"
@@ -38,25 +38,24 @@ SCRIPT = ROOT / "tests/scripts/hot_path_ranks.py"
 # ----------------------------------------------------------------------------------------------
 # The agreed stop step (pure: the topology at every step)
 # ----------------------------------------------------------------------------------------------
-class _Rounds(_RoundsMixin):
-    def __init__(self, topology: str, n: int, delay_by_one: bool = False, devices: int = 1,
-                 seed: int = 0) -> None:
-        self.world_size = n
-        self.delay_by_one = delay_by_one
-        self.topology = build(topology, n // devices, seed)
-        self.layout = NodeLayout(n // devices, devices, 0, 0)
+def _agreement(topology: str, n: int, delay_by_one: bool = False, devices: int = 1,
+               seed: int = 0) -> StopAgreement:
+    """The agreement of ``n`` ranks in nodes of ``devices`` (the topology over the nodes)."""
+    nodes = n // devices
+    return StopAgreement(build(topology, nodes, seed), NodeLayout(nodes, devices, 0, 0),
+                         delay_by_one=delay_by_one)
 
 
-def _spread(r: _Rounds, rank: int, first: int) -> int:
+def _spread(r: StopAgreement, rank: int, first: int) -> int:
     """Message-level replay: every rank's known value, round by round; the first step at whose
     batch start every rank knows it."""
-    n, lag = r.world_size, r._rounds_lag()
+    n, lag = r.world_size, r.lag
     knows_after: dict[int, int] = {rank: first - lag}
     t = first
     while len(knows_after) < n:
         senders = {i for i, k in knows_after.items() if k + lag <= t}
         for i in senders:
-            for j in r._stop_peers(i, t)[0]:
+            for j in r.peers(i, t)[0]:
                 knows_after.setdefault(j, t)
         t += 1
     return max(knows_after.values()) + lag
@@ -67,7 +66,7 @@ def _spread(r: _Rounds, rank: int, first: int) -> int:
     ("random_ring", 8, True, 1), ("exponential", 8, False, 1), ("ring", 8, False, 2),
 ])
 def test_stop_step_reaches_every_rank_in_time(topology, n, delay, devices):
-    r = _Rounds(topology, n, delay, devices)
+    r = _agreement(topology, n, delay, devices)
     lag = 2 if delay else 1
     for rank in range(n):
         for first in (0, 3, 17):
@@ -77,9 +76,9 @@ def test_stop_step_reaches_every_rank_in_time(topology, n, delay, devices):
 
 
 def test_stop_step_on_a_ring_of_four():
-    r = _Rounds("ring", 4)
+    r = _agreement("ring", 4)
     assert r.stop_step_for(1, 3) == 5  # ranks 0 and 2 hear it in round 3, rank 3 in round 4
-    assert _Rounds("ring", 4, delay_by_one=True).stop_step_for(1, 3) == 7
+    assert _agreement("ring", 4, delay_by_one=True).stop_step_for(1, 3) == 7
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, name, n
     text = extra["output"]
     assert ranks[rank].get("sigterm_sent_at_step") == step, ranks
     if expected is None:
-        r = _Rounds("random_ring", n, delay_by_one=True)
+        r = _agreement("random_ring", n, delay_by_one=True)
         expected = r.stop_step_for(rank, step)
     for res in ranks:
         assert res["exception"] == "SIGTERMException", (res, text[-8000:])

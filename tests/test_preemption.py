@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from benchmarks.launch import ROOT, base_env, free_port, launch_processes
-from lightning_gossip.strategies.dpsgd_rounds import _RoundsMixin
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
 from tests.test_emergency_checkpoint import check_emergency
 
@@ -36,15 +37,9 @@ SCRIPT = ROOT / "tests/scripts/preempt_ranks.py"
 N, SIGNAL_STEP, SPREAD = 3, 3, 2
 
 
-class _Rounds(_RoundsMixin):
+def _agreement(n: int) -> StopAgreement:
     """The agreement's arithmetic for a flat ``DPSGDStrategy()`` (random ring, seed 0)."""
-
-    def __init__(self, n: int) -> None:
-        self.world_size, self.delay_by_one = n, False
-        self.topology = build("random_ring", n, 0)
-        from lightning_gossip.hierarchy import NodeLayout
-
-        self.layout = NodeLayout(n, 1, 0, 0)
+    return StopAgreement(build("random_ring", n, 0), NodeLayout(n, 1, 0, 0))
 
 
 def _load_ckpt(folder: Path) -> dict:
@@ -103,7 +98,7 @@ def test_requeue_signal_at_different_steps_checkpoints_together(launched):
 
     # dpsgd: every rank wrote the checkpoint and stopped at the same agreed step
     ranks = [json.loads((tmp_path / "dpsgd" / f"rank{r}.json").read_text()) for r in range(N)]
-    rounds = _Rounds(N)
+    rounds = _agreement(N)
     agreed = min(rounds.stop_step_for(r, SIGNAL_STEP + SPREAD * r) for r in range(N))
     for res in ranks:
         assert res["exception"] == "SIGTERMException", (res, text[-6000:])

@@ -44,7 +44,9 @@ def consensus_loss(model: nn.Module, flat: FlatState, x: torch.Tensor, y: torch.
 
 
 def main() -> None:
-    dist.init_process_group("gloo", timeout=TIMEOUT)  # torchrun's environment
+    own_group = not dist.is_initialized()  # inside a larger program: use its process group
+    if own_group:
+        dist.init_process_group("gloo", timeout=TIMEOUT)  # torchrun's environment
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -72,9 +74,10 @@ def main() -> None:
         losses.append(consensus_loss(model, flat, x_val, y_val))
     engine.stop()
     stats = engine.stats
-    print(json.dumps({"rank": rank, "consensus_loss": losses, "steps": stats.steps,
-                      "exchanges": stats.exchanges}), flush=True)
-    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "engine": "AsyncGossip", "consensus_loss": losses,
+                      "steps": stats.steps, "exchanges": stats.exchanges}), flush=True)
+    if own_group:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,21 +1,21 @@
 """The heartbeat: every rank's background thread beats in the c10d store (:class:`Heartbeat`),
 readers find the silent or departed ranks (:class:`PeerSilent`), and :func:`current` is the one
-this process runs."""
+this process runs. Its store operations go through :func:`~lightning_gossip.liveness.store.bounded`;
+the collectives that watch it are in :mod:`~lightning_gossip.liveness.collectives`."""
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from lightning_gossip.errors import PeerSilent
-from lightning_gossip.liveness.waits import _ranks, wait_for_peers
+from lightning_gossip.liveness.store import bounded, store_clients
+from lightning_gossip.liveness.waits import _ranks
 
 DOWN = 1 << 40
 """Added to a rank's counter when it leaves after an error: readers see it at once."""
@@ -41,49 +41,6 @@ def _key(rank: int) -> str:
     # torchrun's agent keeps its store across restarts: one key space per restart round
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"lightning_gossip/heartbeat/{restart}/{rank}"
-
-
-def bounded(operation: Callable[[], Any], limit_s: float, what: str) -> Any:
-    """``operation()`` on this process's store thread, waited for at most ``limit_s`` seconds
-    (``TimeoutError`` naming ``what`` after that).
-
-    A c10d ``TCPStore`` client has no deadline against a host that is frozen rather than
-    dead (SIGSTOP: its connections stay open and nothing answers; measured, torch 2.9.1: a
-    rank read the heartbeats of a frozen store host for over 10 minutes). One daemon thread
-    runs the operations in turn (a hand-off, not a new thread per call: the shared samplers
-    claim every batch here); while it is stuck on a frozen host, later operations time out
-    too, and it ends when the host answers or the process exits.
-    """
-    global _store_thread
-    with _store_lock:
-        if _store_thread is None or not _store_thread.is_alive():  # first use, or after fork
-            _store_thread = threading.Thread(target=_serve_store_jobs, daemon=True,
-                                             name="lightning-gossip-store")
-            _store_thread.start()
-    box: dict[str, Any] = {}
-    done = threading.Event()
-    _store_jobs.put((operation, box, done))
-    if not done.wait(limit_s):
-        raise TimeoutError(f"{what}: no answer from the store within {limit_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-_store_jobs: queue.SimpleQueue = queue.SimpleQueue()
-_store_lock = threading.Lock()
-_store_thread: threading.Thread | None = None
-
-
-def _serve_store_jobs() -> None:
-    while True:
-        operation, box, done = _store_jobs.get()
-        try:
-            box["value"] = operation()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-        finally:
-            done.set()
 
 
 class Heartbeat:
@@ -144,23 +101,7 @@ class Heartbeat:
         within about ``timeout`` too. Without ``MASTER_ADDR``/``MASTER_PORT`` (or when the
         connection fails) ``fallback`` (e.g. the default group's store) is used for both.
         """
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        # torchrun's agent hosts the store unless it is not shared with the workers
-        # (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as restarts need): then rank 0 does
-        host = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
-        clients: list[dist.Store] = []
-        if addr and port:
-            try:
-                for _ in range(2):
-                    clients.append(dist.TCPStore(
-                        addr, int(port), world_size, is_master=False,
-                        timeout=timedelta(seconds=timeout), wait_for_workers=False))
-            except Exception:  # noqa: BLE001 - fall back to the shared client
-                clients = []
-        if not clients:
-            if fallback is None:
-                raise RuntimeError("Heartbeat.connect: no MASTER_ADDR/MASTER_PORT and no store")
-            clients = [fallback, fallback]
+        clients, host = store_clients(world_size, timeout, fallback)
         return cls(clients[0], rank, world_size, timeout, writer_store=clients[1],
                    store_host=host, monitor=monitor)
 
@@ -391,58 +332,6 @@ class Heartbeat:
         with self._seen_lock:
             last = self._seen.get(rank)
         return None if last is None else time.monotonic() - last[1]
-
-
-def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
-                       timeout: timedelta, group: dist.ProcessGroup | None = None,
-                       heartbeat: Heartbeat | None = None, **kwargs: Any) -> None:
-    """Run a collective in which every rank of ``group`` meets (``all_reduce``, ``broadcast``,
-    ``barrier``, ...) and wait for it like a gossip wait: a rank of the group that stops
-    beating makes every other one fail with :class:`PeerSilent` naming it (and ``what``)
-    within about ``heartbeat.timeout``, instead of waiting for ``timeout``.
-
-    ``collective(*args, group=group, async_op=True, **kwargs)`` must return a ``dist.Work``.
-    Without a heartbeat (``heartbeat`` and :func:`current` both ``None``) it is a plain wait
-    with ``timeout``. Example, the exact average of the replicas at a checkpoint::
-
-        out = flat.clone()
-        watched_collective(dist.all_reduce, out, op=dist.ReduceOp.SUM, timeout=self.timeout,
-                           what=f"rank {rank} averaging the replicas for a checkpoint")
-        out.div_(world_size)
-    """
-    beat = heartbeat if heartbeat is not None else current()
-    work = collective(*args, group=group, async_op=True, **kwargs)
-    me = dist.get_rank()
-    members = (range(dist.get_world_size()) if group is None
-               else dist.get_process_group_ranks(group))
-    try:
-        wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
-    except BaseException:
-        keep_alive_at_exit(group)
-        raise
-
-
-_kept: list[Any] = []
-
-
-def keep_alive_at_exit(group: dist.ProcessGroup | None) -> None:
-    """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned.
-
-    Gloo runs a collective on the process group's worker threads, and the group's destructor
-    joins them: with a peer frozen, the abandoned collective keeps its thread until the group's
-    ``timeout``, so the interpreter's exit would hang that long after the error was raised
-    (measured: a rank that named a frozen peer then hung at exit until its test killed it, 7
-    minutes later). One extra reference, never released, lets the process exit at once; the
-    operating system reclaims the group. ``ProcessGroupGloo.abort()`` does not release the
-    thread (measured, torch 2.9).
-    """
-    import ctypes
-
-    pg = group if group is not None else dist.group.WORLD
-    if pg is None or any(k is pg for k in _kept):
-        return
-    _kept.append(pg)
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 def store_call(operation: Callable[[], Any], what: str) -> Any:

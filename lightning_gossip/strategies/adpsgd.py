@@ -19,11 +19,9 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -32,16 +30,16 @@ from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
 from lightning_gossip.hierarchy import ColumnPairing, NodeLayout, make_node_groups
 from lightning_gossip.pairing import Pairing, check_pairing_name
-from lightning_gossip.strategies.adpsgd_phases import _PhasesMixin
+from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback, _PhasesMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
+from lightning_gossip.strategies.node_averaging import NodeAverager
 
 __all__ = ["ADPSGDStrategy"]
 
 _run_ids = itertools.count()  # fits in this process, counted the same way on every rank
 
 
-class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
+class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -179,8 +177,7 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         #: this rank's place in the nodes (``hierarchical`` with several processes per node;
         #: after set-up)
         self.layout: NodeLayout | None = None
-        self._node_group: dist.ProcessGroup | None = None  # gradients averaged here
-        self._buffers: list[Tensor] = []  # floating buffers, averaged in the node
+        self._node_group: dist.ProcessGroup | None = None  # the node's (hierarchical)
         self.engine: AsyncGossip | None = None
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._run_id: int | None = None
@@ -228,8 +225,12 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
                 data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
                 self._groups = (control, data)
         assert self._flat is not None
+        self.node = None
         if self._sharded:
-            self._buffers = self._find_node_buffers()
+            assert self.layout is not None and self._node_group is not None
+            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
+                                     self._node_group, self.timeout, self.heartbeat,
+                                     step=lambda: self.step)
         if self._sharded and nodes == 1:
             rank_zero_warn(
                 f"ADPSGDStrategy(hierarchical=True) on one node of {devices} processes: "
@@ -254,7 +255,7 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
             assert self.layout is not None
             engine_pairing = ColumnPairing(pairing, self.layout)
             kwargs = {"shard": (self.layout.local, self.layout.devices),
-                      "node_gather": self._node_all_gather}
+                      "node_gather": self.node.all_gather if self.node else None}
         return AsyncGossip(
             self._flat, self.global_rank, engine_pairing,
             control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
@@ -306,11 +307,11 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         self.check_liveness(self.step)
         if self.engine is not None and not self.engine.in_phase:
             self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
-        if self._node_group is not None:
-            closure = self._node_averaging(closure)
+        if self.node:
+            closure = self.node.wrap(closure)
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._node_group is not None:
-            self._average_node_buffers()
+        if self.node:
+            self.node.average_buffers()
         self.step += 1
         if self.engine is not None:
             self.engine.after_step()
@@ -322,63 +323,10 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         if self.engine is not None:
             self.engine.quiesce()
 
-    @override
-    def reduce(
-        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
-    ) -> Tensor:
-        """Like :meth:`GossipStrategy.reduce`, except mid-epoch, where values stay local."""
-        if self.engine is not None and self.engine.in_phase and isinstance(tensor, Tensor):
-            # Mid-epoch the ranks are at different steps: a collective here would pair up
-            # unrelated calls. Per-step values stay local; epoch-level ones are reduced.
-            if not self._warned_local_reduce:
-                self._warned_local_reduce = True
-                rank_zero_warn(
-                    "adpsgd: values logged with sync_dist=True during training steps are not "
-                    "reduced across ranks (ranks run at different speeds); epoch-level and "
-                    "validation values are.")
-            return tensor
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
-
-        Lightning's ``Timer`` (``Trainer(max_time=...)``) broadcasts its decision after every
-        batch. Mid-epoch the ranks are at different steps, so each rank decides on its own;
-        a rank that stops ends its epoch, and at the epoch-end meeting all ranks stop together
-        (see ``docs/faults.md``).
-        """
-        if self.engine is not None and self.engine.in_phase:
-            if self._node_group is not None and self.layout is not None:
-                # hierarchical: the node's ranks step together, so they decide together
-                first = self.layout.node_ranks(self.layout.node)[0]
-                return self.broadcast_object(obj, first, group=self._node_group)
-            return obj
-        return super().broadcast(obj, src)
-
     @property
     def gossip_stats(self) -> dict[str, float]:
         """This rank's exchange and waiting counters (of the last fit once it has ended):
         ``exchanges``, ``steps``, ``staleness_waits``, ``staleness_wait_s`` and ``sent_bytes``
         (the snapshot payload sent: its shard, in the wire dtype)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
-
-
-class _PhaseCallback(Callback):
-    """Inserted by :class:`ADPSGDStrategy`: opens a gossip phase at every epoch start and
-    closes it at every epoch end (the points where all ranks meet)."""
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Open a gossip phase."""
-        strategy = trainer.strategy
-        if isinstance(strategy, ADPSGDStrategy):
-            strategy.begin_phase()
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Close the gossip phase (see :meth:`ADPSGDStrategy.end_epoch`)."""
-        strategy = trainer.strategy
-        if isinstance(strategy, ADPSGDStrategy):
-            strategy.end_epoch(trainer)
 

@@ -1,6 +1,8 @@
 """The gossip phases of :class:`~lightning_gossip.strategies.ADPSGDStrategy`, as a mixin: the
-trainer settings a phase cannot support, the barrier that opens a phase, and the epoch-end meeting
-that closes it (agreeing on stopping, the periodic global average, consensus logging)."""
+trainer settings a phase cannot support, the barrier that opens a phase, what Lightning's
+collectives do mid-phase (values stay local), and the epoch-end meeting that closes it (agreeing
+on stopping, the periodic global average, consensus logging); :class:`_PhaseCallback` opens and
+closes the phases at the epoch boundaries."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_gossip import _compat
@@ -63,6 +66,40 @@ class _PhasesMixin:
             return
         self.quiesce()
         self._log_requeue_steps(self._meet(stop=False, requeue=True))
+
+    @override
+    def reduce(
+        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
+    ) -> Tensor:
+        """Like :meth:`GossipStrategy.reduce`, except mid-epoch, where values stay local."""
+        if self.engine is not None and self.engine.in_phase and isinstance(tensor, Tensor):
+            # Mid-epoch the ranks are at different steps: a collective here would pair up
+            # unrelated calls. Per-step values stay local; epoch-level ones are reduced.
+            if not self._warned_local_reduce:
+                self._warned_local_reduce = True
+                rank_zero_warn(
+                    "adpsgd: values logged with sync_dist=True during training steps are not "
+                    "reduced across ranks (ranks run at different speeds); epoch-level and "
+                    "validation values are.")
+            return tensor
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
+
+        Lightning's ``Timer`` (``Trainer(max_time=...)``) broadcasts its decision after every
+        batch. Mid-epoch the ranks are at different steps, so each rank decides on its own;
+        a rank that stops ends its epoch, and at the epoch-end meeting all ranks stop together
+        (see ``docs/faults.md``).
+        """
+        if self.engine is not None and self.engine.in_phase:
+            if self.node:
+                # hierarchical: the node's ranks step together, so they decide together
+                first = self.node.layout.node_ranks(self.node.layout.node)[0]
+                return self.broadcast_object(obj, first, group=self.node.group)
+            return obj
+        return super().broadcast(obj, src)
 
     def _log_requeue_steps(self, met: torch.Tensor) -> None:
         steps = [int(x) for x in met[3 + self.world_size:].tolist()]
@@ -134,3 +171,23 @@ class _PhasesMixin:
             self._flat.copy_(self.average_replicas("for the periodic global average"))
         if self.consensus_every_n_steps is not None:
             self.log_consensus_distance()
+
+
+class _PhaseCallback(Callback):
+    """Inserted by :class:`~lightning_gossip.strategies.ADPSGDStrategy`: opens a gossip phase
+    at every epoch start and closes it at every epoch end (the points where all ranks meet)."""
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Open a gossip phase."""
+        strategy = trainer.strategy
+        if isinstance(strategy, _PhasesMixin):
+            strategy.begin_phase()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the gossip phase (see :meth:`_PhasesMixin.end_epoch`)."""
+        strategy = trainer.strategy
+        if isinstance(strategy, _PhasesMixin):
+            strategy.end_epoch(trainer)
+

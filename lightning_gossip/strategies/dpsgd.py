@@ -9,7 +9,6 @@ replicas converge to consensus about as fast as with a fully connected graph.
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -21,22 +20,20 @@ from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
-from lightning_gossip.exchange import CommWorker
 from lightning_gossip.hierarchy import (
     NodeGroups,
     NodeLayout,
     make_node_groups,
 )
-from lightning_gossip.liveness import keep_alive_at_exit
-from lightning_gossip.strategies.dpsgd_rounds import _Round, _RoundsMixin
+from lightning_gossip.strategies.dpsgd_stop import _StopHooksMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import _NodeAveragingMixin
+from lightning_gossip.strategies.node_averaging import NodeAverager
+from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
 __all__ = ["DPSGDStrategy"]
@@ -44,7 +41,7 @@ __all__ = ["DPSGDStrategy"]
 log = logging.getLogger(__name__)
 
 
-class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
+class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
     """Synchronous D-PSGD: mix with this step's neighbours around every optimizer step.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -163,19 +160,13 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         self.topology: Topology | None = None
         #: this rank's place in the nodes (the sharded / compressed exchange), after set-up
         self.layout: NodeLayout | None = None
+        #: the engine (after set-up; ``None`` with nothing to gossip with: one node of several
+        #: ranks under ``hierarchical=True``)
+        self.engine: SyncGossip | None = None
         self._groups: NodeGroups | None = None
-        self._node_group: dist.ProcessGroup | None = None  # gradients averaged here
-        self._buffers: list[Tensor] = []  # floating buffers, averaged in the node
-        self._exchanging = True  # False: one node of several ranks (plain data parallelism)
-        self._sent_bytes = 0
-        self._messages = 0
-        self._exchanges = 0
-        self._group: dist.ProcessGroup | None = None
-        self._pending: list[_Round] = []  # started, not yet applied (oldest first)
-        self._spare: list[list[Tensor]] = []  # recycled [send, recv...] buffer sets
-        self._worker: CommWorker | None = None  # finishes the rounds off the training thread
-        self._stop_lock = threading.Lock()
-        self._reset_agreement()  # the smallest "stop / requeue at step s" known (dpsgd_stop)
+        self._group: dist.ProcessGroup | None = None  # the engine's
+        self._stats = SyncStats()  # over every fit of this process
+        self._reset_stop_hooks()
 
     # ------------------------------------------------------------------------------------------
     @override
@@ -186,8 +177,8 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
         hierarchical = self.hierarchical and devices > 1
         if self.hierarchical:
             self._check_node_layout()
-        self._exchanging = not (hierarchical and nodes == 1)
-        if not self._exchanging:
+        exchanging = not (hierarchical and nodes == 1)
+        if not exchanging:
             rank_zero_warn(
                 f"DPSGDStrategy(hierarchical=True) on one node of {devices} processes: "
                 "gradients are averaged inside the node and there is nothing to gossip with "
@@ -203,21 +194,36 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
                 # the communication thread's own node group for the sharded rounds' all-gather;
-                # none with NCCL, where the training thread all-gathers (dpsgd_rounds)
-                backend = self.process_group_backend or dist.get_backend()
+                # none with NCCL, where the training thread all-gathers (sync_gossip)
                 self._groups = make_node_groups(layout, self.process_group_backend, self.timeout,
-                                                gossip_node_group="nccl" not in str(backend))
+                                                gossip_node_group=self._gather_on_worker())
             else:
                 layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self._group, column=self._group)
             self.layout = layout
+        self.node = None
         if hierarchical:
-            assert self._groups is not None
-            self._node_group = self._groups.node
-            self._buffers = self._find_node_buffers()
-        else:
-            self._node_group = None
-            self._buffers = []
+            assert self._groups is not None and self._flat is not None and self.layout is not None
+            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
+                                     self._groups.node, self.timeout, self.heartbeat,
+                                     step=lambda: self.step)
+        self.engine = None
+        if exchanging:
+            assert self._flat is not None and self.topology is not None
+            self.engine = SyncGossip(
+                self._flat, self.global_rank, self.topology, self._group, self.timeout,
+                overlap=self.overlap, delay_by_one=self.delay_by_one, wire_dtype=self._wire,
+                layout=self.layout, groups=self._groups if hierarchical else None,
+                node_gather=self.node.all_gather if self.node else None,
+                heartbeat=self.heartbeat, stats=self._stats)
+            self.engine.start()
+
+    def _gather_on_worker(self) -> bool:
+        """Whether the communication thread all-gathers a sharded round's slices on a node
+        group of its own: not with NCCL, where NCCL does not promise progress for two
+        communicators driven from two threads (the training thread all-gathers)."""
+        backend = self.process_group_backend or dist.get_backend()
+        return "nccl" not in str(backend)
 
     def resolve_topology(self, num_nodes: int, devices: int) -> Topology:
         """The topology gossip follows for ``num_nodes`` nodes of ``devices`` processes: over
@@ -241,20 +247,13 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     def sharded(self) -> bool:
         """Whether the exchange goes through :class:`~lightning_gossip.hierarchy.ShardedExchange`
         (``hierarchical`` with several processes per node, or a compressed ``wire_dtype``)."""
-        return self._node_group is not None or self._wire != torch.float32
+        return self.node is not None or self._wire != torch.float32
 
     @override
     def teardown_gossip(self) -> None:
         """Drop in-flight exchanges and buffers, and stop the communication thread."""
-        self._pending.clear()
-        self._spare.clear()
-        if self._worker is not None:
-            self._worker.close(timeout=0.5)
-            groups = self._groups
-            if self._worker.alive and groups is not None and groups.node_gossip is not None:
-                # maybe inside a sharded round's all-gather: its group must outlive the process
-                keep_alive_at_exit(groups.node_gossip)
-            self._worker = None
+        if self.engine is not None:
+            self.engine.close()
 
     # ------------------------------------------------------------------------------------------
     # The step
@@ -262,11 +261,10 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Start this step's exchange (``overlap``), so it runs during forward/backward."""
-        # Start this step's exchange before forward/backward so it overlaps with them. Under
-        # gradient accumulation only the first micro-batch starts one (x_t does not change).
-        if (self.gossip_enabled and self._exchanging and self.overlap
-                and not self._started(self.step)):
-            self._start(self.step)
+        # Under gradient accumulation only the first micro-batch starts one (x_t does not
+        # change): the engine starts a step's round once.
+        if self.gossip_enabled and self.engine is not None:
+            self.engine.before_step(self.step)
 
     @override
     def optimizer_step(
@@ -284,24 +282,17 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
             return out
         t = self.step
         self.check_liveness(t)
-        if self._exchanging and self.overlap and not self._started(t):  # manual opt., 2nd opt.
-            self._start(t)
-        if self._node_group is not None:
-            closure = self._node_averaging(closure)
+        if self.engine is not None:  # manual optimization, a second optimizer
+            self.engine.before_step(t)
+        if self.node:
+            closure = self.node.wrap(closure)
         # The local step runs whatever happens (also when AMP skips it): every rank must
         # take part in every exchange, or its peers would wait for it.
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._node_group is not None:
-            self._average_node_buffers()
-        if not self._exchanging:
-            pass
-        elif not self.overlap:
-            self._finish_blocking(self._start(t))
-        elif self.delay_by_one:
-            if len(self._pending) > 1:  # the exchange from step t-1
-                self._apply_delta(self._pending.pop(0))
-        else:
-            self._apply_delta(self._pending.pop(0))
+        if self.node:
+            self.node.average_buffers()
+        if self.engine is not None:
+            self.engine.after_step(t)
         self.step = t + 1
         n = self.global_average_every_n_steps
         if n is not None and self.step % n == 0:
@@ -318,5 +309,12 @@ class DPSGDStrategy(_NodeAveragingMixin, _RoundsMixin, GossipStrategy):
     @override
     def quiesce(self) -> None:
         """Finish in-flight exchanges. Their deltas are applied, so no mixing is lost."""
-        while self._pending:
-            self._apply_delta(self._pending.pop(0))
+        if self.engine is not None:
+            self.engine.quiesce()
+
+    @property
+    def gossip_stats(self) -> dict[str, float]:
+        """What this rank's gossip sent so far (this process): ``sent_bytes`` (payload of the
+        replica messages, without the node's all-reduce and all-gather), ``messages`` and
+        ``exchanges`` (rounds started)."""
+        return self._stats.as_dict()

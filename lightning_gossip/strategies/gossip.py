@@ -11,14 +11,12 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 from __future__ import annotations
 
 import logging
-import pickle
 from abc import ABC
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
@@ -29,18 +27,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
-from lightning_gossip.agreement import check_agreement
+from lightning_gossip.agreement import check_agreement, plain_repr
 from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.liveness import Heartbeat, watched_collective
+from lightning_gossip.strategies.node_averaging import NodeAverager, check_node_layout
+from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
+from lightning_gossip.strategies.options import check_options
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
 from lightning_gossip.strategies.replicas import _ReplicasMixin
 from lightning_gossip.strategies.resilience import _ResilienceMixin
 
 log = logging.getLogger(__name__)
-
-EVALUATE_CHOICES = ("consensus", "local")
-
 
 class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
     """Base class of the decentralized strategies: one replica per rank, mixed by gossip.
@@ -89,27 +88,9 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        if heartbeat_timeout is not None and not float(heartbeat_timeout) > 0:
-            raise ValueError(
-                f"heartbeat_timeout must be positive or None, got {heartbeat_timeout!r}")
-        if evaluate not in EVALUATE_CHOICES:
-            raise ValueError(f"evaluate must be one of {EVALUATE_CHOICES}, got {evaluate!r}")
-        if consensus_every_n_steps is not None and (
-            not isinstance(consensus_every_n_steps, int) or consensus_every_n_steps < 1
-        ):
-            raise ValueError(
-                "consensus_every_n_steps must be a positive integer or None, "
-                f"got {consensus_every_n_steps!r}"
-            )
-        if process_group_backend not in (None, "gloo", "nccl"):
-            raise ValueError(
-                "process_group_backend must be 'gloo', 'nccl' or None, "
-                f"got {process_group_backend!r}"
-            )
-        if not isinstance(timeout, timedelta):
-            timeout = timedelta(seconds=float(timeout))
-        if timeout.total_seconds() <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        timeout = check_options(evaluate=evaluate, consensus_every_n_steps=consensus_every_n_steps,
+                                process_group_backend=process_group_backend, timeout=timeout,
+                                heartbeat_timeout=heartbeat_timeout)
         self.final_average = bool(final_average)
         self.evaluate = evaluate
         self.consensus_every_n_steps = consensus_every_n_steps
@@ -118,6 +99,8 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
         #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
         self.heartbeat: Heartbeat | None = None
+        #: averaging inside the node (hierarchical gossip, after set-up); ``None`` when flat
+        self.node: NodeAverager | None = None
         self._num_nodes = 1
         self._flat: FlatState | None = None
         #: flat storage (docs/architecture.md): at set-up, move the replica's parameters and
@@ -256,7 +239,7 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         for name in self.AGREED_OPTIONS:
             value = getattr(self, name)
             plain = value is None or isinstance(value, (bool, int, float, str))
-            config[name] = value if plain else _plain_repr(value)
+            config[name] = value if plain else plain_repr(value)
         return config
 
     @override
@@ -295,6 +278,12 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
             self._broadcast_initial_weights()
             self.setup_gossip(trainer)
 
+    def _check_node_layout(self) -> None:
+        """The same ``ValueError`` on every rank when the ranks do not form ``num_nodes`` nodes
+        of ``num_processes`` (a collective: ``hierarchical`` set-up)."""
+        check_node_layout(self.world_size, self.global_rank, self.node_rank, self.local_rank,
+                          self.num_nodes, self.num_processes)
+
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
 
@@ -325,33 +314,12 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
         ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
         ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
-        if not isinstance(tensor, Tensor) or not _compat.distributed_is_initialized():
-            return tensor
-        mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
-        if reduce_op is None or mean:
-            op = dist.ReduceOp.SUM
-        elif isinstance(reduce_op, str):
-            op = getattr(dist.ReduceOp, reduce_op.upper())
-        else:
-            op = reduce_op
-        self.watched(dist.all_reduce, tensor, op=op, group=group,
-                     what=f"the all-reduce of a logged or monitored value ({reduce_op})")
-        if not mean:
-            return tensor
-        n = dist.get_world_size(group)
-        if not torch.is_floating_point(tensor):
-            return tensor.copy_(tensor / n)
-        return tensor.div_(n)
+        return collectives.reduce(tensor, group, reduce_op, self.watched)
 
     @override
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
         """Wait for every rank (no-op without a process group); a watched wait."""
-        if not _compat.distributed_is_initialized():
-            return
-        extra: dict[str, Any] = {}
-        if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
-            extra["device_ids"] = [self.root_device.index]
-        self.watched(dist.barrier, what=f"the barrier {name or ''}".rstrip(), **extra)
+        collectives.barrier(name, self.root_device, self.watched)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -363,18 +331,8 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
 
     def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
         """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
-        device = (self.root_device if dist.get_backend(group) == "nccl"
-                  else torch.device("cpu"))
-        mine = self.global_rank == src
-        data = (torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if mine
-                else torch.empty(0, dtype=torch.uint8))
-        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-        what = f"the broadcast of an object from rank {src}"
-        self.watched(dist.broadcast, size, src=src, group=group, what=what)
-        buf = data.to(device) if mine else torch.empty(int(size.item()), dtype=torch.uint8,
-                                                       device=device)
-        self.watched(dist.broadcast, buf, src=src, group=group, what=what)
-        return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301
+        return collectives.broadcast_object(obj, src, group, self.global_rank,
+                                            self.root_device, self.watched)
 
     @override
     def teardown(self) -> None:
@@ -383,10 +341,3 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         self.stop_heartbeat()
         super().teardown()
 
-
-def _plain_repr(value: Any) -> str:
-    """``repr`` of a configuration value; arrays (explicit mixing matrices) by their contents."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    text = repr(value)
-    return type(value).__name__ if " at 0x" in text else text

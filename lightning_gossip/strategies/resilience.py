@@ -107,11 +107,11 @@ class _ResilienceMixin:
         """
         if self._requeue_done:
             return False
-        if getattr(self, "_node_group", None) is not None:
+        if self.node:  # hierarchical: the node's ranks step together
             import torch
 
             flag = torch.tensor([1.0 if received else 0.0], device=self.root_device)
-            self._node_all_reduce(flag, "agreeing on the requeue (SLURM)")
+            self.node.all_reduce(flag, "agreeing on the requeue (SLURM)")
             received = bool(flag.item() > 0)
         if not received:
             return False

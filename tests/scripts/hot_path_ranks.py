@@ -111,7 +111,7 @@ class Record(Callback):
         self.result.update(exception=type(exception).__name__,
                            global_step=trainer.global_step,
                            strategy_step=trainer.strategy.step,
-                           stop_at=trainer.strategy._stop_at)
+                           stop_at=trainer.strategy.engine.agreement.stop_at)
 
     def on_train_end(self, trainer, module):
         COUNTER.in_steps = False

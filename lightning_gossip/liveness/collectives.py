@@ -1,0 +1,67 @@
+"""Collectives that watch the heartbeats (:func:`watched_collective`), and groups kept alive
+after an abandoned collective (:func:`keep_alive_at_exit`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from lightning_gossip.liveness.heartbeat import Heartbeat, current
+from lightning_gossip.liveness.waits import wait_for_peers
+
+__all__ = ["keep_alive_at_exit", "watched_collective"]
+
+
+def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
+                       timeout: timedelta, group: dist.ProcessGroup | None = None,
+                       heartbeat: Heartbeat | None = None, **kwargs: Any) -> None:
+    """Run a collective in which every rank of ``group`` meets (``all_reduce``, ``broadcast``,
+    ``barrier``, ...) and wait for it like a gossip wait: a rank of the group that stops
+    beating makes every other one fail with :class:`PeerSilent` naming it (and ``what``)
+    within about ``heartbeat.timeout``, instead of waiting for ``timeout``.
+
+    ``collective(*args, group=group, async_op=True, **kwargs)`` must return a ``dist.Work``.
+    Without a heartbeat (``heartbeat`` and :func:`current` both ``None``) it is a plain wait
+    with ``timeout``. Example, the exact average of the replicas at a checkpoint::
+
+        out = flat.clone()
+        watched_collective(dist.all_reduce, out, op=dist.ReduceOp.SUM, timeout=self.timeout,
+                           what=f"rank {rank} averaging the replicas for a checkpoint")
+        out.div_(world_size)
+    """
+    beat = heartbeat if heartbeat is not None else current()
+    work = collective(*args, group=group, async_op=True, **kwargs)
+    me = dist.get_rank()
+    members = (range(dist.get_world_size()) if group is None
+               else dist.get_process_group_ranks(group))
+    try:
+        wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
+    except BaseException:
+        keep_alive_at_exit(group)
+        raise
+
+
+_kept: list[Any] = []
+
+
+def keep_alive_at_exit(group: dist.ProcessGroup | None) -> None:
+    """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned.
+
+    Gloo runs a collective on the process group's worker threads, and the group's destructor
+    joins them: with a peer frozen, the abandoned collective keeps its thread until the group's
+    ``timeout``, so the interpreter's exit would hang that long after the error was raised
+    (measured: a rank that named a frozen peer then hung at exit until its test killed it, 7
+    minutes later). One extra reference, never released, lets the process exit at once; the
+    operating system reclaims the group. ``ProcessGroupGloo.abort()`` does not release the
+    thread (measured, torch 2.9).
+    """
+    import ctypes
+
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None or any(k is pg for k in _kept):
+        return
+    _kept.append(pg)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))

@@ -1,0 +1,69 @@
+"""Lightning's collective API (``reduce``, ``barrier``, ``broadcast``) for the gossip strategies,
+each a watched wait: ``watched(collective, *args, what=..., group=..., **kwargs)`` runs the
+collective with ``async_op=True`` and fails fast, naming the rank, when a rank of the group stops
+beating (:meth:`~lightning_gossip.strategies.gossip.GossipStrategy.watched`)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_gossip import _compat
+
+#: ``watched(collective, *args, what=..., group=..., **kwargs)``
+Watched = Callable[..., None]
+
+
+def reduce(tensor: Tensor, group: Any | None, reduce_op: Any | None, watched: Watched) -> Tensor:
+    """All-reduce ``tensor`` in place (mean for ``None``, ``"mean"`` or ``"avg"``; ``"sum"``,
+    ``"max"``, ... or a ``ReduceOp``); anything but a tensor, or without a process group, is
+    returned as is."""
+    if not isinstance(tensor, Tensor) or not _compat.distributed_is_initialized():
+        return tensor
+    mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
+    if reduce_op is None or mean:
+        op = dist.ReduceOp.SUM
+    elif isinstance(reduce_op, str):
+        op = getattr(dist.ReduceOp, reduce_op.upper())
+    else:
+        op = reduce_op
+    watched(dist.all_reduce, tensor, op=op, group=group,
+            what=f"the all-reduce of a logged or monitored value ({reduce_op})")
+    if not mean:
+        return tensor
+    n = dist.get_world_size(group)
+    if not torch.is_floating_point(tensor):
+        return tensor.copy_(tensor / n)
+    return tensor.div_(n)
+
+
+def barrier(name: str | None, device: torch.device, watched: Watched) -> None:
+    """Wait for every rank (no-op without a process group)."""
+    if not _compat.distributed_is_initialized():
+        return
+    extra: dict[str, Any] = {}
+    if dist.get_backend() == "nccl" and device.type == "cuda":
+        extra["device_ids"] = [device.index]
+    watched(dist.barrier, what=f"the barrier {name or ''}".rstrip(), **extra)
+
+
+def broadcast_object(obj: Any, src: int, group: Any | None, rank: int, device: torch.device,
+                     watched: Watched) -> Any:
+    """``obj`` from global rank ``src`` on every rank of ``group`` (``rank``: this one's): its
+    pickled bytes as a length and a byte tensor (on ``device`` with NCCL), each watched."""
+    device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = rank == src
+    data = (torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if mine
+            else torch.empty(0, dtype=torch.uint8))
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    what = f"the broadcast of an object from rank {src}"
+    watched(dist.broadcast, size, src=src, group=group, what=what)
+    buf = data.to(device) if mine else torch.empty(int(size.item()), dtype=torch.uint8,
+                                                   device=device)
+    watched(dist.broadcast, buf, src=src, group=group, what=what)
+    return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301

@@ -1,0 +1,45 @@
+"""The options every gossip strategy takes (those of
+:class:`~lightning_gossip.strategies.gossip.GossipStrategy`), checked in one place when a strategy
+is constructed, so bad input fails before any process starts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = ["EVALUATE_CHOICES", "check_options"]
+
+EVALUATE_CHOICES = ("consensus", "local")
+
+
+def check_options(*, evaluate: str, consensus_every_n_steps: int | None,
+                  process_group_backend: str | None, timeout: timedelta | float,
+                  heartbeat_timeout: float | None) -> timedelta:
+    """Raise ``ValueError`` naming the first bad option; return ``timeout`` as a
+    ``timedelta``.
+
+    >>> check_options(evaluate="local", consensus_every_n_steps=None, process_group_backend=None,
+    ...               timeout=30, heartbeat_timeout=None)
+    datetime.timedelta(seconds=30)
+    """
+    if heartbeat_timeout is not None and not float(heartbeat_timeout) > 0:
+        raise ValueError(
+            f"heartbeat_timeout must be positive or None, got {heartbeat_timeout!r}")
+    if evaluate not in EVALUATE_CHOICES:
+        raise ValueError(f"evaluate must be one of {EVALUATE_CHOICES}, got {evaluate!r}")
+    if consensus_every_n_steps is not None and (
+        not isinstance(consensus_every_n_steps, int) or consensus_every_n_steps < 1
+    ):
+        raise ValueError(
+            "consensus_every_n_steps must be a positive integer or None, "
+            f"got {consensus_every_n_steps!r}"
+        )
+    if process_group_backend not in (None, "gloo", "nccl"):
+        raise ValueError(
+            "process_group_backend must be 'gloo', 'nccl' or None, "
+            f"got {process_group_backend!r}"
+        )
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout

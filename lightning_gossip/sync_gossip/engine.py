@@ -1,0 +1,284 @@
+"""The training thread's side of D-PSGD: :class:`SyncGossip` starts, finishes and applies the
+rounds of synchronous gossip."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_gossip.exchange import CommWorker, NeighborExchange
+from lightning_gossip.flat import FlatState
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout, ShardedExchange
+from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
+from lightning_gossip.sync_gossip.rounds import Round, SyncStats
+from lightning_gossip.sync_gossip.stop import StopAgreement
+from lightning_gossip.topology import Topology
+
+#: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
+#: ``devices`` slices of ``mine``'s length, in local-rank order)
+NodeGather = Callable[[Tensor, Tensor], None]
+
+__all__ = ["SyncGossip"]
+
+
+class SyncGossip:
+    """Synchronous neighbour gossip (D-PSGD) for one rank: ``x_{t+1} = W_t x_t - lr g_t``.
+
+    Args:
+        flat: the replica's :class:`~lightning_gossip.flat.FlatState`.
+        rank: this rank (global).
+        topology: gives ``W_t`` (over ranks; over nodes when ``layout.devices > 1``).
+        group: a process group of the engine's own for the replica and stop messages (never
+            one the training loop also uses).
+        timeout: limit for every blocking wait.
+        overlap: snapshot ``x_t`` and start the exchange in :meth:`before_step`, so it runs
+            while the gradient is computed; :meth:`after_step` adds ``W_t x_t - x_t``.
+            ``False``: :meth:`after_step` exchanges ``x'`` (the result of the local step) and
+            replaces it by ``W_t x'`` (blocking).
+        delay_by_one: :meth:`after_step` at step ``t`` adds the change of the round started at
+            step ``t - 1``. Implies ``overlap``.
+        wire_dtype: what is sent: ``torch.float32``, or ``bfloat16`` / ``float16``, mixed in
+            the mean-preserving form ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))``.
+        layout: this rank's place in the nodes (hierarchical gossip: ``devices > 1``); default
+            ``NodeLayout(world, 1, rank, 0)`` (flat).
+        groups: with ``layout.devices > 1``, this rank's node and column groups
+            (:func:`~lightning_gossip.hierarchy.make_node_groups`). With ``node_gossip`` the
+            communication thread all-gathers a round's slices; without it ``node_gather``
+            (the training thread's all-gather on the node group, as with NCCL) must be given.
+        node_gather: see ``groups``.
+        heartbeat: watched by every wait of the training thread (a silent peer is named);
+            ``None``: the process's running heartbeat, if any.
+        stats: counters to add to (e.g. kept over several engines of one process); default
+            new ones.
+
+    Call from the training thread, on every rank, for every step ``t`` (the same on every
+    rank): :meth:`before_step` before forward/backward, :meth:`after_step` after the
+    optimizer step. :meth:`quiesce` applies every round in flight (a sync point),
+    :meth:`close` stops the communication thread. :attr:`agreement` carries an agreed stop
+    step in every round's side message (:mod:`lightning_gossip.sync_gossip.stop`).
+    """
+
+    def __init__(self, flat: FlatState, rank: int, topology: Topology,
+                 group: dist.ProcessGroup, timeout: timedelta, *, overlap: bool = True,
+                 delay_by_one: bool = False, wire_dtype: torch.dtype = torch.float32,
+                 layout: NodeLayout | None = None, groups: NodeGroups | None = None,
+                 node_gather: NodeGather | None = None,
+                 heartbeat: Heartbeat | None = None, stats: SyncStats | None = None) -> None:
+        self.flat = flat
+        self.rank = rank
+        self.topology = topology
+        self.group = group
+        self.timeout = timeout
+        self.delay_by_one = bool(delay_by_one)
+        self.overlap = bool(overlap) or self.delay_by_one
+        self.wire_dtype = wire_dtype
+        self.layout = layout if layout is not None else NodeLayout(topology.world_size, 1,
+                                                                    rank, 0)
+        if self.layout.devices > 1 and groups is None:
+            raise ValueError("a SyncGossip over nodes (layout.devices > 1) needs groups")
+        self.groups = groups if groups is not None else NodeGroups(node=group, column=group)
+        if self.layout.devices > 1 and self.groups.node_gossip is None and node_gather is None:
+            raise ValueError("groups without node_gossip: give node_gather (the training "
+                             "thread's all-gather on the node group)")
+        self.node_gather = node_gather
+        self.heartbeat = heartbeat
+        self.agreement = StopAgreement(topology, self.layout, self.delay_by_one)
+        #: rounds sharded over the node (and compressed rounds, also flat)
+        self.sharded = self.layout.devices > 1 or wire_dtype != torch.float32
+        #: flat rounds: with NCCL the training thread posts (the send must be ordered on its
+        #: CUDA stream, untested); with gloo the worker (gloo's send writes to the socket on
+        #: the calling thread: about 3 ms of a 42 MB step here). Rounds are posted in order
+        #: either way: the worker runs its jobs first in, first out.
+        self._post_on_training_thread = dist.get_backend(group) == "nccl"
+        self._stats = stats if stats is not None else SyncStats()
+        self._pending: list[Round] = []  # started, not yet applied (oldest first)
+        self._spare: list[list[Tensor]] = []  # recycled buffer sets
+        self._worker: CommWorker | None = None  # finishes the rounds off the training thread
+
+    # ------------------------------------------------------------------------------------------
+    # The training thread's API
+    # ------------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> SyncStats:
+        """This rank's counters (bytes and messages sent, rounds started)."""
+        return self._stats
+
+    @property
+    def in_flight(self) -> int:
+        """Rounds started and not yet applied."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the communication thread (idempotent; also restarts a stopped one)."""
+        self._comm()
+
+    def started(self, step: int) -> bool:
+        """Whether the round of ``step`` is in flight."""
+        return any(r.step == step for r in self._pending)
+
+    def before_step(self, step: int) -> None:
+        """Before forward/backward of step ``step`` (``overlap``): snapshot the replica and
+        start the round, once (under gradient accumulation ``x_t`` does not change)."""
+        if self.overlap and not self.started(step):
+            self._start(step)
+
+    def after_step(self, step: int) -> None:
+        """After the optimizer step of ``step``: mix as ``W_step`` says.
+
+        Blocking: exchange now and replace the replica by the mixed one. ``overlap``: add the
+        change of this step's round. ``delay_by_one``: add that of the previous step's round
+        (the first step adds nothing).
+        """
+        if not self.overlap:
+            self._finish_blocking(self._start(step))
+            return
+        if not self.started(step):  # before_step was not called: start it now
+            self._start(step)
+        if self.delay_by_one:
+            if len(self._pending) > 1:  # the exchange from step t-1
+                self._apply_delta(self._pending.pop(0))
+        else:
+            self._apply_delta(self._pending.pop(0))
+
+    def quiesce(self) -> None:
+        """Finish every round in flight and apply its change (no mixing is lost)."""
+        while self._pending:
+            self._apply_delta(self._pending.pop(0))
+
+    def propose_stop(self, kind: str, step: int) -> int:
+        """Propose an agreed stop (``"stop"``) or requeue at the first step every rank can
+        know of it, from the next round this rank sends (the current step's, if not yet
+        started); returns that step."""
+        first = step + (1 if self.overlap and self.started(step) else 0)
+        return self.agreement.propose(kind, self.rank, first)
+
+    def close(self) -> None:
+        """Drop rounds in flight and buffers, and stop the communication thread (idempotent;
+        :meth:`start` makes the engine usable again)."""
+        self._pending.clear()
+        self._spare.clear()
+        if self._worker is not None:
+            self._worker.close(timeout=0.5)
+            if self._worker.alive and self.groups.node_gossip is not None:
+                # maybe inside a sharded round's all-gather: its group must outlive the process
+                keep_alive_at_exit(self.groups.node_gossip)
+            self._worker = None
+
+    # ------------------------------------------------------------------------------------------
+    # Starting a round (training thread): the snapshot copy, then post
+    # ------------------------------------------------------------------------------------------
+    def _start(self, step: int) -> Round:
+        if self.sharded:
+            rnd = self._start_sharded(step)
+        else:
+            peers = self.topology.peers(self.rank, step)
+            flat = self.flat
+            bufs = self._spare.pop() if self._spare else [flat.empty(), flat.empty()]
+            send = flat.pack(out=bufs[0])
+            exchange = NeighborExchange(send, peers, self.group, recv_buffers=bufs[2:],
+                                        post_now=self._post_on_training_thread)
+            self._stats.count(exchange)
+            rnd = Round(step, exchange, delta=bufs[1], stop=self._post_stop(step))
+            rnd.job = self._comm().submit(lambda: self._finish_round(rnd), exchange.others,
+                                          exchange.describe(step))
+        if self.overlap:
+            self._pending.append(rnd)
+        return rnd
+
+    def _start_sharded(self, step: int) -> Round:
+        flat, layout = self.flat, self.layout
+        if self._spare:
+            bufs = self._spare.pop()
+        else:  # a zeroed fp32 vector of devices * shard values (the replica, zero-padded)
+            size = layout.devices * layout.shard_size(flat.numel)
+            bufs = [torch.zeros(size, dtype=torch.float32, device=flat.device)]
+        snapshot = bufs[0]  # a recycled one holds an earlier round's delta: pack, zero the pad
+        flat.pack(out=snapshot[: flat.numel])
+        snapshot[flat.numel:].zero_()
+        exchange = ShardedExchange(snapshot, layout, self.topology.peers(layout.node, step),
+                                   self.groups, self.wire_dtype, buffers=bufs[1:])
+        self._stats.count(exchange.exchange)
+        # the worker writes the delta over the snapshot (dead once the slice is on the wire)
+        rnd = Round(step, exchange, delta=snapshot, stop=self._post_stop(step))
+        rnd.job = self._comm().submit(lambda: self._finish_sharded(rnd), exchange.others,
+                                      exchange.describe(step))
+        return rnd
+
+    def _post_stop(self, step: int):  # noqa: ANN202 - StopMessages
+        return self.agreement.post(self.rank, step, self.group, self.flat.device)
+
+    def _gather_on_worker(self) -> bool:
+        """Whether the worker all-gathers a sharded round's slices (not with NCCL: see
+        ``docs/architecture.md``); one process per node has nothing to gather."""
+        return self.groups.node_gossip is not None
+
+    def _comm(self) -> CommWorker:
+        if self._worker is None or not self._worker.alive:
+            self._worker = CommWorker(name=f"lightning-gossip-comm-{self.rank}")
+        return self._worker
+
+    # ------------------------------------------------------------------------------------------
+    # Finishing a round (communication thread): wait, check, mix into the round's delta
+    # ------------------------------------------------------------------------------------------
+    def _finish_round(self, rnd: Round) -> None:
+        """Wait for the round's messages (plainly: :meth:`Job.result` watches the peers),
+        check them, and mix: ``delta = W_t x_t - x_t`` (overlap) or ``W_t x'_t`` (blocking)."""
+        ex = rnd.exchange
+        assert isinstance(ex, NeighborExchange) and rnd.delta is not None
+        ex.wait(self.timeout, step=rnd.step, watch_peers=False, check=False)  # posts first
+        self._merge_stop(rnd)
+        ex.check_mixed(ex.mixed(out=rnd.delta, delta=self.overlap))
+
+    def _finish_sharded(self, rnd: Round) -> None:
+        """Wait for a sharded round's messages (plainly), then ``delta = sum_j W_ij (x_j -
+        x_i)`` over the node replica, written over the snapshot: this rank's slice, and the
+        all-gather on the worker's own node group."""
+        ex = rnd.exchange
+        assert isinstance(ex, ShardedExchange) and rnd.delta is not None
+        ex.delta(self.timeout, rnd.step, out=rnd.delta, watch_peers=False,
+                 gather=self._gather_on_worker())
+        self._merge_stop(rnd)
+
+    def _merge_stop(self, rnd: Round) -> None:
+        if rnd.stop is not None:
+            self.agreement.wait_and_merge(rnd.stop, self.timeout, self.rank, rnd.step)
+
+    # ------------------------------------------------------------------------------------------
+    # Applying a round (training thread)
+    # ------------------------------------------------------------------------------------------
+    def _collect(self, rnd: Round) -> Tensor:
+        """Wait for a round: its mixed result (flat), or its delta (sharded, unpadded)."""
+        assert rnd.job is not None and rnd.delta is not None
+        ex = rnd.exchange
+        if not isinstance(ex, ShardedExchange):
+            rnd.job.result(self.timeout, self.heartbeat)
+            return rnd.delta
+        try:
+            rnd.job.result(self.timeout, self.heartbeat)
+        except BaseException:
+            if self._gather_on_worker():  # the worker may be in the all-gather: keep its group
+                keep_alive_at_exit(self.groups.node_gossip)
+            raise
+        if self.layout.devices > 1 and not self._gather_on_worker():
+            assert self.node_gather is not None
+            size = ex.shard.numel()
+            mine = rnd.delta[self.layout.local * size:(self.layout.local + 1) * size]
+            self.node_gather(mine.clone(), rnd.delta)  # NCCL: the training thread's
+        return rnd.delta[: self.flat.numel]
+
+    def _apply_delta(self, rnd: Round) -> None:
+        """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
+        self.flat.add_(self._collect(rnd))
+        self._spare.append(rnd.buffers())
+
+    def _finish_blocking(self, rnd: Round) -> None:
+        """``x <- W_t x'``: replace the weights by the mixed ones."""
+        if isinstance(rnd.exchange, ShardedExchange):  # x' + sum_j W_ij (x'_j - x'_i)
+            self._apply_delta(rnd)
+            return
+        self.flat.copy_(self._collect(rnd))
+        self._spare.append(rnd.buffers())

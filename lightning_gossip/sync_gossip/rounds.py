@@ -1,0 +1,62 @@
+"""One synchronous round in flight, and the buffers rounds reuse.
+
+A round is started on the training thread (the snapshot copy, then the posts) and finished on
+the engine's :class:`~lightning_gossip.exchange.CommWorker` (wait, check, mix into the round's
+own delta buffer); the training thread then adds that delta (:meth:`FlatState.add_`) or copies
+the mixed replica in (blocking rounds). :class:`RoundCounters` is what rounds sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from lightning_gossip.exchange import Job, NeighborExchange
+from lightning_gossip.hierarchy import ShardedExchange
+from lightning_gossip.sync_gossip.stop import StopMessages
+
+__all__ = ["Round", "SyncStats"]
+
+
+@dataclass
+class Round:
+    """One in-flight exchange: the step it belongs to, and its buffers."""
+
+    step: int
+    exchange: NeighborExchange | ShardedExchange
+    delta: Tensor | None = None  # where the worker mixes (sharded: the snapshot, padded)
+    stop: StopMessages | None = None
+    job: Job | None = None
+
+    def buffers(self) -> list[Tensor]:
+        """The round's buffers, to be reused by a later round once its job is done:
+        ``[snapshot, wire...]`` (sharded) or ``[send, delta, recv...]`` (flat)."""
+        ex = self.exchange
+        if isinstance(ex, ShardedExchange):
+            return [ex.snapshot, *ex.buffers]
+        assert self.delta is not None
+        return [ex.send, self.delta] + [b for _, b in ex.recv]
+
+
+@dataclass
+class SyncStats:
+    """What one rank's synchronous gossip sent (this process): ``sent_bytes`` (payload of the
+    replica messages, without the node's all-reduce and all-gather), ``messages`` and
+    ``exchanges`` (rounds started)."""
+
+    sent_bytes: int = 0
+    messages: int = 0
+    exchanges: int = 0
+
+    def count(self, exchange: NeighborExchange) -> None:
+        """Count a round's replica messages (the ones this rank sends)."""
+        sends = len(exchange.peers.send_to)
+        self.exchanges += 1
+        self.messages += sends
+        self.sent_bytes += sends * exchange.send.numel() * exchange.send.element_size()
+
+    def as_dict(self) -> dict[str, float]:
+        """The counters as floats (what the strategies log)."""
+        return {"sent_bytes": float(self.sent_bytes), "messages": float(self.messages),
+                "exchanges": float(self.exchanges)}
