@@ -105,7 +105,13 @@ class SharedCursorSampler(Sampler[int]):
             if chunk is None:
                 return
             self.claimed += 1
-            yield from perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
+            part = perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
+            if self.claims.share is not None:
+                # a node's ranks must take one claim per batch each: a short last chunk would
+                # make the loader's batch sampler claim again on one rank only; pad it as
+                # DistributedSampler pads (wrapping around to the first samples)
+                part += perm[:self.chunk_size - len(part)].tolist()
+            yield from part
 
 
 def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
