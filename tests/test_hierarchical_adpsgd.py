@@ -139,7 +139,6 @@ def test_hierarchical_digits_converges(run):
     assert acc["conv_ah_bf16"] > 0.9, acc
 
 
-# -- other layouts ------------------------------------------------------------------------------
 @multiprocess
 def test_a_faster_node_takes_more_of_each_epoch(run):
     """The shared cursor is claimed per node: node 1 (slow) is not given a fixed 1/4 per rank,
@@ -155,6 +154,7 @@ def test_a_faster_node_takes_more_of_each_epoch(run):
     assert steps[0] >= 1.5 * steps[2], steps
 
 
+# -- other layouts ------------------------------------------------------------------------------
 @multiprocess
 def test_one_process_per_node_is_the_flat_strategy(shared_run):
     folder = shared_run("nodes2x1")

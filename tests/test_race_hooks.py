@@ -28,6 +28,6 @@ def test_race_powersgd_set_up_is_one_bucket_and_survives() -> None:
 
 @pytest.mark.multiprocess
 def test_ddp_default_buckets_are_several() -> None:
-    result = run_torchrun(SCRIPT, "default", "4", "1", nprocs=2, timeout=300)
+    result = run_torchrun(SCRIPT, "default", "4", "3", nprocs=2, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
-    assert "OK buckets=2 steps=1" in result.stdout, result.stdout[-4000:]
+    assert "OK buckets=2 steps=3" in result.stdout, result.stdout[-4000:]

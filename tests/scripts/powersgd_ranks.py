@@ -9,8 +9,6 @@ cases); ``default``: DDP's default buckets (a 1 MB first bucket). The model is a
 2 ms per step vary the timing. Rank 0 prints ``OK buckets=N steps=S``.
 """
 
-from __future__ import annotations
-
 import random
 import sys
 import time
@@ -36,9 +34,9 @@ def main() -> None:
                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
     kwargs = {"bucket_cap_mb": race_hooks.SINGLE_BUCKET_MB} if mode == "race" else {}
     ddp = nn.parallel.DistributedDataParallel(net, **kwargs)
-    seen: set[int] = set()
+    seen: set[int] = set()  # (no __future__ annotations: torch checks the hook signature)
 
-    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future:
+    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         seen.add(bucket.index())
         return psgd.powerSGD_hook(state, bucket)
 
