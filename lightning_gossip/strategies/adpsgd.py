@@ -280,9 +280,8 @@ class ADPSGDStrategy(_NodeAveragingMixin, _PhasesMixin, GossipStrategy):
         See :func:`~lightning_gossip.shared_cursor.shared_cursor_loader` for which loaders are
         rebuilt and how; evaluation loaders are never touched.
         """
-        from lightning_gossip.shared_cursor import shared_cursor_loader
-
         from lightning_gossip.node_claims import NodeShare
+        from lightning_gossip.shared_cursor import shared_cursor_loader
 
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None

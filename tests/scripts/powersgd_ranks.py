@@ -34,9 +34,11 @@ def main() -> None:
                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
     kwargs = {"bucket_cap_mb": race_hooks.SINGLE_BUCKET_MB} if mode == "race" else {}
     ddp = nn.parallel.DistributedDataParallel(net, **kwargs)
-    seen: set[int] = set()  # (no __future__ annotations: torch checks the hook signature)
+    seen: set[int] = set()
+    future = torch.futures.Future[torch.Tensor]  # torch checks the hook's annotations: no
+    # ``from __future__ import annotations`` in this script
 
-    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> future:
         seen.add(bucket.index())
         return psgd.powerSGD_hook(state, bucket)
 
