@@ -11,7 +11,17 @@ with the measured bytes per step by ``benchmarks/race.py``):
   documentation recommends (``use_error_feedback=True``, ``warm_start=True``, plain all-reduce
   for the first ``start_powerSGD_iter`` = ``--warmup`` steps); after them a matrix ``n x m``
   sends ``R (n + m)`` numbers where that compresses at least ``min_compression_rate`` (2) times,
-  and vectors (biases) are all-reduced uncompressed;
+  and vectors (biases) are all-reduced uncompressed. PowerSGD runs with **one DDP bucket**
+  (``bucket_cap_mb=``:data:`SINGLE_BUCKET_MB`, set by ``race_worker.make_strategy``): its hook
+  chains three all-reduces per bucket (uncompressed tensors, then ``P``, then ``Q``), the next
+  one issued from the previous one's completion callback; with several buckets (DDP's default:
+  a 1 MB first bucket, then 25 MB ones) each rank issues the buckets' chained collectives in
+  the order their callbacks happen to run, gloo pairs them by issue order, and the ranks
+  abort ("Received data size doesn't match expected size"; the 2x2 ASR race at 200 Mbit/s
+  after about 60 steps at rank 4; reproduced on 2 ranks on loopback with a 4.8 MB MLP, at
+  ranks 2 and 4, in under 300 steps, and never in 300 steps with one bucket). One bucket
+  costs PowerSGD the overlap of its all-reduce with the backward pass (none of DDP's
+  buckets overlaps much on CPU gloo here: the step is compute-bound);
 * ``postlocal<P>``: torch's ``post_localSGD_hook`` (``PostLocalSGDState`` with this node's ranks
   as ``subgroup``, ``start_localSGD_iter`` = ``--warmup``) plus a ``PeriodicModelAverager`` of
   period ``P`` after every optimizer step (one global average every ``P`` steps: ``1/P``).
@@ -22,6 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+SINGLE_BUCKET_MB = 1024.0
+"""DDP's ``bucket_cap_mb`` for the PowerSGD cases: every gradient in one bucket (an explicit cap
+also sets the first bucket's size; see the module docstring for why)."""
 
 MIN_COMPRESSION_RATE = 2
 """PowerSGD compresses a matrix only where it shrinks at least this many times (torch's default)."""
@@ -61,6 +75,16 @@ def expected_ratio(case: dict[str, Any], module: nn.Module) -> float | None:
     return None
 
 
+def powersgd_state(rank: int, warmup: int) -> Any:
+    """torch's ``PowerSGDState`` as the race uses it (see the module docstring)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    return psgd.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=max(2, warmup),
+        min_compression_rate=MIN_COMPRESSION_RATE, use_error_feedback=True, warm_start=True,
+        random_seed=0)
+
+
 def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any) -> Any:
     """Register ``case``'s hook on the trainer's wrapped model; the averager to call, or None."""
     kind = case["kind"]
@@ -80,11 +104,12 @@ def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any) ->
     if kind == "ddp_powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-        state = psgd.PowerSGDState(
-            process_group=None, matrix_approximation_rank=int(case["rank"]),
-            start_powerSGD_iter=max(2, warmup), min_compression_rate=MIN_COMPRESSION_RATE,
-            use_error_feedback=True, warm_start=True, random_seed=0)
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        size = sum(p.numel() * p.element_size() for p in ddp.parameters())
+        if ddp.bucket_bytes_cap < size:
+            raise ValueError(f"PowerSGD needs one DDP bucket here (gloo): bucket_cap_mb="
+                             f"{ddp.bucket_bytes_cap / 2**20:g} < the model's "
+                             f"{size / 2**20:.2f} MB (see race_hooks' docstring)")
+        ddp.register_comm_hook(powersgd_state(int(case["rank"]), warmup), psgd.powerSGD_hook)
         return None
     if kind == "postlocal":
         from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pls

@@ -241,7 +241,11 @@ def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = No
         return DDPStrategy(process_group_backend="gloo", timeout=timeout,
                            process_group=node_group)
     if case["kind"] != "gossip":
-        return DDPStrategy(process_group_backend="gloo", timeout=timeout)
+        # PowerSGD: one bucket (race_hooks.SINGLE_BUCKET_MB), else its chained collectives
+        # interleave differently on each rank under gloo (race_hooks' docstring)
+        buckets = ({"bucket_cap_mb": race_hooks.SINGLE_BUCKET_MB}
+                   if case["kind"] == "ddp_powersgd" else {})
+        return DDPStrategy(process_group_backend="gloo", timeout=timeout, **buckets)
     import lightning_gossip
 
     cls = {"dpsgd": lightning_gossip.DPSGDStrategy,

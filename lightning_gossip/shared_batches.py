@@ -43,7 +43,7 @@ from typing import Protocol, runtime_checkable
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from lightning_gossip.liveness.heartbeat import store_call
+from lightning_gossip.node_claims import Claims, NodeShare
 
 __all__ = ["SharedBatchSampler", "SharedBatches"]
 
@@ -68,6 +68,8 @@ class SharedBatchSampler(Sampler[list[int]]):
         key: a name unique to this run and loader (and the same on every rank).
         check: compare a digest of the batch list across ranks (through the store, without
             waiting) and raise on the first rank whose list differs.
+        node: claim as a node whose ranks step together (hierarchical adpsgd; see
+            :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
 
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
     the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
@@ -79,7 +81,8 @@ class SharedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],
-                 store: dist.Store, key: str, *, check: bool = True) -> None:
+                 store: dist.Store, key: str, *, check: bool = True,
+                 node: NodeShare | None = None) -> None:
         if not (isinstance(source, SharedBatches) or callable(source)):
             raise TypeError(f"source must implement shared_batches(epoch) or be a function of "
                             f"the epoch, got {type(source).__name__}")
@@ -87,6 +90,7 @@ class SharedBatchSampler(Sampler[list[int]]):
         self.store = store
         self.key = key
         self.check = check
+        self.claims = Claims(store, key, node)
         self.epoch = int(getattr(source, "epoch", 0) or 0)
         #: batches this rank claimed in the last (or current) epoch
         self.claimed = 0
@@ -144,7 +148,6 @@ class SharedBatchSampler(Sampler[list[int]]):
         replay = self._taken if self._taken_epoch == self.epoch and not self._taken_done else []
         self._taken, self._taken_epoch, self._taken_done = [], self.epoch, False
         self.claimed = 0
-        counter = f"{self.key}/epoch{self.epoch}"
         for batch in replay:
             if generation != self._generation:
                 return
@@ -152,9 +155,8 @@ class SharedBatchSampler(Sampler[list[int]]):
             self.claimed += 1
             yield batch
         while generation == self._generation:
-            index = int(store_call(lambda: self.store.add(counter, 1),
-                                   f"claiming a batch of epoch {self.epoch}")) - 1
-            if index >= len(batches):
+            index = self.claims.next(self.epoch, len(batches))
+            if index is None:
                 self._taken_done = True
                 return
             self._taken.append(batches[index])

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from lightning_gossip import _compat
-from lightning_gossip.liveness.heartbeat import store_call
+from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 
 __all__ = ["SharedCursorSampler", "default_store", "shared_cursor_loader"]
@@ -60,10 +60,12 @@ class SharedCursorSampler(Sampler[int]):
         key: a name unique to this run (and the same on every rank).
         shuffle: draw a fresh seeded permutation each epoch (else the natural order).
         seed: permutation seed; the epoch is mixed in, as ``DistributedSampler`` does.
+        node: claim as a node whose ranks step together (hierarchical adpsgd; see
+            :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
     """
 
     def __init__(self, num_samples: int, chunk_size: int, store: dist.Store, key: str,
-                 shuffle: bool = True, seed: int = 0) -> None:
+                 shuffle: bool = True, seed: int = 0, node: NodeShare | None = None) -> None:
         if num_samples < 1:
             raise ValueError(f"the dataset is empty (num_samples={num_samples})")
         if chunk_size < 1:
@@ -75,6 +77,7 @@ class SharedCursorSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.epoch = 0
+        self.claims = Claims(store, key, node)
         #: number of chunks this rank claimed in the last (or current) epoch
         self.claimed = 0
 
@@ -96,15 +99,19 @@ class SharedCursorSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         perm = self.permutation()
-        counter = f"{self.key}/epoch{self.epoch}"
         self.claimed = 0
         while True:
-            chunk = int(store_call(lambda: self.store.add(counter, 1),
-                                   f"claiming a chunk of epoch {self.epoch}")) - 1
-            if chunk >= self.num_chunks:
+            chunk = self.claims.next(self.epoch, self.num_chunks)
+            if chunk is None:
                 return
             self.claimed += 1
-            yield from perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
+            part = perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
+            if self.claims.share is not None:
+                # a node's ranks must take one claim per batch each: a short last chunk would
+                # make the loader's batch sampler claim again on one rank only; pad it as
+                # DistributedSampler pads (wrapping around to the first samples)
+                part += perm[:self.chunk_size - len(part)].tolist()
+            yield from part
 
 
 def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
@@ -121,7 +128,8 @@ def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler[list[int]
 
 
 def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
-                         store: dist.Store | None = None) -> DataLoader | None:
+                         store: dist.Store | None = None,
+                         node: NodeShare | None = None) -> DataLoader | None:
     """The training loader rebuilt to draw its data through the shared cursor, if it can be.
 
     * a batch sampler that implements
@@ -140,6 +148,8 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
         key: a name unique to the run (and the same on every rank); prefixes the counters.
         seed: the permutation seed of :class:`SharedCursorSampler`.
         store: the shared store; default :func:`default_store`.
+        node: claim as this rank's node (hierarchical adpsgd: the node's ranks step together
+            and the node takes ``devices`` units per claim); ``None``: this rank alone.
 
     Returns:
         The new loader, or ``None`` when ``dataloader`` is to be used unchanged.
@@ -158,7 +168,8 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
                        "is (the shared cursor needs a map-style dataset).")
         return None
     if isinstance(batch_sampler, SharedBatches):
-        shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches")
+        shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches",
+                                    node=node)
         return _with_batch_sampler(dataloader, shared)
     if dataloader.batch_size is None or (
             batch_sampler is not None and type(batch_sampler) is not BatchSampler):
@@ -173,5 +184,5 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
     shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
     cursor = SharedCursorSampler(len(dataloader.dataset), chunk_size=dataloader.batch_size,
                                  store=store or default_store(), key=key, shuffle=shuffle,
-                                 seed=seed)
+                                 seed=seed, node=node)
     return _compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING)

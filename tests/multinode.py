@@ -69,7 +69,11 @@ _AD_DIGITS = dict(strategy="adpsgd", task="digits", lr=0.05, epochs=4, val_batch
 CONV_AH = Case("conv_ah", strategy_kwargs={"hierarchical": True}, **_AD_DIGITS)
 CONV_AH_BF16 = Case("conv_ah_bf16",
                     strategy_kwargs={"hierarchical": True, "wire_dtype": "bf16"}, **_AD_DIGITS)
-ADPSGD_2X2 = [AH_LR0, AH_DELAY, AH_BF16, AD_BF16, AD_FP16, AH_TRAIN, CONV_AH, CONV_AH_BF16]
+#: node 1 slow (its rank 2 sleeps after every batch): node 0 must take more of each epoch
+AH_STRAGGLER = Case("ah_straggler", strategy="adpsgd", epochs=2, batches=12, slow_rank=2,
+                    slow_ms=60, num_nodes=NODES, strategy_kwargs={**_AH, "timeout": 60})
+ADPSGD_2X2 = [AH_LR0, AH_DELAY, AH_BF16, AD_BF16, AD_FP16, AH_TRAIN, CONV_AH, CONV_AH_BF16,
+              AH_STRAGGLER]
 
 AH_ONE_PROC = Case("ah_one_proc", strategy_kwargs=_AH, **{**_AD_LR0, "num_nodes": 2})
 AD_ONE_PROC_FLAT = replace(AH_ONE_PROC, name="ad_one_proc_flat", strategy_kwargs=_AD)

@@ -6,8 +6,9 @@ simulated nodes x 2 processes (torchrun ``--nnodes 2`` on loopback), 2 nodes x 1
 is ``tests/scripts/hier_cases.py`` (start offsets drawn per node for hierarchical cases).
 Checks: bit-identical weights inside each node after every step, conservation of the replicas'
 sum with lr = 0 (fp32 and bf16 wire, flat and hierarchical) with shrinking disagreement, the
-bytes each rank sends, a short digits run; and, without processes, the pairing over nodes, the
-sharded delta mailbox and the set-up check of the node layout.
+bytes each rank sends, a short digits run, a slow node's smaller share of the batches; and,
+without processes, the pairing over nodes, the sharded delta mailbox and the set-up check of
+the node layout.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tests.multinode import (
     AH_LR0,
     AH_ONE_NODE,
     AH_ONE_PROC,
+    AH_STRAGGLER,
     AH_TRAIN,
     CONV_AH,
     CONV_AH_BF16,
@@ -122,7 +124,9 @@ def test_compressed_wire_keeps_the_mean_and_reaches_consensus(run, case):
 def test_training_keeps_node_ranks_bit_identical(run):
     results = _results(run, AH_TRAIN)
     _assert_identical_in_nodes(results)
-    assert all(r["global_step"] == 2 * AH_TRAIN.batches for r in results)  # evenly split data
+    # the nodes share each epoch's batches (node claims): every batch once, 2 per node step
+    per_node = [results[n * DEVICES]["global_step"] for n in range(NODES)]
+    assert sum(per_node) == 2 * AH_TRAIN.batches * WORLD // DEVICES, per_node
     finals = np.array([r["final"] for r in results])
     assert np.abs(finals[0] - finals[DEVICES]).max() > 0  # nodes differ: gossip, not DDP
     assert np.abs(finals[0] - np.array(results[0]["start_weights"])).max() > 1e-3  # it trained
@@ -135,6 +139,21 @@ def test_hierarchical_digits_converges(run):
     print("digits held-out accuracy, adpsgd hierarchical (2 nodes x 2):", acc)
     assert acc["conv_ah"] > 0.9, acc
     assert acc["conv_ah_bf16"] > 0.9, acc
+
+
+@multiprocess
+def test_a_faster_node_takes_more_of_each_epoch(run):
+    """The shared cursor is claimed per node: node 1 (slow) is not given a fixed 1/4 per rank,
+    node 0 takes more batches, its ranks step together, and every sample is used once per
+    epoch (before the node claims, each rank took exactly 12 of the 48 batches per epoch)."""
+    results = _results(run, AH_STRAGGLER)
+    n = 12 * 4 * 4  # batches x batch size x world
+    assert all(len(b) == 4 for r in results for b in r["indices"])
+    seen = sorted(i for r in results for b in r["indices"] for i in b)
+    assert seen == sorted(list(range(n)) * 2)  # every sample exactly once in each of 2 epochs
+    steps = [r["global_step"] for r in results]
+    assert steps[0] == steps[1] and steps[2] == steps[3], steps  # a node steps together
+    assert steps[0] >= 1.5 * steps[2], steps
 
 
 # -- other layouts ------------------------------------------------------------------------------

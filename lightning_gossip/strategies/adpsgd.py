@@ -72,8 +72,8 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
             Local rank ``l`` runs the gossip thread for slice ``l`` of the replica with local
             rank ``l`` of the partner node (each inter-node link carries ``1/devices`` of the
             model); the node all-gathers the slices' deltas at every step boundary, so all its
-            ranks add the same delta at the same step. The training loader is then split
-            evenly between ranks (no shared cursor: the node's ranks step together). One
+            ranks add the same delta at the same step. The shared cursor is then claimed per
+            node (``devices`` batches at a time), so a faster node takes more batches. One
             process per node: the same as ``False``; one node: plain data parallelism (with a
             warning). See ``docs/strategies.md`` (Multi-node).
         wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half the
@@ -281,13 +281,17 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
         See :func:`~lightning_gossip.shared_cursor.shared_cursor_loader` for which loaders are
         rebuilt and how; evaluation loaders are never touched.
         """
+        from lightning_gossip.node_claims import NodeShare
         from lightning_gossip.shared_cursor import shared_cursor_loader
 
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
-                or trainer.state.stage != RunningStage.TRAINING or self._sharded):
+                or trainer.state.stage != RunningStage.TRAINING):
             return dataloader
-        shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed)
+        node = (NodeShare(self.node_rank, self.local_rank, self.num_processes)
+                if self._sharded else None)  # the node's ranks step together: it claims
+        shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
+                                      node=node)
         return dataloader if shared is None else shared
 
     # ------------------------------------------------------------------------------------------

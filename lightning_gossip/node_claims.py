@@ -1,0 +1,84 @@
+"""The shared cursor's claims, by one rank or by a whole node (hierarchical adpsgd).
+
+The shared samplers (:mod:`~lightning_gossip.shared_cursor`,
+:mod:`~lightning_gossip.shared_batches`) hand out the *units* of an epoch (chunks of samples, or
+whole batches) through an atomic counter in the c10d store, so a faster rank takes more.
+With ``ADPSGDStrategy(hierarchical=True)`` the ranks of a node step together (their gradients
+are averaged every step), so the node is the learner that must take more when it is faster:
+the node claims ``devices`` units at a time and local rank ``l`` takes unit
+``claim * devices + l``. Local rank 0 claims on the shared counter and writes the claim under a
+per-node key; the other local ranks read it there (a blocking ``get``), so every rank of the
+node takes the same number of steps. Where the last claim runs past the epoch's units, the
+missing units wrap around to the first ones (as ``DistributedSampler`` pads its shares).
+
+Example (one node of 2 ranks on a local store)::
+
+    >>> from datetime import timedelta
+    >>> import torch.distributed as dist
+    >>> store = dist.HashStore()
+    >>> a = Claims(store, "run", NodeShare(node=0, local=0, devices=2))
+    >>> b = Claims(store, "run", NodeShare(node=0, local=1, devices=2))
+    >>> [a.next(0, 5) for _ in range(4)], [b.next(0, 5) for _ in range(4)]
+    ([0, 2, 4, None], [1, 3, 0, None])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from lightning_gossip.liveness.heartbeat import store_call
+
+__all__ = ["Claims", "NodeShare"]
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """This rank's place in a node that claims as one: ``node`` index, ``local`` rank in it,
+    ``devices`` ranks per node."""
+
+    node: int
+    local: int
+    devices: int
+
+
+class Claims:
+    """The next unit of an epoch for this rank (alone, or as local rank of ``share``'s node).
+
+    Args:
+        store: the c10d store all ranks share.
+        key: a name unique to the run and loader (the same on every rank).
+        share: ``None``: this rank claims alone; else its node claims ``devices`` units at a
+            time (see the module docstring).
+
+    Every rank of a node must call :meth:`next` equally often per epoch (they step together).
+    """
+
+    def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.share = share
+        self._made: dict[int, int] = {}  # epoch -> claims made (a node's ranks agree on it)
+
+    def next(self, epoch: int, units: int) -> int | None:
+        """The index (in ``[0, units)``) of this rank's next unit of ``epoch``; ``None`` when
+        the epoch's units are all taken."""
+        counter = f"{self.key}/epoch{epoch}"
+        what = f"claiming a batch of epoch {epoch}"
+        share = self.share
+        if share is None:
+            index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1
+            return index if index < units else None
+        k = self._made.get(epoch, 0)
+        self._made[epoch] = k + 1
+        mine = f"{counter}/node{share.node}/claim{k}"
+        if share.local == 0:
+            claim = int(store_call(lambda: self.store.add(counter, 1), what)) - 1
+            store_call(lambda: self.store.set(mine, str(claim)), what)
+        else:
+            claim = int(store_call(lambda: self.store.get(mine), f"{what} (node {share.node})"))
+        if claim >= math.ceil(units / share.devices):
+            return None
+        return (claim * share.devices + share.local) % units
