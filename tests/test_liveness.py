@@ -68,6 +68,18 @@ time.sleep(600)
 """
 
 
+def _wait_stopped(pid: int, limit_s: float = 10.0) -> None:
+    """Until the kernel shows ``pid`` stopped (state T): on a loaded machine SIGSTOP takes
+    effect when the process is next scheduled, and a read sent before that is answered."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} not stopped {limit_s:g} s after SIGSTOP")
+
+
 def test_frozen_store_host_is_reported_within_the_heartbeat_timeout():
     """A frozen (SIGSTOP) store host keeps its connections open and never answers: a TCPStore
     client waits on it with no deadline (a fuzz run hung so, rank 0 frozen under Lightning's
@@ -83,6 +95,7 @@ def test_frozen_store_host_is_reported_within_the_heartbeat_timeout():
         assert beat.silent([0]) == []
         assert not beat.store_unreachable
         os.kill(host.pid, signal.SIGSTOP)
+        _wait_stopped(host.pid)
         t0 = time.monotonic()
         with pytest.raises(PeerSilent, match="store hosted by rank 0 is unreachable") as info:
             beat.silent([0])
