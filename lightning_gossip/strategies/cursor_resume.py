@@ -73,3 +73,9 @@ class _CursorResumeMixin:
         if self._cursor_claims is not None and self._cursor_start:
             self._cursor_claims.start = self._cursor_start
         return checkpoint
+
+    @override
+    def teardown(self) -> None:
+        """The position applies to the fit that loaded it only."""
+        self._cursor_claims = self._cursor_start = None
+        super().teardown()  # type: ignore[misc]
