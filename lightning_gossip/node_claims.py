@@ -54,6 +54,8 @@ class Claims:
             time (see the module docstring).
 
     Every rank of a node must call :meth:`next` equally often per epoch (they step together).
+    :attr:`start` (``epoch -> claims``) makes an epoch's counter start past the claims made
+    before a requeue (:meth:`position`, saved in the requeue checkpoint).
     """
 
     def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None) -> None:
@@ -61,6 +63,19 @@ class Claims:
         self.key = key
         self.share = share
         self._made: dict[int, int] = {}  # epoch -> claims made (a node's ranks agree on it)
+        #: epoch -> claims already made before this run (resumed mid-epoch); the same on every rank
+        self.start: dict[int, int] = {}
+        self._claims: dict[int, int] = {}  # epoch -> claims the epoch has in all
+
+    def position(self, epoch: int) -> tuple[int, int] | None:
+        """``(claims made so far, claims in all)`` of ``epoch`` on the shared counter (any rank
+        can read it; the same on every rank once they have all stopped claiming); ``None``
+        before this rank claimed in ``epoch``."""
+        if epoch not in self._claims:
+            return None
+        counter = f"{self.key}/epoch{epoch}"
+        made = int(store_call(lambda: self.store.add(counter, 0), "reading the shared cursor"))
+        return made + self.start.get(epoch, 0), self._claims[epoch]
 
     def next(self, epoch: int, units: int) -> int | None:
         """The index (in ``[0, units)``) of this rank's next unit of ``epoch``; ``None`` when
@@ -68,17 +83,20 @@ class Claims:
         counter = f"{self.key}/epoch{epoch}"
         what = f"claiming a batch of epoch {epoch}"
         share = self.share
+        offset = self.start.get(epoch, 0)
         if share is None:
-            index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1
+            self._claims[epoch] = units
+            index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
             return index if index < units else None
+        self._claims[epoch] = math.ceil(units / share.devices)
         k = self._made.get(epoch, 0)
         self._made[epoch] = k + 1
         mine = f"{counter}/node{share.node}/claim{k}"
         if share.local == 0:
-            claim = int(store_call(lambda: self.store.add(counter, 1), what)) - 1
+            claim = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
             store_call(lambda: self.store.set(mine, str(claim)), what)
         else:
             claim = int(store_call(lambda: self.store.get(mine), f"{what} (node {share.node})"))
-        if claim >= math.ceil(units / share.devices):
+        if claim >= self._claims[epoch]:
             return None
         return (claim * share.devices + share.local) % units

@@ -29,6 +29,7 @@ import torch
 
 from benchmarks.launch import ROOT, base_env, free_port, launch_processes
 from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.strategies.cursor_resume import CURSOR_KEY
 from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
 from tests.test_emergency_checkpoint import check_emergency
@@ -117,6 +118,11 @@ def test_requeue_signal_at_different_steps_checkpoints_together(launched):
     assert "the ranks' steps at the requeue checkpoint: [3, 5, 7] (sum 15)" in text, text[-6000:]
     ckpt = _load_ckpt(tmp_path / "adpsgd")
     assert ckpt["global_step"] == ranks[0]["global_step"]
+    # the shared cursor's position (#22): the 15 batches trained, and at most one more claimed
+    # per rank (the loader's prefetch); the resumed epoch claims only the rest of its 24
+    cursor = ckpt[CURSOR_KEY]
+    assert cursor["epoch"] == 0 and 15 <= cursor["claims"] <= 15 + N, cursor
+    assert _resumed_epoch_batches(tmp_path / "adpsgd" / "hpc_ckpt_1.ckpt") == 24 - cursor["claims"]
     mean = np.mean([np.asarray(res["replica"]) for res in ranks], axis=0)
     np.testing.assert_allclose(_weights(ckpt), mean, rtol=0, atol=1e-6)
 
@@ -160,6 +166,22 @@ def test_survivors_of_a_frozen_adpsgd_rank_write_an_emergency_checkpoint(launche
     assert (out / "victim.json").exists(), text[-8000:]
     check_emergency(out, results, LOST["victim"], text)
     assert code == 3  # the survivors failed (PeerSilent) after writing it
+
+
+def _resumed_epoch_batches(path: Path) -> int:
+    """The batches a fit resumed from ``path`` draws in the interrupted epoch (one rank alone
+    on a fresh store, as after the requeue: the same 96 samples in batches of 4)."""
+    import torch.distributed as dist
+
+    from lightning_gossip import ADPSGDStrategy
+    from lightning_gossip.shared_cursor import SharedCursorSampler
+
+    strategy = ADPSGDStrategy()
+    strategy.load_checkpoint(path)
+    sampler = SharedCursorSampler(96, chunk_size=4, store=dist.HashStore(), key="resumed")
+    strategy.track_cursor(sampler.claims)
+    list(sampler)
+    return sampler.claimed
 
 
 def _resume_one_step(path: Path, step: int) -> None:

@@ -155,3 +155,29 @@ def test_an_abandoned_iterator_loses_no_batches() -> None:
     assert sorted(got) == sorted(Listed(12, 2).shared_batches(1))
     ranks[0].set_epoch(2)  # a finished epoch is not replayed into the next one
     assert sorted([*ranks[0], *ranks[1]]) == sorted(Listed(12, 2).shared_batches(2))
+
+
+def test_a_resumed_epoch_claims_only_what_was_not_claimed_before_the_requeue() -> None:
+    """``Claims.start`` (from the requeue checkpoint): the interrupted epoch's counter starts
+    past the claims made before, so before + after is the epoch, each unit once; other epochs
+    start at 0; ``position`` reads the counter (what the checkpoint saves)."""
+    from lightning_gossip.node_claims import Claims, NodeShare
+    from lightning_gossip.shared_cursor import SharedCursorSampler
+
+    before = SharedCursorSampler(40, chunk_size=4, store=dist.HashStore(), key="k", seed=3)
+    it = iter(before)
+    seen_before = [next(it) for _ in range(3 * 4)]  # 3 chunks claimed, then the requeue
+    assert before.claims.position(0) == (3, 10)
+    after = SharedCursorSampler(40, chunk_size=4, store=dist.HashStore(), key="k", seed=3)
+    after.claims.start = {0: 3}
+    seen_after = list(after)
+    assert after.claimed == 7 and sorted(seen_before + seen_after) == list(range(40))
+    assert after.claims.position(0) == (11, 10)  # the last, failed claim counts too
+    after.set_epoch(1)
+    assert len(list(after)) == 40  # the next epoch from its start
+
+    store = dist.HashStore()  # hierarchical: a node's claims, 2 units each
+    a, b = (Claims(store, "n", NodeShare(0, local, 2)) for local in (0, 1))
+    a.start = b.start = {0: 2}
+    units = [(a.next(0, 9), b.next(0, 9)) for _ in range(4)]
+    assert units == [(4, 5), (6, 7), (8, 0), (None, None)], units

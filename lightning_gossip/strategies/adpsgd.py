@@ -31,6 +31,7 @@ from lightning_gossip.consensus import check_every
 from lightning_gossip.hierarchy import ColumnPairing, NodeLayout, make_node_groups
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback, _PhasesMixin
+from lightning_gossip.strategies.cursor_resume import _CursorResumeMixin
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.node_averaging import NodeAverager
 
@@ -39,7 +40,7 @@ __all__ = ["ADPSGDStrategy"]
 _run_ids = itertools.count()  # fits in this process, counted the same way on every rank
 
 
-class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
+class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -292,6 +293,9 @@ class ADPSGDStrategy(_PhasesMixin, GossipStrategy):
                 if self._sharded else None)  # the node's ranks step together: it claims
         shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
                                       node=node)
+        if shared is not None:  # the requeue checkpoint saves its position (cursor_resume)
+            self.track_cursor(getattr(shared.batch_sampler, "claims", None)
+                              or getattr(shared.sampler, "claims", None))
         return dataloader if shared is None else shared
 
     # ------------------------------------------------------------------------------------------
