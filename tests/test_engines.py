@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,10 @@ def test_engine_names_import_no_lightning() -> None:
 
 
 def _rows(out: str, engine: str) -> list[dict]:
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    # The two ranks share one stdout pipe: a row may share its line with another rank's
+    # output, so decode every object that starts with '{"rank"' wherever it is.
+    decoder = json.JSONDecoder()
+    rows = [decoder.raw_decode(out, m.start())[0] for m in re.finditer(r'\{"rank"', out)]
     mine = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["rank"])
     assert [r["rank"] for r in mine] == [0, 1], out[-4000:]
     return mine
