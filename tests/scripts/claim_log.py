@@ -1,0 +1,96 @@
+"""A callback for the real-SLURM tests: every rank logs the shared cursor's claims it really
+made and the batches it really trained, so a test can check what a requeue repeats or skips.
+
+Added to the digits template's fit with ``EXTRA_ARGS=--trainer.callbacks+=
+tests.scripts.claim_log.ClaimLog`` (the template runs from the repository root, so ``tests``
+imports). At the start of training it finds the training loader's shared-cursor sampler
+(:class:`~lightning_gossip.shared_cursor.SharedCursorSampler`, or a
+:class:`~lightning_gossip.shared_batches.SharedBatchSampler`) and wraps its claims object's
+``next``: the real method runs, and what it returned is appended to
+``<default_root_dir>/claims/rank<r>-<pid>.jsonl``, one JSON object per line:
+
+* ``{"kind": "claim", "epoch", "unit"}``: a unit (a chunk of ``batch_size`` samples, or a
+  listed batch) of ``epoch`` this rank took (``unit`` is ``null`` when the epoch had none left);
+* ``{"kind": "trained", "epoch", "batch", "step"}``: a training batch done (Lightning's
+  ``batch_idx`` in the epoch, the trainer's ``global_step`` after it);
+
+each with ``rank``, ``pid``, ``restart`` (``SLURM_RESTART_COUNT``: 0 before the first requeue)
+and ``t`` (``time.time()``). Each unit is one batch (``chunk_size`` = the loader's batch size),
+so a rank's first ``n`` claims of an epoch are its ``n`` trained batches and the rest were
+prefetched by the loader. Without a shared cursor (a plain loader) only the trained batches are
+logged.
+
+``pace_s`` (``--trainer.callbacks.pace_s=2.5`` right after it) makes every training batch last
+at least that long until the job is first requeued (``SLURM_RESTART_COUNT`` unset or 0), so
+that a time limit's signal placed a minute or two ahead falls in the training however fast the
+machine is (on an idle machine the digits fit runs an epoch in seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+
+class ClaimLog(Callback):
+    """Logs the claims and trained batches of this rank (see the module docstring)."""
+
+    def __init__(self, pace_s: float = 0.0) -> None:
+        self.pace_s = float(pace_s)
+        self._file: Any = None
+        self._wrapped: set[int] = set()
+        self._batch_start = 0.0
+
+    def _write(self, trainer: Any, **record: Any) -> None:
+        if self._file is None:
+            folder = Path(trainer.default_root_dir) / "claims"
+            folder.mkdir(parents=True, exist_ok=True)
+            self._file = open(folder / f"rank{trainer.global_rank}-{os.getpid()}.jsonl", "a")
+        record.update(rank=trainer.global_rank, pid=os.getpid(),
+                      restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+                      t=round(time.time(), 3))
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def _wrap_claims(self, trainer: Any) -> None:
+        loader = trainer.train_dataloader
+        for holder in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+            claims = getattr(holder, "claims", None)
+            if claims is None or id(claims) in self._wrapped:
+                continue
+            real = claims.next
+
+            def logged(epoch: int, units: int, _real: Any = real) -> int | None:
+                unit = _real(epoch, units)
+                self._write(trainer, kind="claim", epoch=int(epoch), unit=unit)
+                return unit
+
+            claims.next = logged
+            self._wrapped.add(id(claims))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._wrap_claims(trainer)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._wrap_claims(trainer)  # a reloaded loader has new claims
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_start = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.pace_s > 0 and os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0"):
+            time.sleep(max(0.0, self._batch_start + self.pace_s - time.monotonic()))
+        self._write(trainer, kind="trained", epoch=int(trainer.current_epoch),
+                    batch=int(batch_idx), step=int(trainer.global_step))
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
