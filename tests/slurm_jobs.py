@@ -116,6 +116,19 @@ def trained(records: list[dict[str, Any]], epoch: int | None = None) -> list[dic
             if r["kind"] == "trained" and (epoch is None or r["epoch"] == epoch)]
 
 
+def off_epoch_claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The claims of an epoch made in a pass over another epoch's permutation (the last
+    ``iter`` record of the same process says which): their samples are not that epoch's."""
+    current: dict[int, int] = {}
+    off = []
+    for r in records:
+        if r["kind"] == "iter":
+            current[r["pid"]] = r["epoch"]
+        elif r["kind"] == "claim" and current.get(r["pid"], r["epoch"]) != r["epoch"]:
+            off.append(r)
+    return off
+
+
 def cursor_resume_report(before: list[dict[str, Any]], after: list[dict[str, Any]],
                          epoch: int) -> dict[str, Any]:
     """What a resume of the interrupted ``epoch`` claimed and trained, from the claim logs of
@@ -146,6 +159,9 @@ def cursor_resume_report(before: list[dict[str, Any]], after: list[dict[str, Any
                                     default=None) for r in sorted(by_rank)},
         "claims_of_later_epochs_before": len([r for r in before if r["kind"] == "claim"
                                               and r["epoch"] > epoch]),
+        "claims_of_earlier_epochs_after": len([r for r in after if r["kind"] == "claim"
+                                               and r["epoch"] < epoch]),
+        "off_epoch_claims": len(off_epoch_claims(before)) + len(off_epoch_claims(after)),
         "gap_s": (round(first_after - last_before, 1)
                   if first_after is not None and last_before is not None else None),
     }

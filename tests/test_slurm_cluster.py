@@ -179,7 +179,9 @@ def check_cursor_resume(run_dir: Path, ckpt: dict, world: int, devices: int) -> 
     ranks claimed exactly the cursor position's units of the interrupted epoch before the
     requeue and nothing of a later epoch; the resumed step claimed the rest, so that every
     unit of the epoch was claimed as often as in an uninterrupted epoch of the same run (once;
-    a hierarchical node's last claim pads with the epoch's first unit). What it measured."""
+    a hierarchical node's last claim pads with the epoch's first unit), each from the epoch's
+    own permutation: each sample once in the epoch across the requeue (those prefetched but
+    not trained before it are skipped). What it measured."""
     position = ckpt.get(CURSOR_KEY)
     assert position is not None, "the requeue checkpoint holds no cursor position"
     steps = J.attempts(J.read_claims(run_dir), world)
@@ -190,6 +192,10 @@ def check_cursor_resume(run_dir: Path, ckpt: dict, world: int, devices: int) -> 
     assert report["claimed_before"] == position["claims"] * devices, (report, position)
     assert report["claims_of_later_epochs_before"] == 0, report
     assert report["union_is_one_epoch"], report
+    # ... and from that epoch's permutation: every pass over the sampler drew the epoch it
+    # claimed in (a resumed fit's first pass began at epoch 0 before the fix of #22)
+    assert report["off_epoch_claims"] == 0 and report["claims_of_earlier_epochs_after"] == 0, (
+        report)
     if devices == 1:  # every rank claims alone: the units are the counter's values
         assert report["claimed_in_both"] == [], report
     return report

@@ -3,22 +3,26 @@ made and the batches it really trained, so a test can check what a requeue repea
 
 Added to the digits template's fit with ``EXTRA_ARGS=--trainer.callbacks+=
 tests.scripts.claim_log.ClaimLog`` (the template runs from the repository root, so ``tests``
-imports). At the start of training it finds the training loader's shared-cursor sampler
-(:class:`~lightning_gossip.shared_cursor.SharedCursorSampler`, or a
-:class:`~lightning_gossip.shared_batches.SharedBatchSampler`) and wraps its claims object's
-``next``: the real method runs, and what it returned is appended to
-``<default_root_dir>/claims/rank<r>-<pid>.jsonl``, one JSON object per line:
+imports). At ``setup`` (before Lightning builds the training loader's iterator, whose prefetch
+already claims) it wraps, in this process, :meth:`Claims.next
+<lightning_gossip.node_claims.Claims.next>` and the iteration of
+:class:`~lightning_gossip.shared_cursor.SharedCursorSampler` and
+:class:`~lightning_gossip.shared_batches.SharedBatchSampler`: the real methods run, and what
+they did is appended to ``<default_root_dir>/claims/rank<r>-<pid>.jsonl``, one JSON object per
+line:
 
+* ``{"kind": "iter", "epoch"}``: a pass over the sampler began; ``epoch`` is the sampler's epoch
+  then, whose permutation (or list of batches) the pass draws from;
 * ``{"kind": "claim", "epoch", "unit"}``: a unit (a chunk of ``batch_size`` samples, or a
-  listed batch) of ``epoch`` this rank took (``unit`` is ``null`` when the epoch had none left);
+  listed batch) of ``epoch``'s counter this rank took (``unit`` is ``null`` when the epoch had
+  none left);
 * ``{"kind": "trained", "epoch", "batch", "step"}``: a training batch done (Lightning's
   ``batch_idx`` in the epoch, the trainer's ``global_step`` after it);
 
 each with ``rank``, ``pid``, ``restart`` (``SLURM_RESTART_COUNT``: 0 before the first requeue)
 and ``t`` (``time.time()``). Each unit is one batch (``chunk_size`` = the loader's batch size),
 so a rank's first ``n`` claims of an epoch are its ``n`` trained batches and the rest were
-prefetched by the loader. Without a shared cursor (a plain loader) only the trained batches are
-logged.
+prefetched by the loader.
 
 ``pace_s`` (``--trainer.callbacks.pace_s=2.5`` right after it) makes every training batch last
 at least that long until the job is first requeued (``SLURM_RESTART_COUNT`` unset or 0), so
@@ -43,10 +47,12 @@ class ClaimLog(Callback):
     def __init__(self, pace_s: float = 0.0) -> None:
         self.pace_s = float(pace_s)
         self._file: Any = None
-        self._wrapped: set[int] = set()
+        self._trainer: Any = None
+        self._undo: list[tuple[type, str, Any]] = []
         self._batch_start = 0.0
 
-    def _write(self, trainer: Any, **record: Any) -> None:
+    def _write(self, **record: Any) -> None:
+        trainer = self._trainer
         if self._file is None:
             folder = Path(trainer.default_root_dir) / "claims"
             folder.mkdir(parents=True, exist_ok=True)
@@ -57,27 +63,35 @@ class ClaimLog(Callback):
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
-    def _wrap_claims(self, trainer: Any) -> None:
-        loader = trainer.train_dataloader
-        for holder in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
-            claims = getattr(holder, "claims", None)
-            if claims is None or id(claims) in self._wrapped:
-                continue
-            real = claims.next
+    def _observe(self) -> None:
+        from lightning_gossip.node_claims import Claims
+        from lightning_gossip.shared_batches import SharedBatchSampler
+        from lightning_gossip.shared_cursor import SharedCursorSampler
 
-            def logged(epoch: int, units: int, _real: Any = real) -> int | None:
-                unit = _real(epoch, units)
-                self._write(trainer, kind="claim", epoch=int(epoch), unit=unit)
-                return unit
+        log = self
+        real_next = Claims.next
 
-            claims.next = logged
-            self._wrapped.add(id(claims))
+        def next_(claims: Any, epoch: int, units: int) -> int | None:
+            unit = real_next(claims, epoch, units)
+            log._write(kind="claim", epoch=int(epoch), unit=unit)
+            return unit
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._wrap_claims(trainer)
+        self._undo.append((Claims, "next", real_next))
+        Claims.next = next_
+        for cls in (SharedCursorSampler, SharedBatchSampler):
+            real_iter = cls.__iter__
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._wrap_claims(trainer)  # a reloaded loader has new claims
+            def iter_(sampler: Any, _real: Any = real_iter) -> Any:
+                log._write(kind="iter", epoch=int(sampler.epoch))
+                yield from _real(sampler)
+
+            self._undo.append((cls, "__iter__", real_iter))
+            cls.__iter__ = iter_
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
+        if stage == "fit" and not self._undo:
+            self._observe()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -85,12 +99,15 @@ class ClaimLog(Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self._write(kind="trained", epoch=int(trainer.current_epoch), batch=int(batch_idx),
+                    step=int(trainer.global_step))
         if self.pace_s > 0 and os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0"):
             time.sleep(max(0.0, self._batch_start + self.pace_s - time.monotonic()))
-        self._write(trainer, kind="trained", epoch=int(trainer.current_epoch),
-                    batch=int(batch_idx), step=int(trainer.global_step))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        for cls, name, real in reversed(self._undo):
+            setattr(cls, name, real)
+        self._undo = []
         if self._file is not None:
             self._file.close()
             self._file = None
