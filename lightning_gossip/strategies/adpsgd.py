@@ -296,11 +296,9 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         if shared is not None:  # the requeue checkpoint saves its position (cursor_resume)
             self.track_cursor(getattr(shared.batch_sampler, "claims", None)
                               or getattr(shared.sampler, "claims", None))
-            # Lightning prefetches the first batch before it sets the epoch: a resumed fit
-            # would draw it from epoch 0's counter and its epoch from epoch 0's permutation
-            for sampler in (shared.sampler, shared.batch_sampler):
+            for sampler in (shared.sampler, shared.batch_sampler):  # before its prefetch
                 if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
+                    sampler.set_epoch(self.cursor_epoch())
         return dataloader if shared is None else shared
 
     # ------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ Started as ``srun`` starts tasks (2 tasks, ``SLURM_*`` variables). A first fit t
 and writes ``OUT/last.ckpt``; a second fit resumes from it and trains epoch 1. The samples are
 their own indices (``TensorDataset(arange(64), ...)``, batches of 4), so every rank records
 exactly which samples it trained in each epoch of each fit: ``OUT/rank<r>.json`` =
-``{"first": {epoch: [samples]}, "resumed": {epoch: [samples]}}``.
+``{"first": {epoch: [samples]}, "resumed": {epoch: [samples]}}``. The module's
+``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as the recipes' learning
+rate schedules do), so the resumed fit builds its training loader before the checkpoint's loop
+progress is restored.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class Tiny(L.LightningModule):
         return DataLoader(data, batch_size=BATCH, shuffle=True)
 
     def configure_optimizers(self):
+        # as the recipes' schedules do: Lightning then sets up the training loader (and its
+        # iterator, which prefetches a batch) here, before it restores the loops' progress
+        self.total_steps = self.trainer.estimated_stepping_batches
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
