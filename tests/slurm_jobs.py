@@ -136,8 +136,11 @@ def cursor_resume_report(before: list[dict[str, Any]], after: list[dict[str, Any
     the same run (another epoch of ``before`` or ``after``) is the reference."""
     done = Counter(units(before, epoch))
     again = Counter(units(after, epoch))
-    others = sorted({r["epoch"] for r in before + after if r["kind"] == "claim"} - {epoch})
-    reference = Counter(units(before + after, others[0])) if others else Counter()
+    # a complete epoch: one before the interrupted one (before it), else one after it (after it)
+    earlier = sorted({r["epoch"] for r in before if r["kind"] == "claim"} - {epoch})
+    later = sorted({r["epoch"] for r in after if r["kind"] == "claim" and r["epoch"] > epoch})
+    reference = Counter(units(before, earlier[0]) if earlier
+                        else units(after, later[0]) if later else [])
     by_rank = {}
     for rank in sorted({r["rank"] for r in before}):
         mine = [r for r in before if r["rank"] == rank]

@@ -33,6 +33,7 @@ PREFIX = os.environ.get("LG_SLURM_FAULTS_PREFIX", "tsf")
 LOST_EPOCHS = 4
 HEARTBEAT_TIMEOUT_S = 20.0
 EVENTS = {"emergency": "wrote the emergency checkpoint",
+          "survivors_exited": "srun: error: node0: task",  # srun saw node 0's tasks end
           "retry": "attempt 1 failed: restarting from the newest checkpoint",
           "restored": "Restored all states from the checkpoint"}
 #: rank 0's progress bar: ``0: Epoch 1:  45%|...| 5/11`` (``5/?`` or ``5it`` without a length)
