@@ -1,5 +1,6 @@
 """A node lost under the real SLURM (``make test-slow``): the digits CPU template on 2 nodes x 2
-tasks, node 1's two ranks SIGKILLed mid-epoch.
+tasks, flat or hierarchical (node 1 a whole learner), ``dpsgd`` or ``adpsgd``, node 1's two ranks
+SIGKILLed mid-epoch.
 
 The survivors (node 0's ranks) name the lost ranks within ``heartbeat_timeout`` + about 10 s,
 write the emergency checkpoint (``emergency-step=<s>-rank=0.ckpt``, the survivors' average) and
