@@ -18,13 +18,18 @@ bandwidth is emulated, not latency or loss.
 
 :meth:`EmulatedCluster.close` kills every process left in the namespaces and deletes them (which
 deletes the veth pairs and the bridge with them); it is idempotent and is called on ``with``
-exit. :func:`remove_leftovers` removes whatever an interrupted run left behind, by prefix.
+exit. :func:`remove_leftovers` removes whatever an interrupted run left behind, by prefix (an
+exact one: ``--cleanup --prefix lgr`` leaves ``lgr2-...`` and ``lgrt-...`` alone). Give every
+concurrent user of this module a prefix of its own that is no extension of another's: the
+benchmarks use ``lgc`` (``cluster.py``, also ``--scheduler slurm``) and ``lgr`` (``race.py``), the
+tests ``tcs``, ``trs``, ``tsj`` and ``tsf``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -146,16 +151,34 @@ def leftovers(prefix: str = PREFIX) -> list[str]:
             + [f"link {n}" for n in list_links() if n.startswith(prefix)])
 
 
+def made_with(prefix: str, name: str, link: bool = False) -> bool:
+    """Whether a cluster of name prefix ``prefix`` made the namespace (``link``: the link)
+    ``name``: ``<prefix>-...`` (a namespace: a run's nodes and bridge, the probe of
+    :func:`check_available`; ``prefix`` may go on into a run's suffix, ``lgc-1a2b``), or
+    ``<prefix><suffix>n<k>``/``p<k>``/``br`` (a link). A longer prefix is another run's:
+    ``lgr`` does not match ``lgr2-...`` nor ``lgrt...``.
+
+    >>> [made_with("lgr", n) for n in ("lgr-1a2b-n0", "lgr2-1a2b-n0", "lgrt-1a2b-br")]
+    [True, False, False]
+    >>> [made_with("lgr", n, link=True) for n in ("lgr1a2bn0", "lgr1a2bbr", "lgrt1a2bp1")]
+    [True, True, False]
+    """
+    if link:
+        return re.fullmatch(rf"{re.escape(prefix)}[0-9a-f]{{4}}(n\d+|p\d+|br)", name) is not None
+    return name.startswith(prefix if prefix.endswith("-") else f"{prefix}-")
+
+
 def remove_leftovers(prefix: str = PREFIX) -> list[str]:
-    """Kill the processes in, and delete, every namespace/link named ``prefix...``; what went."""
+    """Kill the processes in, and delete, every namespace/link a cluster of name prefix
+    ``prefix`` made (:func:`made_with`: not those of a longer prefix); what went."""
     removed = []
     for ns in list_namespaces():
-        if ns.startswith(prefix):
+        if made_with(prefix, ns):
             kill_namespace_processes(ns)
             _run(["ip", "netns", "del", ns], check=False)
             removed.append(f"netns {ns}")
     for link in list_links():
-        if link.startswith(prefix):
+        if made_with(prefix, link, link=True):
             _run(["ip", "link", "del", link], check=False)
             removed.append(f"link {link}")
     return removed

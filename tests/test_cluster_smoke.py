@@ -23,7 +23,10 @@ import cluster_net as N  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
-PREFIX = "lgs"  # not the benchmark's default, so a concurrent benchmark run is left alone
+#: this module's own name prefix: no benchmark's default (``lgc``, ``lgr``) nor another test's
+#: (``trs``, ``tsj``, ``tsf``) is an extension of it or it of them, so no ``--cleanup`` of theirs
+#: (nor this module's of its own) touches another run's namespaces
+PREFIX = "tcs"
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,22 @@ def test_cleanup_flag_removes_leftovers(netns_available: None) -> None:
         assert _gone(described) == []
     finally:
         cluster.close()
+
+
+def test_cleanup_leaves_a_longer_prefix_alone(netns_available: None) -> None:
+    """``remove_leftovers(p)`` removes the clusters of prefix ``p``, not those of a prefix
+    that extends it (another run's: ``lgr`` against ``lgr2``)."""
+    mine = N.EmulatedCluster(1, 50, prefix=f"{PREFIX}a").build()
+    other = N.EmulatedCluster(1, 50, prefix=f"{PREFIX}ab").build()
+    try:
+        removed = N.remove_leftovers(f"{PREFIX}a")
+        assert sorted(removed) == sorted(f"netns {n}" for n in mine.created), removed
+        assert _gone(mine.describe()) == []
+        assert len(N.leftovers(f"{PREFIX}ab-{other.suffix}-")) == 2  # its node and bridge
+    finally:
+        other.close()
+        mine.close()
+    assert _gone(other.describe()) == []
 
 
 def test_missing_options_are_reported_not_faked(monkeypatch: pytest.MonkeyPatch) -> None:

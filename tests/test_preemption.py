@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import ROOT, base_env, free_port, launch_processes
+from benchmarks.launch import ROOT, base_env, check, free_port, launch_processes, run_fake_slurm
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies.cursor_resume import CURSOR_KEY
 from lightning_gossip.sync_gossip import StopAgreement
@@ -199,3 +199,18 @@ def _resume_one_step(path: Path, step: int) -> None:
     trainer.fit(module.Tiny(), torch.utils.data.DataLoader(data, batch_size=4),
                 ckpt_path=str(path))
     assert trainer.global_step == step + 1
+
+
+@pytest.mark.multiprocess
+def test_a_resumed_fit_draws_each_sample_once(tmp_path: Path) -> None:
+    """#22: an adpsgd fit (shared cursor) resumed from the checkpoint of epoch 0's end trains
+    each sample of epoch 1 once. Lightning's loader prefetches its first batch before it sets
+    the sampler's epoch, so without the fix the resumed fit drew that batch from epoch 0's
+    counter and its whole epoch from epoch 0's permutation: 2 batches twice (one per rank)."""
+    check(run_fake_slurm(ROOT / "tests/scripts/resume_epoch_ranks.py", str(tmp_path), ntasks=2,
+                         timeout=300))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(s for r in ranks for s in r["first"]["0"]) == list(range(64)), ranks
+    assert [r["resumed"].get("0") for r in ranks] == [None, None], ranks
+    resumed = sorted(s for r in ranks for s in r["resumed"]["1"])
+    assert resumed == list(range(64)), ranks

@@ -30,11 +30,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import cluster_net as N  # noqa: E402
 import slurm_cluster as S  # noqa: E402
 
+from tests import slurm_jobs as J  # noqa: E402
+
 pytestmark = pytest.mark.multiprocess
 
-#: not the benchmark's default, so a concurrent benchmark run is left alone; LG_SLURM_TEST_PREFIX
-#: overrides it where several sessions bring up clusters on one machine (each its own prefix)
-PREFIX = os.environ.get("LG_SLURM_TEST_PREFIX", "lgt")
+#: this module's own name prefix, no extension of a benchmark's or another test's (see
+#: ``tests/test_cluster_smoke.py``); LG_SLURM_TEST_PREFIX overrides it where several sessions
+#: bring up clusters on one machine (each its own prefix, none an extension of another)
+PREFIX = os.environ.get("LG_SLURM_TEST_PREFIX", "tsj")
 JOB_TIMEOUT_S = 600.0  # only bounds a hang: 4 Python processes importing Lightning on 2 cores
 
 RANKS_SCRIPT = """\
@@ -147,24 +150,55 @@ def test_cleanup_after_a_killed_run(slurm_available: None, tmp_path: Path) -> No
 #: back once the job is requeued
 PREEMPT_ARGS = ["--time=60", "--signal=SIGUSR1@120"]
 PREEMPT_EPOCHS = 6
+#: every training batch lasts at least 2.5 s until the requeue: the signal (within about 90 s
+#: of the limit's change, SLURM checking limits every 30 s) then falls in the 5 epochs left,
+#: which on an idle machine would otherwise take well under a minute
+PACE = "--trainer.callbacks.pace_s=2.5"
+#: the requeue checkpoint's key of the shared cursor's position (``cursor_resume.CURSOR_KEY``)
+CURSOR_KEY = "lightning_gossip_cursor"
 EVENTS = {"signal": "Handling auto-requeue signal at step",
           "requeued": "DUE TO JOB REQUEUE",  # slurmstepd, as the requeue ends the step
           "restored": "Restored all states from the checkpoint"}
 
 
-def _digits_data() -> Path:
-    data = ROOT / "data" / "digits"
-    if not data.exists():
-        subprocess.run([sys.executable, "-m", "recipes.imagenet.prepare_digits", "--out",
-                        str(data)], cwd=ROOT, check=True, env=base_env(), timeout=600)
-    return data
+def _preempt_on_poll(cluster: S.SlurmCluster, job: str, run_dir: Path):
+    """Brings the time limit near once the first epoch is done, back once requeued."""
+    def on_poll(now: float, w: J.Watch) -> None:
+        if "limit" not in w.seen and list(run_dir.rglob("last.ckpt")):
+            minutes = J.seconds(w.info.get("RunTime", "0:0:0")) // 60 + 3
+            cluster.client(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
+            w.seen["limit"] = now
+        if int(w.info.get("Restarts", "0") or 0) >= 1 and "unlimit" not in w.seen:
+            cluster.client(["scontrol", "update", f"JobId={job}", "TimeLimit=60"])
+            w.seen["unlimit"] = now
+    return on_poll
 
 
-def _seconds(runtime: str) -> int:
-    """SLURM's ``[D-]HH:MM:SS`` in seconds."""
-    days, _, hms = runtime.rpartition("-")
-    h, m, sec = (int(x) for x in hms.split(":"))
-    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + sec
+def check_cursor_resume(run_dir: Path, ckpt: dict, world: int, devices: int) -> dict:
+    """The claim logs of a requeued adpsgd run against its requeue checkpoint ``ckpt``: the
+    ranks claimed exactly the cursor position's units of the interrupted epoch before the
+    requeue and nothing of a later epoch; the resumed step claimed the rest, so that every
+    unit of the epoch was claimed as often as in an uninterrupted epoch of the same run (once;
+    a hierarchical node's last claim pads with the epoch's first unit), each from the epoch's
+    own permutation: each sample once in the epoch across the requeue (those prefetched but
+    not trained before it are skipped). What it measured."""
+    position = ckpt.get(CURSOR_KEY)
+    assert position is not None, "the requeue checkpoint holds no cursor position"
+    steps = J.attempts(J.read_claims(run_dir), world)
+    assert len(steps) == 2, [len(s) for s in steps]  # the step before the requeue, and after
+    before, after = steps
+    assert {r["restart"] for r in before} == {0} and {r["restart"] for r in after} == {1}
+    report = J.cursor_resume_report(before, after, position["epoch"])
+    assert report["claimed_before"] == position["claims"] * devices, (report, position)
+    assert report["claims_of_later_epochs_before"] == 0, report
+    assert report["union_is_one_epoch"], report
+    # ... and from that epoch's permutation: every pass over the sampler drew the epoch it
+    # claimed in (a resumed fit's first pass began at epoch 0 before the fix of #22)
+    assert report["off_epoch_claims"] == 0 and report["claims_of_earlier_epochs_after"] == 0, (
+        report)
+    if devices == 1:  # every rank claims alone: the units are the counter's values
+        assert report["claimed_in_both"] == [], report
+    return report
 
 
 @pytest.mark.slow
@@ -174,41 +208,27 @@ def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -
     """``--signal=SIGUSR1@120`` near a time limit on the digits CPU template (2 nodes x 2
     tasks, 6 epochs): the requeue checkpoint is written at one step on every rank (the ranks
     stop there: no step is repeated beyond it), the job is requeued, resumes from it and
-    finishes the 6 epochs. Prints the measured times (s after ``sbatch``)."""
-    _digits_data()
+    finishes the 6 epochs. Under ``adpsgd`` the checkpoint holds the shared cursor's position
+    and the resumed epoch claims exactly the units not yet claimed (every rank's claims, from
+    the claim logs of ``tests/scripts/claim_log.py``). Prints the measured times (s after
+    ``sbatch``) and claims."""
+    J.digits_data()
     (ROOT / "logs").mkdir(exist_ok=True)
-    script = ROOT / "recipes/imagenet/slurm/digits_cpu.sbatch"
     cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
-    seen: dict[str, float] = {}
     with cluster:
         start = time.monotonic()
-        env = cluster.client_env(base_env())
+        env = cluster.client_env(base_env(EXTRA_ARGS=f"{J.CLAIM_LOG} {PACE}"))
         name, _, hierarchical = strategy.partition("-")
         export = (f"--export=ALL,STRATEGY={name},EPOCHS={PREEMPT_EPOCHS},"
                   f"HIERARCHICAL={'true' if hierarchical else 'false'}")
-        job = cluster.submit(script, args=[export, *PREEMPT_ARGS], cwd=ROOT, env=env)
+        job = cluster.submit(J.DIGITS_TEMPLATE, args=[export, *PREEMPT_ARGS], cwd=ROOT,
+                             env=env)
         out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
         run_dir = ROOT / "runs" / f"digits-{job}"
-        info: dict[str, str] = {}
-        while time.monotonic() - start < 3600:
-            info = cluster.job(job) or info
-            text = out_path.read_text(errors="replace") if out_path.exists() else ""
-            now = round(time.monotonic() - start, 1)
-            for name, marker in EVENTS.items():
-                if marker in text and name not in seen:
-                    seen[name] = now
-            if "limit" not in seen and list(run_dir.rglob("last.ckpt")):
-                minutes = _seconds(info.get("RunTime", "0:0:0")) // 60 + 3
-                cluster.client(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
-                seen["limit"] = now
-            if int(info.get("Restarts", "0") or 0) >= 1 and "unlimit" not in seen:
-                cluster.client(["scontrol", "update", f"JobId={job}", "TimeLimit=60"])
-                seen["unlimit"] = now
-            if info.get("JobState") in S.TERMINAL_STATES:
-                break
-            time.sleep(2)
-    text = out_path.read_text(errors="replace") if out_path.exists() else ""
-    print(f"\n{strategy}: events (s after sbatch) {seen}; {info.get('JobState')} "
+        w = J.watch_job(cluster, job, out_path, EVENTS, _preempt_on_poll(cluster, job, run_dir),
+                        timeout_s=3600, poll_s=2, start=start)
+    info, seen, text = w.info, w.seen, w.text
+    print(f"\n{strategy}: job {job} events (s after sbatch) {seen}; {info.get('JobState')} "
           f"Restarts={info.get('Restarts')}")
     assert info.get("JobState") == "COMPLETED", (info, text[-6000:])
     assert int(info.get("Restarts", "0")) >= 1, info
@@ -218,17 +238,20 @@ def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -
 
     ckpt = torch.load(hpc[0], map_location="cpu", weights_only=False)
     step = int(text.split(EVENTS["signal"], 1)[1].split(":", 1)[0])
-    print(f"{strategy}: hpc checkpoint at global step {ckpt['global_step']}, rank 0 was at "
-          f"step {step} when every rank wrote it")
+    print(f"{strategy}: hpc checkpoint at global step {ckpt['global_step']}, epoch "
+          f"{ckpt['epoch']}, cursor {ckpt.get(CURSOR_KEY)}; rank 0 was at step {step} when "
+          "every rank wrote it")
     # rank 0's step: dpsgd's ranks all stopped there (nothing repeated beyond it); adpsgd's
     # stopped at their own steps, all in the checkpoint's average (logged, printed here)
     assert ckpt["global_step"] == step
     steps = [ln for ln in text.splitlines() if "steps at the requeue checkpoint" in ln]
     print(f"{strategy}: {steps[0] if steps else 'no per-rank steps logged'}")
-    if strategy.startswith("adpsgd"):
-        assert steps, text[-6000:]
     restored = [ln for ln in text.splitlines() if EVENTS["restored"] in ln]
     assert restored and hpc[-1].name in restored[0], (restored, text[-6000:])
     lasts = sorted(run_dir.rglob("last.ckpt"))
     last = torch.load(lasts[0], map_location="cpu", weights_only=False)
     assert last["epoch"] == PREEMPT_EPOCHS - 1, last["epoch"]  # all epochs, counted from 0
+    if strategy.startswith("adpsgd"):
+        assert steps, text[-6000:]
+        report = check_cursor_resume(run_dir, ckpt, world=4, devices=2 if hierarchical else 1)
+        print(f"{strategy}: claims of the interrupted epoch {report}")

@@ -1,12 +1,14 @@
 """A node lost under the real SLURM (``make test-slow``): the digits CPU template on 2 nodes x 2
-tasks, node 1's two ranks SIGKILLed mid-epoch.
+tasks, flat or hierarchical (node 1 a whole learner), ``dpsgd`` or ``adpsgd``, node 1's two ranks
+SIGKILLed mid-epoch.
 
 The survivors (node 0's ranks) name the lost ranks within ``heartbeat_timeout`` + about 10 s,
 write the emergency checkpoint (``emergency-step=<s>-rank=0.ckpt``, the survivors' average) and
 fail; the ``srun`` step ends, and the template's retry loop runs a new step that resumes from the
 newest checkpoint (the emergency one) and finishes the epochs. Needs root, network namespaces and
 SLURM (see ``tests/test_slurm_cluster.py``). Times are printed, never asserted; the waits only
-bound a hang.
+bound a hang. Every rank logs its claims of the shared cursor and its trained batches
+(``tests/scripts/claim_log.py``), so the test also prints what the restart trained again.
 """
 
 from __future__ import annotations
@@ -20,13 +22,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks.launch import ROOT, base_env
-from tests.test_slurm_cluster import PREFIX, N, S, _digits_data, slurm_available  # noqa: F401
+from tests import slurm_jobs as J
+from tests.test_slurm_cluster import N, S
 
 pytestmark = pytest.mark.multiprocess
+
+#: this module's own name prefix (not an extension of another test's or a benchmark's, so no
+#: ``--cleanup`` of theirs removes its clusters); LG_SLURM_FAULTS_PREFIX overrides it
+PREFIX = os.environ.get("LG_SLURM_FAULTS_PREFIX", "tsf")
 
 LOST_EPOCHS = 4
 HEARTBEAT_TIMEOUT_S = 20.0
 EVENTS = {"emergency": "wrote the emergency checkpoint",
+          "survivors_exited": "srun: error: node0: task",  # srun saw node 0's tasks end
           "retry": "attempt 1 failed: restarting from the newest checkpoint",
           "restored": "Restored all states from the checkpoint"}
 #: rank 0's progress bar: ``0: Epoch 1:  45%|...| 5/11`` (``5/?`` or ``5it`` without a length)
@@ -52,57 +60,85 @@ def _last_progress(text: str) -> tuple[int, int, str] | None:
     return (int(found[-1][0]), int(found[-1][1]), found[-1][2]) if found else None
 
 
+@pytest.fixture(scope="module")
+def slurm_available() -> None:
+    reason = S.check_available(PREFIX)
+    if reason:
+        pytest.skip(f"real SLURM unavailable here: {reason}")
+
+
+def _kill_node1_on_poll(cluster: S.SlurmCluster, run_dir: Path, killed: list[int],
+                        at_kill: dict):
+    """SIGKILLs node 1's training tasks once rank 0 is 3 batches into the second epoch (or
+    60 s after the first epoch's checkpoint)."""
+    def on_poll(now: float, w: J.Watch) -> None:
+        progress = _last_progress(w.text)
+        if "epoch0" not in w.seen and list(run_dir.rglob("last.ckpt")):
+            w.seen["epoch0"] = now
+        if "kill" not in w.seen and "epoch0" in w.seen and (
+                (progress and progress[0] >= 1 and progress[1] >= 3)
+                or now > w.seen["epoch0"] + 60):
+            # mid-way through the second epoch: node 1's ranks die at once
+            killed[:] = _fit_pids(cluster.net.members[1].netns)
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            w.seen["kill"] = now
+            at_kill.update(progress=progress, t=time.time())
+    return on_poll
+
+
+def _lost_work(run_dir: Path, kill_t: float, ckpt: dict) -> dict:
+    """From the claim logs: the ranks' last trained step (and how long before the kill) in the
+    first step, the restarted step's first steps, the interrupted epoch's units claimed in
+    both steps (the emergency checkpoint has no cursor position: the restart reads its epoch
+    from the start) and the gap in training."""
+    steps = J.attempts(J.read_claims(run_dir), 4)
+    before, after = steps[0], [r for s in steps[1:] for r in s]
+    last = {}
+    for rank in sorted({r["rank"] for r in before}):
+        mine = J.trained([r for r in before if r["rank"] == rank])
+        if mine:
+            last[rank] = (mine[-1]["step"], round(kill_t - mine[-1]["t"], 1))
+    report = J.cursor_resume_report(before, after, ckpt["epoch"])
+    return {"attempts": len(steps), "last_step_and_s_before_kill": last,
+            "ckpt_global_step": ckpt["global_step"], **report}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(4000)
 @pytest.mark.usefixtures("slurm_available")
-@pytest.mark.parametrize("strategy", ["dpsgd", "adpsgd"])
+@pytest.mark.parametrize("strategy", ["dpsgd", "adpsgd", "adpsgd-hierarchical",
+                                      "dpsgd-hierarchical"])
 def test_lost_node_restarts_from_the_emergency_checkpoint(strategy: str) -> None:
     """Node 1's ranks SIGKILLed in the second epoch: the survivors write the emergency
     checkpoint, the template's retry loop resumes from it, the job completes all epochs
-    (``COMPLETED``, not requeued). Prints the measured times (s after ``sbatch``) and steps."""
+    (``COMPLETED``, not requeued). Hierarchical: node 1 is a whole learner. Prints the measured
+    times (s after ``sbatch``), steps and claims."""
     import torch
 
-    _digits_data()
+    J.digits_data()
     (ROOT / "logs").mkdir(exist_ok=True)
-    script = ROOT / "recipes/imagenet/slurm/digits_cpu.sbatch"
     cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
-    seen: dict[str, float] = {}
-    at_kill: tuple[int, int, str] | None = None
     killed: list[int] = []
+    at_kill: dict = {}
     with cluster:
         start, wall_start = time.monotonic(), time.time()
         env = cluster.client_env(base_env(
-            EXTRA_ARGS=f"--trainer.strategy.heartbeat_timeout={HEARTBEAT_TIMEOUT_S}"))
-        export = f"--export=ALL,STRATEGY={strategy},EPOCHS={LOST_EPOCHS}"
-        job = cluster.submit(script, args=[export, "--time=90"], cwd=ROOT, env=env)
+            EXTRA_ARGS=f"--trainer.strategy.heartbeat_timeout={HEARTBEAT_TIMEOUT_S} "
+                       + J.CLAIM_LOG))
+        name, _, hierarchical = strategy.partition("-")
+        export = (f"--export=ALL,STRATEGY={name},EPOCHS={LOST_EPOCHS},"
+                  f"HIERARCHICAL={'true' if hierarchical else 'false'}")
+        job = cluster.submit(J.DIGITS_TEMPLATE, args=[export, "--time=90"], cwd=ROOT, env=env)
         out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
         run_dir = ROOT / "runs" / f"digits-{job}"
-        info: dict[str, str] = {}
-        while time.monotonic() - start < 3600:
-            info = cluster.job(job) or info
-            text = out_path.read_text(errors="replace") if out_path.exists() else ""
-            now = round(time.monotonic() - start, 1)
-            for name, marker in EVENTS.items():
-                if marker in text and name not in seen:
-                    seen[name] = now
-            progress = _last_progress(text)
-            if "epoch0" not in seen and list(run_dir.rglob("last.ckpt")):
-                seen["epoch0"] = now
-            if "kill" not in seen and "epoch0" in seen and (
-                    (progress and progress[0] >= 1 and progress[1] >= 3)
-                    or now > seen["epoch0"] + 60):
-                # mid-way through the second epoch: node 1's ranks die at once
-                killed = _fit_pids(cluster.net.members[1].netns)
-                for pid in killed:
-                    os.kill(pid, signal.SIGKILL)
-                seen["kill"], at_kill = now, progress
-            if info.get("JobState") in S.TERMINAL_STATES:
-                break
-            time.sleep(1)
-    text = out_path.read_text(errors="replace") if out_path.exists() else ""
-    print(f"\n{strategy}: events (s after sbatch) {seen}; killed pids {killed}; rank 0 at "
-          f"(epoch, batch, of) {at_kill} then; {info.get('JobState')} "
-          f"Restarts={info.get('Restarts')}")
+        w = J.watch_job(cluster, job, out_path, EVENTS,
+                        _kill_node1_on_poll(cluster, run_dir, killed, at_kill),
+                        timeout_s=3600, start=start)
+    info, seen, text = w.info, w.seen, w.text
+    print(f"\n{strategy}: job {job} events (s after sbatch) {seen}; killed pids {killed}; "
+          f"rank 0 at (epoch, batch, of) {at_kill.get('progress')} then; "
+          f"{info.get('JobState')} Restarts={info.get('Restarts')}")
     assert killed, text[-6000:]
     assert info.get("JobState") == "COMPLETED", (info, text[-6000:])
     assert int(info.get("Restarts", "0")) == 0, info  # a lost rank is not a requeue
@@ -112,10 +148,11 @@ def test_lost_node_restarts_from_the_emergency_checkpoint(strategy: str) -> None
     meta = ckpt["lightning_gossip_emergency"]
     print(f"{strategy}: {emergency[0].name}: global_step {ckpt['global_step']}, epoch "
           f"{ckpt['epoch']}, {meta}; written {emergency[0].stat().st_mtime - wall_start:.1f} s "
-          "after sbatch")
+          f"after sbatch, {emergency[0].stat().st_mtime - at_kill['t']:.1f} s after the kill")
     for line in text.splitlines():
         if EVENTS["emergency"] in line or "PeerSilent" in line[:300]:
             print(line[:400])
+    print(f"{strategy}: work: {_lost_work(run_dir, at_kill['t'], ckpt)}")
     assert meta["averaged"] and meta["survivors"] == [0, 1], meta
     assert {"emergency", "retry", "restored", "kill"} <= set(seen), seen
     restored = [ln for ln in text.splitlines() if EVENTS["restored"] in ln]

@@ -296,6 +296,9 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         if shared is not None:  # the requeue checkpoint saves its position (cursor_resume)
             self.track_cursor(getattr(shared.batch_sampler, "claims", None)
                               or getattr(shared.sampler, "claims", None))
+            for sampler in (shared.sampler, shared.batch_sampler):  # before its prefetch
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(self.cursor_epoch())
         return dataloader if shared is None else shared
 
     # ------------------------------------------------------------------------------------------

@@ -33,6 +33,16 @@ class _CursorResumeMixin:
 
     _cursor_claims: Claims | None = None
     _cursor_start: dict[int, int] | None = None
+    _resume_epoch = 0  # the loaded checkpoint's epoch (its fit loop's epochs processed)
+
+    def cursor_epoch(self) -> int:
+        """The epoch the training loader's shared sampler starts in: Lightning sets it only at
+        the epoch start, after its loader prefetched a batch (built before the checkpoint's
+        loop progress is restored when ``configure_optimizers`` reads
+        ``estimated_stepping_batches``), so a resumed fit would draw that batch from epoch 0's
+        counter and the whole epoch from epoch 0's permutation."""
+        trainer = self.lightning_module.trainer  # type: ignore[attr-defined]
+        return max(int(trainer.fit_loop.epoch_progress.current.processed), self._resume_epoch)
 
     def track_cursor(self, claims: Claims | None) -> None:
         """The training loader's claims (``None``: not drawn through the shared cursor)."""
@@ -67,6 +77,8 @@ class _CursorResumeMixin:
         """Loads the checkpoint; a saved cursor position starts its epoch's counter there."""
         checkpoint = super().load_checkpoint(  # type: ignore[misc]
             checkpoint_path, weights_only=weights_only)
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+        self._resume_epoch = int(progress.get("current", {}).get("processed", 0))
         position = checkpoint.get(CURSOR_KEY)
         self._cursor_start = ({int(position["epoch"]): int(position["claims"])}
                               if position else None)
@@ -78,4 +90,5 @@ class _CursorResumeMixin:
     def teardown(self) -> None:
         """The position applies to the fit that loaded it only."""
         self._cursor_claims = self._cursor_start = None
+        self._resume_epoch = 0
         super().teardown()  # type: ignore[misc]
