@@ -29,10 +29,9 @@ from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import ColumnPairing, NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.pairing import Pairing, check_pairing_name
-from lightning_gossip.strategies.adpsgd_phases import Phases, _PhaseCallback
+from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import check_max_staleness
 
 __all__ = ["ADPSGDStrategy"]
@@ -181,12 +180,7 @@ class ADPSGDStrategy(GossipStrategy):
             self._groups = make_async_groups(self.layout, self.process_group_backend,
                                              self.timeout)
         assert self._flat is not None
-        self.node = None
-        if self._sharded:
-            assert self.layout is not None and self._groups is not None
-            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
-                                     self._groups.node, self.timeout, self.heartbeat,
-                                     step=lambda: self.step)
+        self.node = self._node_averager(self.layout, self._groups) if self._sharded else None
         if self._sharded and nodes == 1:
             self._warn_one_node()
             self.pairing = None
@@ -195,8 +189,7 @@ class ADPSGDStrategy(GossipStrategy):
                                    self.seed)
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
-        if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
-            trainer.callbacks.insert(0, _PhaseCallback(self.phases))
+        self.phases.install_callback(trainer)
 
     def _make_engine(self, pairing: Pairing) -> AsyncGossip:
         """The gossip engine: over ranks, or (sharded) over nodes on this rank's column."""
@@ -281,6 +274,14 @@ class ADPSGDStrategy(GossipStrategy):
 
 
     # -- the phases (strategy.phases) and the requeue checkpoint's cursor (strategy.cursor) --
+    def begin_phase(self) -> None:
+        """All ranks start training together, then gossip flows (:meth:`.Phases.begin`)."""
+        self.phases.begin()
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """Epoch end on this rank: meet, agree on stopping (:meth:`.Phases.end_epoch`)."""
+        self.phases.end_epoch(trainer)
+
     @override
     def before_requeue(self) -> None:
         """Meet every rank in the epoch-end meeting's collective before the requeue checkpoint
@@ -301,10 +302,9 @@ class ADPSGDStrategy(GossipStrategy):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
 
-        Lightning's ``Timer`` (``Trainer(max_time=...)``) broadcasts its decision after every
-        batch. Mid-epoch the ranks are at different steps, so each rank decides on its own
-        (hierarchical: each node); a rank that stops ends its epoch, and at the epoch-end
-        meeting all ranks stop together (see ``docs/faults.md``).
+        Lightning's ``Timer`` (``max_time``) broadcasts its decision after every batch: each
+        rank (hierarchical: node) decides on its own; a rank that stops ends its epoch, and at
+        the epoch-end meeting all ranks stop together (see ``docs/faults.md``).
         """
         if not self.phases.in_phase:
             return super().broadcast(obj, src)
@@ -330,8 +330,7 @@ class ADPSGDStrategy(GossipStrategy):
                         storage_options: Any | None = None) -> None:
         """The requeue checkpoint also holds the shared cursor's position (mid-epoch)."""
         if self.resilience.requeue_done:
-            epoch = self.lightning_module.trainer.current_epoch
-            checkpoint = self.cursor.saved(checkpoint, epoch)
+            checkpoint = self.cursor.saved(checkpoint, self.lightning_module.trainer.current_epoch)
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     @override

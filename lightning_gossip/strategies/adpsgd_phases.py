@@ -46,6 +46,11 @@ class Phases:
         engine = self.strategy.engine
         return engine is not None and engine.in_phase
 
+    def install_callback(self, trainer: pl.Trainer) -> None:
+        """Insert :class:`_PhaseCallback` first in ``trainer``'s callbacks (once)."""
+        if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, _PhaseCallback(self))
+
     def check_trainer(self, trainer: pl.Trainer) -> None:
         """Raise ``ValueError`` for trainer settings that a phase cannot support."""
         strategy = self.strategy

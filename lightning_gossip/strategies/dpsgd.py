@@ -25,7 +25,6 @@ from typing_extensions import override
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
@@ -88,6 +87,7 @@ class DPSGDStrategy(GossipStrategy):
     """
 
     strategy_name = "dpsgd"
+    resilience: AgreedStops
     AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap")
 
     @classmethod
@@ -193,12 +193,7 @@ class DPSGDStrategy(GossipStrategy):
                 layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self.gossip_group, column=self.gossip_group)
             self.layout = layout
-        self.node = None
-        if hierarchical:
-            assert self._groups is not None and self._flat is not None and self.layout is not None
-            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
-                                     self._groups.node, self.timeout, self.heartbeat,
-                                     step=lambda: self.step)
+        self.node = self._node_averager(self.layout, self._groups) if hierarchical else None
         self.engine = None
         if exchanging:
             assert self._flat is not None and self.topology is not None
@@ -291,6 +286,11 @@ class DPSGDStrategy(GossipStrategy):
             self.global_average()
         self.maybe_log_consensus()
         return out
+
+    def sigterm_stop_now(self, received: bool) -> bool:
+        """Before every training batch: whether every rank stops here (SIGTERM, agreed:
+        :meth:`AgreedStops.sigterm_stop_now <.dpsgd_stop.AgreedStops.sigterm_stop_now>`)."""
+        return self.resilience.sigterm_stop_now(received)
 
     def global_average(self) -> None:
         """Replace this rank's replica by the exact average of all replicas (a collective on

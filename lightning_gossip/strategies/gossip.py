@@ -32,6 +32,7 @@ from lightning_gossip.agreement import check_agreement, plain_repr
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import check_every
 from lightning_gossip.flat import FlatState, flatten_module_
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
 from lightning_gossip.strategies.options import check_options
@@ -197,12 +198,19 @@ class GossipStrategy(ProcessGroupStrategy):
         self.stop_heartbeat()
         super().teardown()
 
-    def _make_resilience(self) -> Resilience:
-        """The strategy's :class:`~.resilience.Resilience` (``DPSGDStrategy``: agreed stops)."""
+    def _make_resilience(self) -> Resilience:  # DPSGDStrategy: AgreedStops
         return Resilience(self)
 
     def teardown_gossip(self) -> None:
         """Stop the subclass's background work (idempotent)."""
+
+    def _node_averager(self, layout: NodeLayout | None, groups: NodeGroups | None
+                       ) -> NodeAverager:
+        """The node's :class:`~.node_averaging.NodeAverager` (hierarchical, after set-up made
+        ``layout`` and ``groups``)."""
+        assert groups is not None and layout is not None and self._flat is not None
+        return NodeAverager(self.lightning_module, self._flat, layout, groups.node, self.timeout,
+                            self.heartbeat, step=lambda: self.step)
 
     def _warn_one_node(self) -> None:
         """``hierarchical=True`` on one node of several processes: nothing to gossip with."""
@@ -218,15 +226,30 @@ class GossipStrategy(ProcessGroupStrategy):
         """Called on a rank that takes the requeue signal at its batch start, before the
         checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
 
+    # -- stops and requeues: strategy.resilience (resilience.py) --
+    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
+        """Replace Lightning's per-batch SIGTERM broadcast by the strategy's own check."""
+        self.resilience.install_sigterm_check(trainer)
+
+    def requeue_now(self, received: bool) -> bool:
+        """Before every batch under SLURM auto-requeue: whether every rank stops, requeued."""
+        return self.resilience.requeue_now(received)
+
+    def requeue_together(self) -> None:
+        """Write the requeue checkpoint with every rank and requeue; then every rank stops."""
+        self.resilience.requeue_together()
+
+    def save_and_requeue(self) -> bool:
+        """Lightning's auto-requeue at a point every rank reaches; whether it requeued."""
+        return self.resilience.save_and_requeue()
+
     @override
     def on_exception(self, exception: BaseException) -> None:
         """This rank failed: :meth:`Resilience.on_exception <.resilience.Resilience.on_exception>`
         (a quiet stop, or the emergency checkpoint and a loud one)."""
         self.resilience.on_exception(exception)
 
-    # ------------------------------------------------------------------------------------------
-    # Sync points: quiet the network, then evaluate / checkpoint / average consensus weights
-    # ------------------------------------------------------------------------------------------
+    # -- sync points: quiet the network, then use the average (strategy.replicas) --
     def average_replicas(self, why: str = "") -> Tensor:
         """The exact average of all replicas as a flat fp32 vector (a collective, watched like
         every sync point: a silent rank is named). ``why`` completes error messages."""
@@ -303,9 +326,7 @@ class GossipStrategy(ProcessGroupStrategy):
         self.quiesce()
         return replicas.consensus_state_dict(module, state)
 
-    # ------------------------------------------------------------------------------------------
-    # Consensus distance
-    # ------------------------------------------------------------------------------------------
+    # -- the consensus distance --
     def maybe_log_consensus(self) -> None:
         """Measure and log the consensus distance when this step is due (a collective)."""
         n = self.consensus_every_n_steps
