@@ -54,7 +54,7 @@ from lightning_gossip.pairing import Pairing
 from lightning_gossip.topology import Peers
 
 __all__ = ["ColumnPairing", "NodeGroups", "NodeLayout", "ShardedExchange", "check_layout",
-           "make_node_groups"]
+           "make_async_groups", "make_node_groups"]
 
 
 @dataclass(frozen=True)
@@ -188,12 +188,15 @@ class NodeGroups:
     for the all-gather of a sharded round, while the training thread keeps ``node`` for the
     gradients, the buffers and the broadcasts: two threads never issue collectives on one
     group (their order could differ between ranks: a deadlock, or wrong data). With NCCL it
-    is its own communicator.
+    is its own communicator. ``control`` (AD-PSGD only) is the gloo group of the control
+    messages over the same ranks as ``column``: a passive's receive-from-any-source must only
+    ever match them. A flat layout has the gossip group as both ``node`` and ``column``.
     """
 
     node: dist.ProcessGroup
     column: dist.ProcessGroup
     node_gossip: dist.ProcessGroup | None = None
+    control: dist.ProcessGroup | None = None
 
     @property
     def gossip_node(self) -> dist.ProcessGroup:
@@ -224,6 +227,24 @@ def make_node_groups(layout: NodeLayout, backend: str | None, timeout: timedelta
         assert node_gossip is not None
     assert node_group is not None and column_group is not None
     return NodeGroups(node_group, column_group, node_gossip)
+
+
+def make_async_groups(layout: NodeLayout | None, backend: str | None,
+                      timeout: timedelta) -> NodeGroups:
+    """AD-PSGD's groups, created on every rank in the same order: with a ``layout`` (sharded)
+    the node and column groups (:func:`make_node_groups`), then every gloo column group
+    (``control``); flat (``None``), one gloo group (``control``) and one data group (``node``
+    and ``column``) over every rank."""
+    if layout is None:
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        data = dist.new_group(backend=backend, timeout=timeout)
+        return NodeGroups(data, data, control=control)
+    groups = make_node_groups(layout, backend, timeout)
+    for k in range(layout.devices):
+        g = dist.new_group(layout.column_ranks(k), backend="gloo", timeout=timeout)
+        if k == layout.local:
+            groups.control = g
+    return groups
 
 
 class ShardedExchange:

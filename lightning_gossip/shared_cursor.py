@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ from lightning_gossip import _compat
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 
-__all__ = ["SharedCursorSampler", "default_store", "shared_cursor_loader"]
+__all__ = ["SharedCursorSampler", "SharedLoader", "default_store", "shared_cursor_loader"]
 
 
 def default_store() -> dist.Store:
@@ -127,9 +128,16 @@ def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler[list[int]
     return loader
 
 
+class SharedLoader(NamedTuple):
+    """A training loader rebuilt by :func:`shared_cursor_loader` and the claims it draws by."""
+
+    loader: DataLoader
+    claims: Claims
+
+
 def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
                          store: dist.Store | None = None,
-                         node: NodeShare | None = None) -> DataLoader | None:
+                         node: NodeShare | None = None) -> SharedLoader | None:
     """The training loader rebuilt to draw its data through the shared cursor, if it can be.
 
     * a batch sampler that implements
@@ -152,7 +160,8 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
             and the node takes ``devices`` units per claim); ``None``: this rank alone.
 
     Returns:
-        The new loader, or ``None`` when ``dataloader`` is to be used unchanged.
+        The new loader and its sampler's :class:`~lightning_gossip.node_claims.Claims` (which
+        the requeue checkpoint saves), or ``None`` when ``dataloader`` is to be used unchanged.
     """
     from lightning.pytorch.trainer.states import RunningStage
     from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -170,7 +179,7 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
     if isinstance(batch_sampler, SharedBatches):
         shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches",
                                     node=node)
-        return _with_batch_sampler(dataloader, shared)
+        return SharedLoader(_with_batch_sampler(dataloader, shared), shared.claims)
     if dataloader.batch_size is None or (
             batch_sampler is not None and type(batch_sampler) is not BatchSampler):
         rank_zero_warn(
@@ -185,4 +194,5 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
     cursor = SharedCursorSampler(len(dataloader.dataset), chunk_size=dataloader.batch_size,
                                  store=store or default_store(), key=key, shuffle=shuffle,
                                  seed=seed, node=node)
-    return _compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING)
+    return SharedLoader(_compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING),
+                        cursor.claims)

@@ -273,15 +273,14 @@ def test_every_overridden_hook_is_marked_and_still_exists_in_lightning():
     from lightning.pytorch.strategies import ParallelStrategy
 
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
-    from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback, _PhasesMixin
-    from lightning_gossip.strategies.dpsgd_stop import _StopHooksMixin
-    from lightning_gossip.strategies.replicas import _ReplicasMixin
+    from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback
+    from lightning_gossip.strategies.parallel import ProcessGroupStrategy
 
-    # The mixins hold hooks moved out of the strategy modules: checked against the same bases.
-    for cls, base in ((GossipStrategy, ParallelStrategy), (DPSGDStrategy, GossipStrategy),
-                      (ADPSGDStrategy, GossipStrategy), (_PhaseCallback, Callback),
-                      (_ReplicasMixin, ParallelStrategy), (_StopHooksMixin, GossipStrategy),
-                      (_PhasesMixin, GossipStrategy)):
+    # The strategies' hooks are their own (their parts are plain objects, checked by
+    # tests/test_owned_parts.py); each class is checked against its base.
+    for cls, base in ((ProcessGroupStrategy, ParallelStrategy),
+                      (GossipStrategy, ProcessGroupStrategy), (DPSGDStrategy, GossipStrategy),
+                      (ADPSGDStrategy, GossipStrategy), (_PhaseCallback, Callback)):
         unmarked, stray = _overrides(cls, base)
         assert not unmarked, f"{cls.__name__}: add @override to {unmarked}"
         assert not stray, f"{cls.__name__}: {stray} marked @override but {base.__name__} " \

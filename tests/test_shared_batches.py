@@ -113,7 +113,8 @@ def test_shared_cursor_loader_picks_batches_samples_or_nothing() -> None:
     data = TensorDataset(torch.arange(12))
 
     listed = DataLoader(data, batch_sampler=Listed(12, 4, rank=1, world=2), collate_fn=_collate)
-    shared = shared_cursor_loader(listed, key="a", store=store)
+    shared, claims = shared_cursor_loader(listed, key="a", store=store)
+    assert claims is shared.batch_sampler.claims
     assert isinstance(shared.batch_sampler, SharedBatchSampler)
     assert shared.batch_sampler.source is listed.batch_sampler
     assert shared.collate_fn is _collate and shared.dataset is data
@@ -121,7 +122,8 @@ def test_shared_cursor_loader_picks_batches_samples_or_nothing() -> None:
     assert shared_cursor_loader(shared, key="a", store=store) is None  # already shared
 
     plain = DataLoader(data, batch_size=5)
-    cursor = shared_cursor_loader(plain, key="b", seed=3, store=store)
+    cursor, claims = shared_cursor_loader(plain, key="b", seed=3, store=store)
+    assert claims is cursor.sampler.claims
     assert isinstance(cursor.sampler, SharedCursorSampler) and cursor.batch_size == 5
     assert cursor.sampler.seed == 3 and cursor.sampler.num_chunks == 3
     assert sorted(int(i) for (b,) in cursor for i in b) == list(range(12))

@@ -12,42 +12,41 @@ from __future__ import annotations
 
 import itertools
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gossip.async_gossip import AsyncGossip
-from lightning_gossip.compression import check_wire_dtype
-from lightning_gossip.consensus import check_every
-from lightning_gossip.hierarchy import ColumnPairing, NodeLayout, make_node_groups
+from lightning_gossip.hierarchy import ColumnPairing, NodeGroups, NodeLayout, make_async_groups
+from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.pairing import Pairing, check_pairing_name
-from lightning_gossip.strategies.adpsgd_phases import _PhaseCallback, _PhasesMixin
-from lightning_gossip.strategies.cursor_resume import _CursorResumeMixin
+from lightning_gossip.strategies.adpsgd_phases import Phases
+from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import NodeAverager
+from lightning_gossip.strategies.options import check_max_staleness
 
 __all__ = ["ADPSGDStrategy"]
 
 _run_ids = itertools.count()  # fits in this process, counted the same way on every rank
 
 
-class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
+class ADPSGDStrategy(GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
-    The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
-    ``process_group_backend``, ``timeout`` and ``heartbeat_timeout`` are those of
-    :class:`~lightning_gossip.strategies.gossip.GossipStrategy`. The consensus distance is
-    measured at epoch ends (the only points where all ranks meet) when
-    ``consensus_every_n_steps`` is not ``None``.
+    The other keyword arguments are those of :class:`~.gossip.GossipStrategy`. The consensus
+    distance is measured at epoch ends (the only points where all ranks meet) when
+    ``consensus_every_n_steps`` is not ``None``. Owned parts besides those of the base:
+    :attr:`engine` (an :class:`~lightning_gossip.async_gossip.AsyncGossip`), :attr:`phases`
+    (:class:`~.adpsgd_phases.Phases`) and :attr:`cursor` (:class:`~.cursor_resume.CursorResume`).
 
     Args:
         pairing: which passive peers an active rank contacts (see
@@ -69,14 +68,12 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
             (default) never.
         hierarchical: treat the ranks of a node (same ``node_rank``) as one learner: average
             gradients (and floating buffers) inside the node every step, so its ranks hold
-            bit-identical weights, and run AD-PSGD between nodes with the pairing over nodes.
-            Local rank ``l`` runs the gossip thread for slice ``l`` of the replica with local
-            rank ``l`` of the partner node (each inter-node link carries ``1/devices`` of the
-            model); the node all-gathers the slices' deltas at every step boundary, so all its
-            ranks add the same delta at the same step. The shared cursor is then claimed per
-            node (``devices`` batches at a time), so a faster node takes more batches. One
-            process per node: the same as ``False``; one node: plain data parallelism (with a
-            warning). See ``docs/strategies.md`` (Multi-node).
+            bit-identical weights, and run AD-PSGD between nodes with the pairing over nodes,
+            local rank ``l`` gossiping slice ``l`` of the replica with local rank ``l`` of the
+            partner node; the node all-gathers the slices' deltas at every step boundary. The
+            shared cursor is then claimed per node. One process per node: the same as
+            ``False``; one node: plain data parallelism (with a warning). See
+            ``docs/strategies.md`` (Multi-node).
         wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half the
             bytes): ``q = Q(snapshot)``, and the delta is ``(q_peer - q) / 2`` with the very
             ``q`` sent, so the two deltas of an exchange cancel exactly and the sum of the
@@ -88,16 +85,13 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         import lightning_gossip  # registers "adpsgd" and "adpsgd_random"
 
         trainer = L.Trainer(strategy="adpsgd", accelerator="cpu", devices=4, max_epochs=10)
-        trainer = L.Trainer(
-            strategy=lightning_gossip.ADPSGDStrategy(pairing="random", max_staleness=2),
-            accelerator="gpu", devices=8, num_nodes=16,
-        )
+        trainer = L.Trainer(strategy=lightning_gossip.ADPSGDStrategy(pairing="random"),
+                            accelerator="gpu", devices=8, num_nodes=16)
     """
 
     strategy_name = "adpsgd"
-    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "seed", "max_staleness",
-                      "delay_by_one", "shared_cursor", "hierarchical",
-                      "global_average_every_n_steps", "wire_dtype")
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "max_staleness",
+                      "shared_cursor")
 
     @classmethod
     @override
@@ -105,18 +99,11 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         """Register ``"adpsgd"`` (ring pairing) and ``"adpsgd_random"`` (random pairing) in
         Lightning's ``StrategyRegistry`` (called on import of :mod:`lightning_gossip`)."""
         strategy_registry.register(
-            cls.strategy_name,
-            cls,
-            description="Asynchronous decentralized parallel SGD (AD-PSGD), ring peer choice",
-            override=True,
-        )
+            cls.strategy_name, cls, override=True,
+            description="Asynchronous decentralized parallel SGD (AD-PSGD), ring peer choice")
         strategy_registry.register(
-            f"{cls.strategy_name}_random",
-            cls,
-            description="Asynchronous decentralized parallel SGD (AD-PSGD), random peer choice",
-            override=True,
-            pairing="random",
-        )
+            f"{cls.strategy_name}_random", cls, override=True, pairing="random",
+            description="Asynchronous decentralized parallel SGD (AD-PSGD), random peer choice")
 
     def __init__(
         self,
@@ -142,110 +129,67 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            final_average=final_average,
-            evaluate=evaluate,
+            accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
+            seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
+            global_average_every_n_steps=global_average_every_n_steps, wire_dtype=wire_dtype,
+            final_average=final_average, evaluate=evaluate,
             consensus_every_n_steps=consensus_every_n_steps,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            heartbeat_timeout=heartbeat_timeout,
-        )
+            process_group_backend=process_group_backend, timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout)
         check_pairing_name(pairing)
-        self.global_average_every_n_steps = check_every(
-            "global_average_every_n_steps", global_average_every_n_steps)
-        self._global_averages = 0  # multiples of global_average_every_n_steps averaged so far
-        if max_staleness is not None and (
-            not isinstance(max_staleness, int) or max_staleness < 0
-        ):
-            raise ValueError(
-                f"max_staleness must be a non-negative integer or None, got {max_staleness!r}"
-            )
+        check_max_staleness(max_staleness)
         #: the pairing's name as given (``"ring"`` or ``"random"``)
         self.pairing_name = pairing
         #: the built :class:`~lightning_gossip.pairing.Pairing` (``None`` before set-up)
         self.pairing: Pairing | None = None
-        self.seed = int(seed)
         self.max_staleness = max_staleness
-        self.delay_by_one = bool(delay_by_one)
         self.shared_cursor = bool(shared_cursor)
-        self.hierarchical = bool(hierarchical)
-        self._wire = check_wire_dtype(wire_dtype)
-        self.wire_dtype = wire_dtype
         #: this rank's place in the nodes (``hierarchical`` with several processes per node;
         #: after set-up)
         self.layout: NodeLayout | None = None
-        self._node_group: dist.ProcessGroup | None = None  # the node's (hierarchical)
         self.engine: AsyncGossip | None = None
-        self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
+        #: this rank's groups: node and column (the flat layout: the data group as both) and
+        #: the gloo group of the control messages (created once, at the first set-up)
+        self._groups: NodeGroups | None = None
         self._run_id: int | None = None
-        self._warned_local_reduce = False
         self._last_stats: dict[str, float] = {}
+        #: the gossip phases: trainer checks, phase start, epoch-end meeting
+        self.phases = Phases(self)
+        #: the shared cursor's position in the requeue checkpoint
+        self.cursor = CursorResume()
 
-    # ------------------------------------------------------------------------------------------
-    # Set-up
-    # ------------------------------------------------------------------------------------------
     @property
-    def _sharded(self) -> bool:
-        """``hierarchical`` with several processes per node."""
+    def _sharded(self) -> bool:  # hierarchical with several processes per node
         return self.hierarchical and self.num_processes > 1
 
     @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Check the node layout (``hierarchical``), build :attr:`pairing` (over ranks, or over
         nodes), the groups, and start the gossip thread. Bad input fails here on every rank."""
-        self._check_trainer(trainer)
+        self.phases.check_trainer(trainer)
         self._run_id = next(_run_ids)
         nodes, devices = self.num_nodes, self.num_processes
         if self.hierarchical:
             self._check_node_layout()
         if self._groups is None:
             # Created on every rank in the same order, from the main thread. The thread's
-            # messages never share a group with the training thread's collectives.
-            # Control and data never share a group: a passive's receive-from-any-source
-            # must only ever match the small control messages.
+            # messages never share a group with the training thread's collectives, control
+            # and data never share one (hierarchy.make_async_groups).
             if self._sharded:
-                # node groups (gradients, the delta all-gather), column groups (snapshot
-                # slices), then gloo column groups (control)
-                layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
-                groups = make_node_groups(layout, self.process_group_backend, self.timeout)
-                control = None
-                for k in range(devices):
-                    g = dist.new_group(layout.column_ranks(k), backend="gloo",
-                                       timeout=self.timeout)
-                    if k == layout.local:
-                        control = g
-                assert control is not None
-                self.layout, self._node_group = layout, groups.node
-                self._groups = (control, groups.column)
-            else:
-                control = dist.new_group(backend="gloo", timeout=self.timeout)
-                data = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
-                self._groups = (control, data)
+                self.layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
+            self._groups = make_async_groups(self.layout, self.process_group_backend,
+                                             self.timeout)
         assert self._flat is not None
-        self.node = None
-        if self._sharded:
-            assert self.layout is not None and self._node_group is not None
-            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
-                                     self._node_group, self.timeout, self.heartbeat,
-                                     step=lambda: self.step)
+        self.node = self._node_averager(self.layout, self._groups) if self._sharded else None
         if self._sharded and nodes == 1:
-            rank_zero_warn(
-                f"ADPSGDStrategy(hierarchical=True) on one node of {devices} processes: "
-                "gradients are averaged inside the node and there is nothing to gossip with "
-                "(plain data parallelism)."
-            )
+            self._warn_one_node()
             self.pairing = None
         else:
             self.pairing = Pairing(self.pairing_name, nodes if self._sharded else self.world_size,
                                    self.seed)
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
-        if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
-            trainer.callbacks.insert(0, _PhaseCallback())
+        self.phases.install_callback(trainer)
 
     def _make_engine(self, pairing: Pairing) -> AsyncGossip:
         """The gossip engine: over ranks, or (sharded) over nodes on this rank's column."""
@@ -259,8 +203,8 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
                       "node_gather": self.node.all_gather if self.node else None}
         return AsyncGossip(
             self._flat, self.global_rank, engine_pairing,
-            control_group=self._groups[0], data_group=self._groups[1], timeout=self.timeout,
-            max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+            control_group=self._groups.control, data_group=self._groups.column,
+            timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
             heartbeat=self.heartbeat, wire_dtype=self._wire, **kwargs,
         )
 
@@ -272,9 +216,6 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
             self._last_stats = dict(vars(self.engine.stats))
             self.engine = None
 
-    # ------------------------------------------------------------------------------------------
-    # Data
-    # ------------------------------------------------------------------------------------------
     @override
     def process_dataloader(self, dataloader: object) -> object:
         """Training loaders draw from the shared cursor (samples, or whole listed batches).
@@ -282,24 +223,15 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         See :func:`~lightning_gossip.shared_cursor.shared_cursor_loader` for which loaders are
         rebuilt and how; evaluation loaders are never touched.
         """
-        from lightning_gossip.node_claims import NodeShare
-        from lightning_gossip.shared_cursor import shared_cursor_loader
-
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING):
             return dataloader
         node = (NodeShare(self.node_rank, self.local_rank, self.num_processes)
                 if self._sharded else None)  # the node's ranks step together: it claims
-        shared = shared_cursor_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
-                                      node=node)
-        if shared is not None:  # the requeue checkpoint saves its position (cursor_resume)
-            self.track_cursor(getattr(shared.batch_sampler, "claims", None)
-                              or getattr(shared.sampler, "claims", None))
-            for sampler in (shared.sampler, shared.batch_sampler):  # before its prefetch
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(self.cursor_epoch())
-        return dataloader if shared is None else shared
+        return self.cursor.shared_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
+                                         node=node,
+                                         epoch=trainer.fit_loop.epoch_progress.current.processed)
 
     # ------------------------------------------------------------------------------------------
     # Steps and phases
@@ -317,7 +249,7 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         silent or departed is raised as ``PeerSilent`` (``docs/faults.md``)."""
         self.check_liveness(self.step)
         if self.engine is not None and not self.engine.in_phase:
-            self.begin_phase()  # e.g. manual optimization outside the usual epoch hooks
+            self.phases.begin()  # e.g. manual optimization outside the usual epoch hooks
         if self.node:
             closure = self.node.wrap(closure)
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -341,3 +273,77 @@ class ADPSGDStrategy(_CursorResumeMixin, _PhasesMixin, GossipStrategy):
         (the snapshot payload sent: its shard, in the wire dtype)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
+
+    # -- the phases (strategy.phases) and the requeue checkpoint's cursor (strategy.cursor) --
+    def begin_phase(self) -> None:
+        """All ranks start training together, then gossip flows (:meth:`.Phases.begin`)."""
+        self.phases.begin()
+
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """Epoch end on this rank: meet, agree on stopping (:meth:`.Phases.end_epoch`)."""
+        self.phases.end_epoch(trainer)
+
+    @override
+    def before_requeue(self) -> None:
+        """Meet every rank in the epoch-end meeting's collective before the requeue checkpoint
+        (:meth:`Phases.before_requeue <.adpsgd_phases.Phases.before_requeue>`)."""
+        self.phases.before_requeue()
+
+    @override
+    def reduce(self, tensor: Tensor, group: Any | None = None,
+               reduce_op: Any | None = "mean") -> Tensor:
+        """Like :meth:`GossipStrategy.reduce`, except mid-epoch, where values stay local (the
+        ranks are at different steps: a collective would pair up unrelated calls)."""
+        if self.phases.in_phase and isinstance(tensor, Tensor):
+            self.phases.warn_local_reduce()
+            return tensor
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
+
+        Lightning's ``Timer`` (``max_time``) broadcasts its decision after every batch: each
+        rank (hierarchical: node) decides on its own; a rank that stops ends its epoch, and at
+        the epoch-end meeting all ranks stop together (see ``docs/faults.md``).
+        """
+        if not self.phases.in_phase:
+            return super().broadcast(obj, src)
+        if self.node:  # hierarchical: the node's ranks step together, so they decide together
+            first = self.node.layout.node_ranks(self.node.layout.node)[0]
+            return self.broadcast_object(obj, first, group=self.node.group)
+        return obj
+
+    @override
+    def on_validation_start(self) -> None:
+        """During ``fit`` every rank meets first (joining a requeue begun elsewhere,
+        :meth:`Phases.before_validation <.adpsgd_phases.Phases.before_validation>`), then the
+        consensus weights are swapped in."""
+        self.phases.before_validation()
+        super().on_validation_start()
+
+    def track_cursor(self, claims: Claims | None) -> None:
+        """The training loader's claims (``None``: not drawn through the shared cursor)."""
+        self.cursor.track(claims)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path,
+                        storage_options: Any | None = None) -> None:
+        """The requeue checkpoint also holds the shared cursor's position (mid-epoch)."""
+        if self.resilience.requeue_done:
+            checkpoint = self.cursor.saved(checkpoint, self.lightning_module.trainer.current_epoch)
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: str | Path,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads the checkpoint; a saved cursor position starts its epoch's counter there."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self.cursor.load(checkpoint)
+        return checkpoint
+
+    @override
+    def teardown(self) -> None:
+        """A loaded cursor position applies to the fit that loaded it only."""
+        self.cursor.reset()
+        super().teardown()

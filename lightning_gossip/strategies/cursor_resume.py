@@ -1,10 +1,11 @@
-"""The shared cursor's position in ``adpsgd``'s requeue checkpoint, as a mixin: a fit resumed
+"""The shared cursor's position in ``adpsgd``'s requeue checkpoint (:class:`CursorResume`, owned
+by :class:`~lightning_gossip.strategies.ADPSGDStrategy` as ``strategy.cursor``): a fit resumed
 from ``hpc_ckpt_<n>.ckpt`` goes on with the interrupted epoch's unclaimed batches only.
 
 The shared samplers (:mod:`~lightning_gossip.shared_cursor`,
 :mod:`~lightning_gossip.shared_batches`) hand out an epoch's batches through a counter in the
 c10d store, which a requeued job starts afresh. The requeue checkpoint is written where every
-rank has stopped claiming (the ranks met, :meth:`~._PhasesMixin.before_requeue`), so the counter
+rank has stopped claiming (the ranks met, :meth:`~.Phases.before_requeue`), so the counter
 is the same for all: it is saved under :data:`CURSOR_KEY` as ``{"epoch", "claims"}``, and a fit
 that loads the checkpoint starts that epoch's counter there (:attr:`Claims.start
 <lightning_gossip.node_claims.Claims.start>`). Batches a rank had claimed but not trained yet
@@ -15,80 +16,87 @@ next epoch from the start).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from typing_extensions import override
+from lightning_gossip.node_claims import Claims, NodeShare
+from lightning_gossip.shared_cursor import shared_cursor_loader
 
-from lightning_gossip.node_claims import Claims
-
-__all__ = ["CURSOR_KEY"]
+__all__ = ["CURSOR_KEY", "CursorResume"]
 
 #: the checkpoint key of the shared cursor's position (requeue checkpoints, mid-epoch)
 CURSOR_KEY = "lightning_gossip_cursor"
 
 
-class _CursorResumeMixin:
-    """Saves the shared cursor in the requeue checkpoint and restarts it from there."""
+class CursorResume:
+    """Saves the shared cursor in the requeue checkpoint and restarts it from there (no
+    process group, no trainer: a test builds one directly).
 
-    _cursor_claims: Claims | None = None
-    _cursor_start: dict[int, int] | None = None
-    _resume_epoch = 0  # the loaded checkpoint's epoch (its fit loop's epochs processed)
+    >>> resume = CursorResume()
+    >>> resume.load({CURSOR_KEY: {"epoch": 2, "claims": 40}})
+    >>> resume.start
+    {2: 40}
+    """
 
-    def cursor_epoch(self) -> int:
-        """The epoch the training loader's shared sampler starts in: Lightning sets it only at
-        the epoch start, after its loader prefetched a batch (built before the checkpoint's
-        loop progress is restored when ``configure_optimizers`` reads
-        ``estimated_stepping_batches``), so a resumed fit would draw that batch from epoch 0's
-        counter and the whole epoch from epoch 0's permutation."""
-        trainer = self.lightning_module.trainer  # type: ignore[attr-defined]
-        return max(int(trainer.fit_loop.epoch_progress.current.processed), self._resume_epoch)
+    def __init__(self) -> None:
+        #: the training loader's claims (``None``: not drawn through the shared cursor)
+        self.claims: Claims | None = None
+        #: where a loaded checkpoint starts an epoch's counter (``{epoch: claims}``)
+        self.start: dict[int, int] | None = None
+        #: the loaded checkpoint's epoch (its fit loop's epochs processed; 0: none loaded)
+        self.resume_epoch = 0
 
-    def track_cursor(self, claims: Claims | None) -> None:
+    def shared_loader(self, dataloader: object, *, key: str, seed: int,
+                      node: NodeShare | None, epoch: int = 0) -> object:
+        """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
+        :func:`~lightning_gossip.shared_cursor.shared_cursor_loader`), its claims tracked.
+
+        Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
+        checkpoint's epoch if that is later: Lightning sets the sampler's epoch only at the
+        epoch start, after the loader prefetched its first batch, and a module whose
+        ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (the recipes) has
+        the loader built before the checkpoint's loop progress is restored. Without this a
+        resumed fit drew that batch from epoch 0's counter and the epoch from epoch 0's
+        permutation.
+        """
+        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node)
+        if shared is None:
+            return dataloader
+        self.track(shared.claims)
+        for sampler in (shared.loader.sampler, shared.loader.batch_sampler):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(max(int(epoch), self.resume_epoch))
+        return shared.loader
+
+    def track(self, claims: Claims | None) -> None:
         """The training loader's claims (``None``: not drawn through the shared cursor)."""
-        self._cursor_claims = claims
-        if claims is not None and self._cursor_start:
-            claims.start = self._cursor_start
+        self.claims = claims
+        if claims is not None and self.start:
+            claims.start = self.start
 
-    def cursor_position(self) -> dict[str, int] | None:
-        """``{"epoch", "claims"}`` of the current epoch's shared counter; ``None`` without a
-        shared cursor, or when the epoch's batches are all claimed (it resumes as today)."""
-        claims = self._cursor_claims
-        trainer = self.lightning_module.trainer  # type: ignore[attr-defined]
-        epoch = trainer.current_epoch
+    def position(self, epoch: int) -> dict[str, int] | None:
+        """``{"epoch", "claims"}`` of ``epoch``'s shared counter; ``None`` without a shared
+        cursor, or when the epoch's batches are all claimed (it resumes as today)."""
+        claims = self.claims
         where = None if claims is None else claims.position(epoch)
         if where is None or where[0] >= where[1]:
             return None
         return {"epoch": int(epoch), "claims": int(where[0])}
 
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path,
-                        storage_options: Any | None = None) -> None:
-        """The requeue checkpoint also holds the shared cursor's position (mid-epoch)."""
-        if self._requeue_done:  # type: ignore[attr-defined]
-            position = self.cursor_position()
-            if position is not None:
-                checkpoint = {**checkpoint, CURSOR_KEY: position}
-        super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
+    def saved(self, checkpoint: dict[str, Any], epoch: int) -> dict[str, Any]:
+        """``checkpoint`` with the position of ``epoch``'s counter (when there is one)."""
+        position = self.position(epoch)
+        return checkpoint if position is None else {**checkpoint, CURSOR_KEY: position}
 
-    @override
-    def load_checkpoint(self, checkpoint_path: str | Path,
-                        weights_only: bool | None = None) -> dict[str, Any]:
-        """Loads the checkpoint; a saved cursor position starts its epoch's counter there."""
-        checkpoint = super().load_checkpoint(  # type: ignore[misc]
-            checkpoint_path, weights_only=weights_only)
+    def load(self, checkpoint: dict[str, Any]) -> None:
+        """A saved cursor position starts its epoch's counter there."""
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
-        self._resume_epoch = int(progress.get("current", {}).get("processed", 0))
+        self.resume_epoch = int(progress.get("current", {}).get("processed", 0))
         position = checkpoint.get(CURSOR_KEY)
-        self._cursor_start = ({int(position["epoch"]): int(position["claims"])}
-                              if position else None)
-        if self._cursor_claims is not None and self._cursor_start:
-            self._cursor_claims.start = self._cursor_start
-        return checkpoint
+        self.start = {int(position["epoch"]): int(position["claims"])} if position else None
+        if self.claims is not None and self.start:
+            self.claims.start = self.start
 
-    @override
-    def teardown(self) -> None:
+    def reset(self) -> None:
         """The position applies to the fit that loaded it only."""
-        self._cursor_claims = self._cursor_start = None
-        self._resume_epoch = 0
-        super().teardown()  # type: ignore[misc]
+        self.claims = self.start = None
+        self.resume_epoch = 0

@@ -19,20 +19,12 @@ import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_gossip.compression import check_wire_dtype
-from lightning_gossip.consensus import check_every
-from lightning_gossip.hierarchy import (
-    NodeGroups,
-    NodeLayout,
-    make_node_groups,
-)
-from lightning_gossip.strategies.dpsgd_stop import _StopHooksMixin
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
+from lightning_gossip.strategies.dpsgd_stop import AgreedStops
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
@@ -41,7 +33,7 @@ __all__ = ["DPSGDStrategy"]
 log = logging.getLogger(__name__)
 
 
-class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
+class DPSGDStrategy(GossipStrategy):
     """Synchronous D-PSGD: mix with this step's neighbours around every optimizer step.
 
     The keyword arguments ``final_average``, ``evaluate``, ``consensus_every_n_steps``,
@@ -95,8 +87,8 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
     """
 
     strategy_name = "dpsgd"
-    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "seed", "overlap",
-                      "delay_by_one", "hierarchical", "global_average_every_n_steps", "wire_dtype")
+    resilience: AgreedStops
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap")
 
     @classmethod
     @override
@@ -138,6 +130,11 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
             cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
+            seed=seed,
+            delay_by_one=delay_by_one,
+            hierarchical=hierarchical,
+            global_average_every_n_steps=global_average_every_n_steps,
+            wire_dtype=wire_dtype,
             final_average=final_average,
             evaluate=evaluate,
             consensus_every_n_steps=consensus_every_n_steps,
@@ -148,14 +145,7 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
         if isinstance(topology, str):
             check_name(topology)  # fail at construction, not on every rank at set-up
         self.topology_spec = topology
-        self.seed = int(seed)
-        self.overlap = bool(overlap) or bool(delay_by_one)
-        self.delay_by_one = bool(delay_by_one)
-        self.hierarchical = bool(hierarchical)
-        self.global_average_every_n_steps = check_every(
-            "global_average_every_n_steps", global_average_every_n_steps)
-        self._wire = check_wire_dtype(wire_dtype)
-        self.wire_dtype = wire_dtype
+        self.overlap = bool(overlap) or self.delay_by_one
         #: the built topology: over nodes with ``hierarchical=True`` (after set-up)
         self.topology: Topology | None = None
         #: this rank's place in the nodes (the sharded / compressed exchange), after set-up
@@ -163,10 +153,16 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
         #: the engine (after set-up; ``None`` with nothing to gossip with: one node of several
         #: ranks under ``hierarchical=True``)
         self.engine: SyncGossip | None = None
+        #: this rank's node and column groups (the flat layout: the gossip group as both)
         self._groups: NodeGroups | None = None
-        self._group: dist.ProcessGroup | None = None  # the engine's
+        #: the engine's process group over every rank (created once, at the first set-up)
+        self.gossip_group: dist.ProcessGroup | None = None
         self._stats = SyncStats()  # over every fit of this process
-        self._reset_stop_hooks()
+
+    @override
+    def _make_resilience(self) -> AgreedStops:
+        """Stops and requeues agreed through the gossip messages (:mod:`.dpsgd_stop`)."""
+        return AgreedStops(self)
 
     # ------------------------------------------------------------------------------------------
     @override
@@ -179,16 +175,12 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
             self._check_node_layout()
         exchanging = not (hierarchical and nodes == 1)
         if not exchanging:
-            rank_zero_warn(
-                f"DPSGDStrategy(hierarchical=True) on one node of {devices} processes: "
-                "gradients are averaged inside the node and there is nothing to gossip with "
-                "(plain data parallelism)."
-            )
+            self._warn_one_node()
         else:
             self.topology = self.resolve_topology(nodes, devices)
-        if self._group is None:
+        if self.gossip_group is None:
             # Its own group: gossip messages never interleave with Lightning's collectives.
-            self._group = dist.new_group(
+            self.gossip_group = dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout
             )
             if hierarchical:
@@ -199,19 +191,14 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
                                                 gossip_node_group=self._gather_on_worker())
             else:
                 layout = NodeLayout(world, 1, self.global_rank, 0)
-                self._groups = NodeGroups(node=self._group, column=self._group)
+                self._groups = NodeGroups(node=self.gossip_group, column=self.gossip_group)
             self.layout = layout
-        self.node = None
-        if hierarchical:
-            assert self._groups is not None and self._flat is not None and self.layout is not None
-            self.node = NodeAverager(self.lightning_module, self._flat, self.layout,
-                                     self._groups.node, self.timeout, self.heartbeat,
-                                     step=lambda: self.step)
+        self.node = self._node_averager(self.layout, self._groups) if hierarchical else None
         self.engine = None
         if exchanging:
             assert self._flat is not None and self.topology is not None
             self.engine = SyncGossip(
-                self._flat, self.global_rank, self.topology, self._group, self.timeout,
+                self._flat, self.global_rank, self.topology, self.gossip_group, self.timeout,
                 overlap=self.overlap, delay_by_one=self.delay_by_one, wire_dtype=self._wire,
                 layout=self.layout, groups=self._groups if hierarchical else None,
                 node_gather=self.node.all_gather if self.node else None,
@@ -300,11 +287,16 @@ class DPSGDStrategy(_StopHooksMixin, GossipStrategy):
         self.maybe_log_consensus()
         return out
 
+    def sigterm_stop_now(self, received: bool) -> bool:
+        """Before every training batch: whether every rank stops here (SIGTERM, agreed:
+        :meth:`AgreedStops.sigterm_stop_now <.dpsgd_stop.AgreedStops.sigterm_stop_now>`)."""
+        return self.resilience.sigterm_stop_now(received)
+
     def global_average(self) -> None:
         """Replace this rank's replica by the exact average of all replicas (a collective on
         the default group; in-flight ``delay_by_one`` exchanges stay in flight)."""
-        assert self._flat is not None
-        self._flat.copy_(self.average_replicas("for the periodic global average"))
+        assert self.replicas is not None
+        self.replicas.become_average("for the periodic global average")
 
     @override
     def quiesce(self) -> None:

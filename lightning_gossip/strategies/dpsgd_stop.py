@@ -1,5 +1,6 @@
 """Stopping and requeueing together under :class:`~lightning_gossip.strategies.DPSGDStrategy`:
-the Lightning side of the agreed stop (the agreement itself, carried by the gossip messages, is
+:class:`AgreedStops`, its ``strategy.resilience``: the Lightning side of the agreed stop (the
+agreement itself, carried by the gossip messages, is
 :class:`~lightning_gossip.sync_gossip.StopAgreement`, owned by the engine).
 
 Two requests travel the same way: "stop at step s" (SIGTERM: every rank raises Lightning's
@@ -19,49 +20,70 @@ hung, three ranks in the checkpoint's average and one waiting for its gossip rou
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from typing_extensions import override
+
+from lightning_gossip.liveness.waits import make_sigterm_check_local
+from lightning_gossip.strategies.resilience import Resilience
+
+if TYPE_CHECKING:
+    from lightning_gossip.strategies.dpsgd import DPSGDStrategy
+
+__all__ = ["AgreedStops"]
 
 log = logging.getLogger(__name__)
 
 
-class _StopHooksMixin:
-    """The per-batch stop and requeue checks of :class:`DPSGDStrategy` (SIGTERM, SLURM
-    requeue). Reads the strategy's ``engine``, ``step``, ``global_rank``, ``root_device`` and
-    ``_group``; writes ``_stopping_together`` and ``_requeue_done`` (read on exceptions)."""
+class AgreedStops(Resilience):
+    """:class:`~lightning_gossip.strategies.resilience.Resilience` of
+    :class:`~lightning_gossip.strategies.DPSGDStrategy`: the per-batch stop and requeue checks
+    (SIGTERM, SLURM requeue) agreed through the engine's
+    :class:`~lightning_gossip.sync_gossip.StopAgreement`.
 
-    def _reset_stop_hooks(self) -> None:
-        self._stop_proposed = self._requeue_proposed = self._requeue_done = False
-        self._stopping_together = False
+    Args:
+        strategy: the owner: its engine (``None`` with nothing to gossip with: the flags are
+            then all-reduced on its gossip group), step, rank and device.
+    """
 
-    @override
+    def __init__(self, strategy: DPSGDStrategy) -> None:
+        super().__init__(strategy)
+        self.dpsgd = strategy
+        #: this rank proposed a stop / a requeue in this fit
+        self.stop_proposed = False
+        self.requeue_proposed = False
+
+    def begin_fit(self) -> None:
+        """A new fit: forget the last one's proposals too (the engine's agreement as well)."""
+        self.stop_proposed = self.requeue_proposed = False
+        super().begin_fit()
+        if self.dpsgd.engine is not None:
+            self.dpsgd.engine.agreement.reset()
+
     def install_sigterm_check(self, trainer: Any) -> None:
         """Replace Lightning's per-batch SIGTERM broadcast by :meth:`sigterm_stop_now`, and
         defer Lightning's SLURM auto-requeue handler to :meth:`requeue_now`."""
-        from lightning_gossip.liveness.waits import make_sigterm_check_local
-
-        self._reset_stop_hooks()
-        if self.engine is not None:  # a new fit: forget the last one's proposals
-            self.engine.agreement.reset()
-        self._begin_fit()
+        self.begin_fit()
         make_sigterm_check_local(trainer, stop_now=self.sigterm_stop_now,
                                  requeue_now=self.requeue_now)
 
     def _propose(self, kind: str) -> None:
         """Propose to stop (``kind="stop"``) or requeue at the first step every rank can know."""
-        proposal = self.engine.propose_stop(kind, self.step)
+        strategy = self.dpsgd
+        assert strategy.engine is not None
+        proposal = strategy.engine.propose_stop(kind, strategy.step)
         log.info("rank %d received the %s signal at step %d: proposes that every rank acts at "
-                 "step %d", self.global_rank, kind, self.step, proposal)
+                 "step %d", strategy.global_rank, kind, strategy.step, proposal)
 
     def _flags_all_reduce(self, received: bool, what: str) -> bool:
         """One node of several ranks (nothing to gossip): combine the flags by an all-reduce
         on the gossip group (every rank calls it before every batch)."""
-        flag = torch.tensor([1 if received else 0], device=self.root_device)
-        self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=self._group,
-                     what=f"agreeing whether to {what} at step {self.step}")
+        strategy = self.dpsgd
+        flag = torch.tensor([1 if received else 0], device=strategy.root_device)
+        strategy.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX,
+                         group=strategy.gossip_group,
+                         what=f"agreeing whether to {what} at step {strategy.step}")
         return bool(flag.item())
 
     def sigterm_stop_now(self, received: bool) -> bool:
@@ -74,18 +96,18 @@ class _StopHooksMixin:
         batch on every rank. With ``hierarchical=True`` on a single node (nothing to gossip)
         the flags are combined by an all-reduce on the gossip group instead.
         """
-        if self.engine is None:
+        engine = self.dpsgd.engine
+        if engine is None:
             stop = self._flags_all_reduce(received, "stop (SIGTERM)")
         else:
-            if received and not self._stop_proposed:
-                self._stop_proposed = True
+            if received and not self.stop_proposed:
+                self.stop_proposed = True
                 self._propose("stop")
-            stop = self.engine.agreement.stop_due(self.step)
+            stop = engine.agreement.stop_due(self.dpsgd.step)
         if stop:
-            self._stopping_together = True
+            self.stopping_together = True
         return stop
 
-    @override
     def requeue_now(self, received: bool) -> bool:
         """Called before every training batch when Lightning's SLURM auto-requeue is on (before
         :meth:`sigterm_stop_now`): whether every rank stops here, requeued.
@@ -95,19 +117,20 @@ class _StopHooksMixin:
         (:meth:`save_and_requeue`); once it is requeued every rank stops there, otherwise
         (``scontrol`` failed) training goes on, as with Lightning's own handler. Once per fit.
         """
-        if self._requeue_done:
+        if self.requeue_done:
             return False
-        if self.engine is None:
+        engine = self.dpsgd.engine
+        if engine is None:
             due = self._flags_all_reduce(received, "requeue (SLURM)")
         else:
-            if received and not self._requeue_proposed:
-                self._requeue_proposed = True
+            if received and not self.requeue_proposed:
+                self.requeue_proposed = True
                 self._propose("requeue")
-            due = self.engine.agreement.requeue_due(self.step)
+            due = engine.agreement.requeue_due(self.dpsgd.step)
         if not due:
             return False
-        self._requeue_done = True
+        self.requeue_done = True
         requeued = self.save_and_requeue()
         if requeued:
-            self._stopping_together = True
+            self.stopping_together = True
         return requeued

@@ -10,41 +10,51 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from abc import ABC
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement, plain_repr
+from lightning_gossip.compression import check_wire_dtype
+from lightning_gossip.consensus import check_every
 from lightning_gossip.flat import FlatState, flatten_module_
-from lightning_gossip.liveness import Heartbeat, watched_collective
-from lightning_gossip.strategies.node_averaging import NodeAverager, check_node_layout
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout
+from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
 from lightning_gossip.strategies.options import check_options
+from lightning_gossip.strategies.parallel import ProcessGroupStrategy
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
-from lightning_gossip.strategies.replicas import _ReplicasMixin
-from lightning_gossip.strategies.resilience import _ResilienceMixin
+from lightning_gossip.strategies.replicas import Replicas
+from lightning_gossip.strategies.resilience import Resilience
 
 log = logging.getLogger(__name__)
 
-class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
+
+class GossipStrategy(ProcessGroupStrategy):
     """Base class of the decentralized strategies: one replica per rank, mixed by gossip.
 
+    It owns its parts: :attr:`replicas` (:class:`~.replicas.Replicas`, after set-up),
+    :attr:`resilience` (:class:`~.resilience.Resilience`: stops, requeues, emergency
+    checkpoints), :attr:`node` (:class:`~.node_averaging.NodeAverager`, ``None`` when flat) and
+    the subclass's ``engine``; Lightning's hooks here delegate to them.
+
     Args:
+        seed, delay_by_one, hierarchical, global_average_every_n_steps, wire_dtype: the options
+            both strategies take, described with each (checked and stored here, once).
         final_average: at the end of ``fit`` replace every replica by the exact average of all
             replicas (one all-reduce), so every rank holds the same model.
         evaluate: ``"consensus"`` (default) runs validation and test on the average of the
@@ -64,7 +74,8 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
     #: :meth:`gossip_config` (with the strategy, the world and node sizes, the backend and the
     #: timeout). Each subclass lists its own; an attribute not listed here is never compared.
     AGREED_OPTIONS: ClassVar[tuple[str, ...]] = (
-        "final_average", "evaluate", "consensus_every_n_steps", "heartbeat_timeout")
+        "final_average", "evaluate", "consensus_every_n_steps", "heartbeat_timeout", "seed",
+        "delay_by_one", "hierarchical", "global_average_every_n_steps", "wire_dtype")
 
     def __init__(
         self,
@@ -74,6 +85,11 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         *,
+        seed: int = 0,
+        delay_by_one: bool = False,
+        hierarchical: bool = False,
+        global_average_every_n_steps: int | None = None,
+        wire_dtype: str = "fp32",
         final_average: bool = True,
         evaluate: str = "consensus",
         consensus_every_n_steps: int | None = 100,
@@ -81,145 +97,37 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-        )
         timeout = check_options(evaluate=evaluate, consensus_every_n_steps=consensus_every_n_steps,
                                 process_group_backend=process_group_backend, timeout=timeout,
                                 heartbeat_timeout=heartbeat_timeout)
+        super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
+                         precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timeout, heartbeat_timeout=heartbeat_timeout)
+        self.seed = int(seed)
+        self.delay_by_one = bool(delay_by_one)
+        self.hierarchical = bool(hierarchical)
+        self.global_average_every_n_steps = check_every(
+            "global_average_every_n_steps", global_average_every_n_steps)
+        self._wire = check_wire_dtype(wire_dtype)
+        self.wire_dtype = wire_dtype
         self.final_average = bool(final_average)
         self.evaluate = evaluate
         self.consensus_every_n_steps = consensus_every_n_steps
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
-        self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
-        #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
-        self.heartbeat: Heartbeat | None = None
         #: averaging inside the node (hierarchical gossip, after set-up); ``None`` when flat
         self.node: NodeAverager | None = None
-        self._num_nodes = 1
         self._flat: FlatState | None = None
         #: flat storage (docs/architecture.md): at set-up, move the replica's parameters and
         #: floating buffers into one buffer per dtype (``flatten_module_``); ``False`` keeps
         #: them where they are (same results, per-tensor copies in every gossip step)
         self._flat_storage = True
-        self._local_backup: Tensor | None = None
+        #: the replicas of every rank (:class:`~.replicas.Replicas`, built at set-up)
+        self.replicas: Replicas | None = None
+        #: stops, requeues and emergency checkpoints (:class:`~.resilience.Resilience`)
+        self.resilience: Resilience = self._make_resilience()
         #: optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``)
         self.step = 0
         #: the last measured consensus distance (``None`` before the first measurement)
         self.last_consensus_distance: float | None = None
-
-    # ------------------------------------------------------------------------------------------
-    # What Lightning needs from a parallel strategy
-    # ------------------------------------------------------------------------------------------
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        """This rank's device (``parallel_devices[local_rank]``)."""
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_nodes(self) -> int:
-        """Number of nodes (set by the Trainer from ``num_nodes``)."""
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        """Processes (devices) per node."""
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
-    def is_distributed(self) -> bool:
-        """Always ``True``: Lightning's accelerator connector reads it (duck-typed, no base
-        method) to inject a ``DistributedSampler`` and honour ``sync_dist=True``."""
-        return True
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        """``num_replicas`` (the world size) and ``rank`` for Lightning's ``DistributedSampler``."""
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
-
-    @property
-    def process_group_backend(self) -> str | None:
-        """``"gloo"`` or ``"nccl"`` (``None`` until set-up when not given)."""
-        return self._process_group_backend
-
-    @property
-    def timeout(self) -> timedelta:
-        """The limit for every blocking wait."""
-        return self._timeout
-
-    @property
-    def gossip_enabled(self) -> bool:
-        """Whether there is anyone to gossip with (world size > 1)."""
-        return self.world_size > 1
-
-    @override
-    def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        launcher = _compat.subprocess_script_launcher()(
-            self.cluster_environment, self.num_processes, self.num_nodes
-        )
-        _compat.set_launcher(self, launcher)
-
-    def set_world_ranks(self) -> None:
-        """Tell the cluster environment this process's global rank and the world size."""
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(
-                self.node_rank * self.num_processes + self.local_rank
-            )
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
-
-    @override
-    def setup_environment(self) -> None:
-        """Seed, set the ranks and initialise the default process group."""
-        super().setup_environment()
-        reset_seed()
-        self.set_world_ranks()
-        if self._process_group_backend is None:
-            self._process_group_backend = _compat.default_backend_for_device(self.root_device)
-        assert self.cluster_environment is not None
-        kwargs: dict[str, Any] = {"timeout": self._timeout}
-        if self.root_device.type != "cpu":
-            kwargs["device_id"] = self.root_device
-        _compat.init_dist_connection(
-            self.cluster_environment, self._process_group_backend, **kwargs
-        )
-        self.start_heartbeat()
-
-    def start_heartbeat(self) -> None:
-        """Start this rank's :class:`~lightning_gossip.liveness.Heartbeat` (once per process
-        group; nothing with ``heartbeat_timeout=None`` or a single process)."""
-        if self.heartbeat_timeout is None or self.world_size <= 1:
-            return
-        if self.heartbeat is None:
-            self.heartbeat = Heartbeat.connect(self.global_rank, self.world_size,
-                                               self.heartbeat_timeout,
-                                               fallback=_compat.default_store())
-        self.heartbeat.start()
-
-    def check_liveness(self, step: int) -> None:
-        """Raise the liveness monitor's finding (``PeerSilent``, docs/faults.md), if any; called
-        at every step boundary, so only an attribute read when nothing was found."""
-        heartbeat = self.heartbeat
-        if heartbeat is not None and heartbeat.has_finding:
-            heartbeat.check(f"rank {self.global_rank} at step {step}")
-
-    def stop_heartbeat(self, failed: bool = False) -> None:
-        """Stop beating; ``failed`` also tells the peers at once that this rank is gone."""
-        if self.heartbeat is not None:
-            self.heartbeat.leave(failed)
 
     def gossip_config(self) -> dict[str, Any]:
         """This rank's gossip configuration, compared between ranks at set-up
@@ -265,6 +173,8 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         if fitting:
             _compat.optimizers_to_device(self.optimizers, self.root_device)
         self._flat = FlatState(self.lightning_module)
+        self.replicas = Replicas(self._flat, self.global_rank, self.world_size, self._timeout,
+                                 self.watched)
         if self.world_size == 1:
             rank_zero_warn(
                 f"{type(self).__name__} is running with a single process: it trains locally "
@@ -272,67 +182,14 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
             )
             return
         check_agreement(self.gossip_config(), self.global_rank, self.world_size)
-        self._check_replicas_match()
+        self.replicas.check_match()
         if fitting:
-            self.install_sigterm_check(trainer)  # no per-batch collective (resilience.py)
-            self._broadcast_initial_weights()
+            self.resilience.install_sigterm_check(trainer)  # no per-batch collective
+            self.replicas.broadcast_initial()
             self.setup_gossip(trainer)
-
-    def _check_node_layout(self) -> None:
-        """The same ``ValueError`` on every rank when the ranks do not form ``num_nodes`` nodes
-        of ``num_processes`` (a collective: ``hierarchical`` set-up)."""
-        check_node_layout(self.world_size, self.global_rank, self.node_rank, self.local_rank,
-                          self.num_nodes, self.num_processes)
 
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
-
-    @override
-    def model_to_device(self) -> None:
-        """Move the replica to this rank's device (no DDP wrapper)."""
-        assert self.model is not None
-        self.model.to(self.root_device)
-
-    def watched(self, collective: Any, *args: Any, what: str, group: Any | None = None,
-                **kwargs: Any) -> None:
-        """Run ``collective(*args, group=group, async_op=True, **kwargs)`` (every rank of
-        ``group`` meets) and wait for it like a gossip wait: within :attr:`timeout`, and failing
-        fast, naming the rank and ``what``, when a rank of the group stops beating
-        (:func:`~lightning_gossip.liveness.watched_collective`). Every sync point of the
-        strategies waits this way, so no collective can hang a rank for the whole ``timeout``.
-
-        Example: ``self.watched(dist.barrier, what="the barrier before a checkpoint")``.
-        """
-        beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.running else None
-        watched_collective(collective, *args, what=f"rank {self.global_rank}: {what}",
-                           timeout=self._timeout, group=group, heartbeat=beat, **kwargs)
-
-    @override
-    def reduce(
-        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
-    ) -> Tensor:
-        """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
-        ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
-        ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
-        return collectives.reduce(tensor, group, reduce_op, self.watched)
-
-    @override
-    def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
-        """Wait for every rank (no-op without a process group); a watched wait."""
-        collectives.barrier(name, self.root_device, self.watched)
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """``obj`` from rank ``src`` on every rank (a picklable object): its pickled bytes
-        are broadcast as a length and a byte tensor, each a watched wait."""
-        if not _compat.distributed_is_initialized():
-            return obj
-        return self.broadcast_object(obj, src)
-
-    def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
-        """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
-        return collectives.broadcast_object(obj, src, group, self.global_rank,
-                                            self.root_device, self.watched)
 
     @override
     def teardown(self) -> None:
@@ -341,3 +198,149 @@ class GossipStrategy(_ReplicasMixin, _ResilienceMixin, ParallelStrategy, ABC):
         self.stop_heartbeat()
         super().teardown()
 
+    def _make_resilience(self) -> Resilience:  # DPSGDStrategy: AgreedStops
+        return Resilience(self)
+
+    def teardown_gossip(self) -> None:
+        """Stop the subclass's background work (idempotent)."""
+
+    def _node_averager(self, layout: NodeLayout | None, groups: NodeGroups | None
+                       ) -> NodeAverager:
+        """The node's :class:`~.node_averaging.NodeAverager` (hierarchical, after set-up made
+        ``layout`` and ``groups``)."""
+        assert groups is not None and layout is not None and self._flat is not None
+        return NodeAverager(self.lightning_module, self._flat, layout, groups.node, self.timeout,
+                            self.heartbeat, step=lambda: self.step)
+
+    def _warn_one_node(self) -> None:
+        """``hierarchical=True`` on one node of several processes: nothing to gossip with."""
+        rank_zero_warn(
+            f"{type(self).__name__}(hierarchical=True) on one node of {self.num_processes} "
+            "processes: gradients are averaged inside the node and there is nothing to gossip "
+            "with (plain data parallelism).")
+
+    def quiesce(self) -> None:
+        """Finish all in-flight gossip so the replicas are stable (subclasses override)."""
+
+    def before_requeue(self) -> None:
+        """Called on a rank that takes the requeue signal at its batch start, before the
+        checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
+
+    # -- stops and requeues: strategy.resilience (resilience.py) --
+    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
+        """Replace Lightning's per-batch SIGTERM broadcast by the strategy's own check."""
+        self.resilience.install_sigterm_check(trainer)
+
+    def requeue_now(self, received: bool) -> bool:
+        """Before every batch under SLURM auto-requeue: whether every rank stops, requeued."""
+        return self.resilience.requeue_now(received)
+
+    def requeue_together(self) -> None:
+        """Write the requeue checkpoint with every rank and requeue; then every rank stops."""
+        self.resilience.requeue_together()
+
+    def save_and_requeue(self) -> bool:
+        """Lightning's auto-requeue at a point every rank reaches; whether it requeued."""
+        return self.resilience.save_and_requeue()
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """This rank failed: :meth:`Resilience.on_exception <.resilience.Resilience.on_exception>`
+        (a quiet stop, or the emergency checkpoint and a loud one)."""
+        self.resilience.on_exception(exception)
+
+    # -- sync points: quiet the network, then use the average (strategy.replicas) --
+    def average_replicas(self, why: str = "") -> Tensor:
+        """The exact average of all replicas as a flat fp32 vector (a collective, watched like
+        every sync point: a silent rank is named). ``why`` completes error messages."""
+        assert self.replicas is not None
+        return self.replicas.average(why)
+
+    @override
+    def on_train_start(self) -> None:
+        """Resume the step counter ``t`` from the trainer's global step."""
+        self.step = self.lightning_module.trainer.global_step
+
+    @override
+    def on_train_end(self) -> None:
+        """Quiet the network, replace every replica by the exact average (``final_average``)
+        and stop gossip."""
+        if self.gossip_enabled and self.replicas is not None:
+            self.quiesce()
+            if self.final_average:
+                self.replicas.become_average("at the end of training")
+        self.teardown_gossip()
+
+    @override
+    def on_validation_start(self) -> None:
+        """Quiet the network; with ``evaluate="consensus"`` evaluate the average replica."""
+        self._swap_in_consensus()
+
+    @override
+    def on_validation_end(self) -> None:
+        """Put the local replica back."""
+        if self.replicas is not None:
+            self.replicas.restore_local()
+
+    @override
+    def on_test_start(self) -> None:
+        """Quiet the network; with ``evaluate="consensus"`` test the average replica."""
+        self._swap_in_consensus()
+
+    @override
+    def on_test_end(self) -> None:
+        """Put the local replica back."""
+        if self.replicas is not None:
+            self.replicas.restore_local()
+
+    def _swap_in_consensus(self) -> None:
+        if not self.gossip_enabled or self.replicas is None:
+            return
+        self.quiesce()
+        if self.evaluate == "consensus":
+            self.replicas.swap_in_consensus()
+
+    @contextlib.contextmanager
+    def weights_as_is(self, weights: Tensor | None = None) -> Iterator[None]:
+        """Within the block the replica holds ``weights`` (the local replica when ``None``) and
+        :meth:`lightning_module_state_dict` returns them as they are, without averaging (no
+        collective: the emergency checkpoint's survivors cannot meet every rank); the local
+        replica is back afterwards."""
+        assert self.replicas is not None
+        with self.replicas.weights_as_is(weights):
+            yield
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The consensus (rank-averaged) weights; live replicas are untouched.
+
+        Lightning calls this on every rank before rank 0 writes a checkpoint, so the average
+        is a collective here and every rank resumes from the same weights.
+        """
+        module = self.lightning_module
+        assert module is not None
+        state = module.state_dict()
+        replicas = self.replicas
+        if not self.gossip_enabled or replicas is None or replicas.holds_consensus:
+            return state  # held: evaluation, or weights_as_is, already swapped them in
+        self.quiesce()
+        return replicas.consensus_state_dict(module, state)
+
+    # -- the consensus distance --
+    def maybe_log_consensus(self) -> None:
+        """Measure and log the consensus distance when this step is due (a collective)."""
+        n = self.consensus_every_n_steps
+        if n is None or not self.gossip_enabled or self.step % n != 0:
+            return
+        self.log_consensus_distance()
+
+    def log_consensus_distance(self) -> float:
+        """Measure the consensus distance now (a collective); rank 0 logs it at step = optimizer
+        steps done. Also stored in :attr:`last_consensus_distance`."""
+        assert self.replicas is not None
+        value = self.replicas.distance(self.step)
+        self.last_consensus_distance = value
+        if self.is_global_zero and np.isfinite(value):
+            for logger in self.lightning_module.trainer.loggers:
+                logger.log_metrics({CONSENSUS_METRIC: value}, step=self.step)
+        return value

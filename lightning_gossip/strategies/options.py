@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["EVALUATE_CHOICES", "check_options"]
+__all__ = ["EVALUATE_CHOICES", "check_max_staleness", "check_options"]
 
 EVALUATE_CHOICES = ("consensus", "local")
 
@@ -43,3 +43,11 @@ def check_options(*, evaluate: str, consensus_every_n_steps: int | None,
     if timeout.total_seconds() <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
     return timeout
+
+
+def check_max_staleness(max_staleness: int | None) -> None:
+    """``ADPSGDStrategy(max_staleness=)``: raise ``ValueError`` unless a non-negative integer or
+    ``None``."""
+    if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+        raise ValueError(
+            f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")

@@ -1,7 +1,7 @@
-"""What :class:`~lightning_gossip.strategies.GossipStrategy` does when a run is interrupted, as a
-mixin: Lightning's SLURM auto-requeue at a batch boundary instead of inside the signal handler,
-the quiet exit of a stop every rank agreed on, and the emergency checkpoint of the survivors of
-a lost rank.
+"""What :class:`~lightning_gossip.strategies.GossipStrategy` does when a run is interrupted,
+owned by it as ``strategy.resilience`` (:class:`Resilience`): Lightning's SLURM auto-requeue at
+a batch boundary instead of inside the signal handler, the quiet exit of a stop every rank
+agreed on, and the emergency checkpoint of the survivors of a lost rank.
 
 **Requeue.** Lightning's handler of SLURM's requeue signal (``SIGUSR1`` with
 ``#SBATCH --signal=SIGUSR1@N``) writes ``hpc_ckpt_<n>.ckpt`` from inside the handler, wherever
@@ -12,8 +12,8 @@ start: ``dpsgd`` at a step agreed through its gossip messages (:mod:`.dpsgd_stop
 (whose ranks never share a step) at each rank's next batch start, where the ranks of a node
 first agree (an all-reduce of the flag on the node group, ``hierarchical``), then meet every
 rank in the epoch-end meeting's collective (a rank already at its epoch end joins the requeue
-from there, :meth:`_ResilienceMixin.before_requeue`). Every rank then
-writes the checkpoint (:meth:`_ResilienceMixin.save_and_requeue`), rank 0 runs ``scontrol
+from there, :meth:`~lightning_gossip.strategies.GossipStrategy.before_requeue`). Every rank then
+writes the checkpoint (:meth:`Resilience.save_and_requeue`), rank 0 runs ``scontrol
 requeue``, and every rank stops (quietly, as after an agreed SIGTERM).
 
 **Emergency checkpoint.** A rank that fails because a peer was lost (a
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -35,6 +35,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_gossip import _compat
 from lightning_gossip.errors import GossipTimeout
 from lightning_gossip.liveness import make_sigterm_check_local
+
+if TYPE_CHECKING:
+    from lightning_gossip.strategies.gossip import GossipStrategy
+
+__all__ = ["Resilience", "lost_peer", "requeue_slurm_job"]
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +80,22 @@ def lost_peer(exception: BaseException) -> GossipTimeout | None:
     return None
 
 
-class _ResilienceMixin:
-    """Requeue at a batch boundary, quiet agreed stops, emergency checkpoints."""
+class Resilience:
+    """Requeue at a batch boundary, quiet agreed stops, emergency checkpoints.
 
-    _stopping_together = False
-    _requeue_done = False
-    _fit_index = -1  # fits of this strategy object (the same on every rank)
+    Args:
+        strategy: the owner: its trainer, step, node, heartbeat and gossip are what a stop
+            or a requeue acts on (read when it happens, as they change from fit to fit).
+    """
+
+    def __init__(self, strategy: GossipStrategy) -> None:
+        self.strategy = strategy
+        #: every rank stops at this point, agreed (SIGTERM, requeue): the exception is quiet
+        self.stopping_together = False
+        #: the requeue checkpoint of this fit is written (once per fit)
+        self.requeue_done = False
+        #: fits of this strategy object (the same on every rank)
+        self.fit_index = -1
 
     def install_sigterm_check(self, trainer: Any) -> None:
         """Replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a
@@ -88,13 +103,14 @@ class _ResilienceMixin:
         next batch and its peers fail naming it (``liveness.make_sigterm_check_local``);
         ``DPSGDStrategy`` stops every rank at the same step. Lightning's SLURM auto-requeue
         handler is deferred to :meth:`requeue_now`."""
-        self._stopping_together = False
-        self._requeue_done = False
-        self._begin_fit()
+        self.begin_fit()
         make_sigterm_check_local(trainer, requeue_now=self.requeue_now)
 
-    def _begin_fit(self) -> None:
-        self._fit_index += 1
+    def begin_fit(self) -> None:
+        """A new fit: forget the last one's stop and requeue, count it."""
+        self.stopping_together = False
+        self.requeue_done = False
+        self.fit_index += 1
 
     def requeue_now(self, received: bool) -> bool:
         """Before every batch while Lightning's SLURM auto-requeue is on: write the requeue
@@ -105,66 +121,66 @@ class _ResilienceMixin:
         resume with ``ckpt_path="hpc"``): ``adpsgd``'s ranks cannot go back to training
         together from here.
         """
-        if self._requeue_done:
+        if self.requeue_done:
             return False
-        if self.node:  # hierarchical: the node's ranks step together
+        strategy = self.strategy
+        if strategy.node:  # hierarchical: the node's ranks step together
             import torch
 
-            flag = torch.tensor([1.0 if received else 0.0], device=self.root_device)
-            self.node.all_reduce(flag, "agreeing on the requeue (SLURM)")
+            flag = torch.tensor([1.0 if received else 0.0], device=strategy.root_device)
+            strategy.node.all_reduce(flag, "agreeing on the requeue (SLURM)")
             received = bool(flag.item() > 0)
         if not received:
             return False
-        self.before_requeue()
+        strategy.before_requeue()
         self.requeue_together()
         return True
-
-    def before_requeue(self) -> None:
-        """Called on a rank that takes the requeue signal at its batch start, before the
-        checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
 
     def requeue_together(self) -> None:
         """Write the requeue checkpoint with every rank and requeue; then every rank stops.
 
         Raises ``RuntimeError`` when ``scontrol requeue`` failed (the checkpoint is written).
         """
-        self._requeue_done = True
+        self.requeue_done = True
         if not self.save_and_requeue():
             raise RuntimeError(
-                f"rank {self.global_rank}: the requeue checkpoint was written at step "
-                f"{self.step} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
-        self._stopping_together = True
+                f"rank {self.strategy.global_rank}: the requeue checkpoint was written at step "
+                f"{self.strategy.step} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
+        self.stopping_together = True
 
     def save_and_requeue(self) -> bool:
         """Lightning's auto-requeue, at a point every rank reaches: finalize the loggers, write
         ``hpc_ckpt_<n>.ckpt`` into ``default_root_dir`` (the consensus weights, a collective),
         ``scontrol requeue`` on rank 0; whether the job was requeued (rank 0's answer,
         broadcast)."""
-        trainer = self.lightning_module.trainer
-        rank_zero_info(f"Handling auto-requeue signal at step {self.step}: every rank writes "
+        strategy = self.strategy
+        trainer = strategy.lightning_module.trainer
+        rank_zero_info(f"Handling auto-requeue signal at step {strategy.step}: every rank writes "
                        "the requeue checkpoint here")
         for logger in trainer.loggers:
             logger.finalize("finished")
         trainer.save_checkpoint(_compat.hpc_save_path(trainer))
-        ok = requeue_slurm_job() if self.global_rank == 0 else False
-        return bool(self.broadcast(ok, src=0))
+        ok = requeue_slurm_job() if strategy.global_rank == 0 else False
+        return bool(strategy.broadcast(ok, src=0))
 
     def on_exception(self, exception: BaseException) -> None:
         """This rank failed: after a stop every rank agreed on (SIGTERM, requeue), stop gossip
         and leave quietly (the peers stop at the same point); after a lost peer, write the
         emergency checkpoint with the other survivors first; else stop gossip and tell the
         peers at once (heartbeat ``leave``)."""
-        if isinstance(exception, SIGTERMException) and self._stopping_together:
-            self.teardown_gossip()
-            self.stop_heartbeat(failed=False)
+        strategy = self.strategy
+        if isinstance(exception, SIGTERMException) and self.stopping_together:
+            strategy.teardown_gossip()
+            strategy.stop_heartbeat(failed=False)
             return
         lost = lost_peer(exception)
         if lost is not None:
             from lightning_gossip.strategies.emergency import write_emergency_checkpoint
 
             try:
-                write_emergency_checkpoint(self, lost, self._flat, self._fit_index)
+                flat = strategy.replicas.flat if strategy.replicas is not None else None
+                write_emergency_checkpoint(strategy, lost, flat, self.fit_index)
             except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
-                log.warning("rank %d: no emergency checkpoint: %s", self.global_rank, e)
-        self.teardown_gossip()
-        self.stop_heartbeat(failed=True)
+                log.warning("rank %d: no emergency checkpoint: %s", strategy.global_rank, e)
+        strategy.teardown_gossip()
+        strategy.stop_heartbeat(failed=True)

@@ -1,0 +1,233 @@
+"""The Lightning parallel-strategy API of the gossip strategies, over one default process group.
+
+:class:`ProcessGroupStrategy` is what Lightning needs from any parallel strategy (devices,
+ranks, the launcher, the process group) plus what every wait of the gossip strategies shares:
+this rank's :class:`~lightning_gossip.liveness.Heartbeat` and :meth:`ProcessGroupStrategy.watched`,
+through which Lightning's ``reduce``, ``barrier`` and ``broadcast`` run
+(:mod:`~lightning_gossip.strategies.collectives`). Nothing here knows about replicas or gossip:
+that is :class:`~lightning_gossip.strategies.gossip.GossipStrategy`, its subclass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch import Tensor
+from typing_extensions import override
+
+import lightning_gossip.strategies.collectives as collectives
+from lightning_gossip import _compat
+from lightning_gossip.liveness import Heartbeat, watched_collective
+from lightning_gossip.strategies.node_averaging import check_node_layout
+
+__all__ = ["ProcessGroupStrategy"]
+
+
+class ProcessGroupStrategy(ParallelStrategy, ABC):
+    """Devices, ranks, the launcher and the default process group, the heartbeat, and
+    Lightning's collectives as watched waits (the base of
+    :class:`~lightning_gossip.strategies.gossip.GossipStrategy`).
+
+    Args:
+        process_group_backend: ``"gloo"`` or ``"nccl"``; default from the device.
+        timeout: limit for every blocking wait, a checked ``timedelta``
+            (:func:`~lightning_gossip.strategies.options.check_options`).
+        heartbeat_timeout: seconds without a heartbeat after which a peer counts as lost;
+            ``None`` disables the heartbeat.
+    """
+
+    def __init__(
+        self,
+        accelerator: pl.accelerators.Accelerator | None,
+        parallel_devices: list[torch.device] | None,
+        cluster_environment: ClusterEnvironment | None,
+        checkpoint_io: CheckpointIO | None,
+        precision_plugin: Precision | None,
+        *,
+        process_group_backend: str | None,
+        timeout: timedelta,
+        heartbeat_timeout: float | None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
+        self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
+        #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
+        self.heartbeat: Heartbeat | None = None
+        self._num_nodes = 1
+
+    # ------------------------------------------------------------------------------------------
+    # What Lightning needs from a parallel strategy
+    # ------------------------------------------------------------------------------------------
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This rank's device (``parallel_devices[local_rank]``)."""
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes (set by the Trainer from ``num_nodes``)."""
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        """Processes (devices) per node."""
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """Always ``True``: Lightning's accelerator connector reads it (duck-typed, no base
+        method) to inject a ``DistributedSampler`` and honour ``sync_dist=True``."""
+        return True
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """``num_replicas`` (the world size) and ``rank`` for Lightning's ``DistributedSampler``."""
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def process_group_backend(self) -> str | None:
+        """``"gloo"`` or ``"nccl"`` (``None`` until set-up when not given)."""
+        return self._process_group_backend
+
+    @property
+    def timeout(self) -> timedelta:
+        """The limit for every blocking wait."""
+        return self._timeout
+
+    @property
+    def gossip_enabled(self) -> bool:
+        """Whether there is anyone to gossip with (world size > 1)."""
+        return self.world_size > 1
+
+    @override
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        launcher = _compat.subprocess_script_launcher()(
+            self.cluster_environment, self.num_processes, self.num_nodes
+        )
+        _compat.set_launcher(self, launcher)
+
+    def set_world_ranks(self) -> None:
+        """Tell the cluster environment this process's global rank and the world size."""
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(
+                self.node_rank * self.num_processes + self.local_rank
+            )
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = self.global_rank
+
+    @override
+    def setup_environment(self) -> None:
+        """Seed, set the ranks and initialise the default process group."""
+        super().setup_environment()
+        reset_seed()
+        self.set_world_ranks()
+        if self._process_group_backend is None:
+            self._process_group_backend = _compat.default_backend_for_device(self.root_device)
+        assert self.cluster_environment is not None
+        kwargs: dict[str, Any] = {"timeout": self._timeout}
+        if self.root_device.type != "cpu":
+            kwargs["device_id"] = self.root_device
+        _compat.init_dist_connection(
+            self.cluster_environment, self._process_group_backend, **kwargs
+        )
+        self.start_heartbeat()
+
+    def start_heartbeat(self) -> None:
+        """Start this rank's :class:`~lightning_gossip.liveness.Heartbeat` (once per process
+        group; nothing with ``heartbeat_timeout=None`` or a single process)."""
+        if self.heartbeat_timeout is None or self.world_size <= 1:
+            return
+        if self.heartbeat is None:
+            self.heartbeat = Heartbeat.connect(self.global_rank, self.world_size,
+                                               self.heartbeat_timeout,
+                                               fallback=_compat.default_store())
+        self.heartbeat.start()
+
+    def check_liveness(self, step: int) -> None:
+        """Raise the liveness monitor's finding (``PeerSilent``, docs/faults.md), if any; called
+        at every step boundary, so only an attribute read when nothing was found."""
+        heartbeat = self.heartbeat
+        if heartbeat is not None and heartbeat.has_finding:
+            heartbeat.check(f"rank {self.global_rank} at step {step}")
+
+    def stop_heartbeat(self, failed: bool = False) -> None:
+        """Stop beating; ``failed`` also tells the peers at once that this rank is gone."""
+        if self.heartbeat is not None:
+            self.heartbeat.leave(failed)
+
+    def _check_node_layout(self) -> None:
+        """The same ``ValueError`` on every rank when the ranks do not form ``num_nodes`` nodes
+        of ``num_processes`` (a collective: ``hierarchical`` set-up)."""
+        check_node_layout(self.world_size, self.global_rank, self.node_rank, self.local_rank,
+                          self.num_nodes, self.num_processes)
+
+    @override
+    def model_to_device(self) -> None:
+        """Move the replica to this rank's device (no DDP wrapper)."""
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def watched(self, collective: Any, *args: Any, what: str, group: Any | None = None,
+                **kwargs: Any) -> None:
+        """Run ``collective(*args, group=group, async_op=True, **kwargs)`` (every rank of
+        ``group`` meets) and wait for it like a gossip wait: within :attr:`timeout`, and failing
+        fast, naming the rank and ``what``, when a rank of the group stops beating
+        (:func:`~lightning_gossip.liveness.watched_collective`). Every sync point of the
+        strategies waits this way, so no collective can hang a rank for the whole ``timeout``.
+
+        Example: ``self.watched(dist.barrier, what="the barrier before a checkpoint")``.
+        """
+        beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.running else None
+        watched_collective(collective, *args, what=f"rank {self.global_rank}: {what}",
+                           timeout=self._timeout, group=group, heartbeat=beat, **kwargs)
+
+    @override
+    def reduce(
+        self, tensor: Tensor, group: Any | None = None, reduce_op: Any | None = "mean"
+    ) -> Tensor:
+        """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
+        ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
+        ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
+        return collectives.reduce(tensor, group, reduce_op, self.watched)
+
+    @override
+    def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        """Wait for every rank (no-op without a process group); a watched wait."""
+        collectives.barrier(name, self.root_device, self.watched)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` from rank ``src`` on every rank (a picklable object): its pickled bytes
+        are broadcast as a length and a byte tensor, each a watched wait."""
+        if not _compat.distributed_is_initialized():
+            return obj
+        return self.broadcast_object(obj, src)
+
+    def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
+        """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
+        return collectives.broadcast_object(obj, src, group, self.global_rank,
+                                            self.root_device, self.watched)

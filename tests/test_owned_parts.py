@@ -1,0 +1,241 @@
+"""The strategies are Lightning adapters that own their parts (issue 21): no class of
+``lightning_gossip/strategies`` reads an attribute it does not declare, and the pure parts are
+built directly, without a strategy, a trainer or a process group.
+
+**Declared** attributes of a class: what its body defines (methods, properties, class
+attributes and annotations), what its methods assign to ``self`` (``self.x = ...``, also in
+tuples, annotated and augmented assignments), and the same of every class in its method
+resolution order: the package's own bases read from their source, Lightning's (and any other
+library's) from theirs (``inspect.getsource``) and ``dir()``. A **read** is ``self.x`` in a
+load context anywhere in the class body (nested functions and lambdas included). A mixin that
+reads what its host declares (``self.step`` in a class without a base that has it) fails here;
+so does a planted violation (:func:`test_the_check_finds_a_planted_violation`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import textwrap
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_gossip" / "strategies"
+MODULES = sorted(f"lightning_gossip.strategies.{p.stem}" for p in PACKAGE.glob("*.py")
+                 if p.stem != "__init__")
+
+
+# -- the check --------------------------------------------------------------------------------
+def _self_attributes(node: ast.AST, ctx: type) -> set[str]:
+    """Names ``x`` of every ``self.x`` under ``node`` in context ``ctx`` (``ast.Load`` or
+    ``ast.Store``), not descending into nested classes (their ``self`` is another object)."""
+    found: set[str] = set()
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, ast.ClassDef):
+            continue
+        if (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
+                and child.value.id == "self" and isinstance(child.ctx, ctx)):
+            found.add(child.attr)
+        stack.extend(ast.iter_child_nodes(child))
+    return found
+
+
+def body_names(cls: ast.ClassDef) -> set[str]:
+    """What a class body defines: methods, properties, class attributes, annotations."""
+    names: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+        elif isinstance(stmt, ast.Assign):
+            names |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+    return names
+
+
+def declared_in(cls: ast.ClassDef) -> set[str]:
+    """What one class declares by itself: its body's names and its stores to ``self``."""
+    return body_names(cls) | _self_attributes(cls, ast.Store) | _self_attributes(cls, ast.Del)
+
+
+def undeclared_reads(cls: ast.ClassDef, inherited: set[str]) -> set[str]:
+    """The ``self.x`` that ``cls`` reads but neither declares nor inherits."""
+    return _self_attributes(cls, ast.Load) - declared_in(cls) - inherited
+
+
+@cache
+def _class_node(obj: type) -> ast.ClassDef | None:
+    try:
+        source = textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return None
+    node = ast.parse(source).body[0]
+    return node if isinstance(node, ast.ClassDef) else None
+
+
+def inherited(obj: type) -> set[str]:
+    """What the bases of ``obj`` declare (every class of its MRO but itself)."""
+    names: set[str] = set()
+    for base in obj.__mro__[1:]:
+        names |= set(vars(base))
+        node = _class_node(base)
+        if node is not None:
+            names |= declared_in(node)
+        if not base.__module__.startswith("lightning_gossip"):
+            names |= set(dir(base))
+    return names
+
+
+def strategy_classes() -> list[tuple[str, type, ast.ClassDef]]:
+    """Every class defined in a module of ``lightning_gossip/strategies``."""
+    out = []
+    for name in MODULES:
+        module = importlib.import_module(name)
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                out.append((f"{name}.{node.name}", getattr(module, node.name), node))
+    return out
+
+
+CLASSES = strategy_classes()
+
+
+# -- the tests --------------------------------------------------------------------------------
+def test_the_strategies_have_classes_and_no_mixins() -> None:
+    names = {qual.rsplit(".", 1)[1] for qual, _, _ in CLASSES}
+    assert {"GossipStrategy", "DPSGDStrategy", "ADPSGDStrategy", "Replicas", "Resilience",
+            "AgreedStops", "Phases", "CursorResume", "NodeAverager"} <= names
+    assert not [n for n in names if "Mixin" in n]
+    from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
+
+    for cls in (DPSGDStrategy, ADPSGDStrategy):  # a strategy's bases: its own line only
+        ours = [k.__name__ for k in cls.__mro__ if k.__module__.startswith("lightning_gossip")]
+        assert ours == [cls.__name__, "GossipStrategy", "ProcessGroupStrategy"], ours
+
+
+@pytest.mark.parametrize("qualname", [q for q, _, _ in CLASSES])
+def test_no_class_reads_an_attribute_it_does_not_declare(qualname: str) -> None:
+    _, obj, node = next(c for c in CLASSES if c[0] == qualname)
+    missing = undeclared_reads(node, inherited(obj))
+    assert not missing, f"{qualname} reads self.{sorted(missing)} without declaring them"
+
+
+def test_the_agreed_options_are_declared_attributes() -> None:
+    """``gossip_config`` reads them with ``getattr``: each must be one the class assigns."""
+    from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
+
+    for cls in (DPSGDStrategy, ADPSGDStrategy):
+        node = _class_node(cls)
+        assert node is not None
+        declared = declared_in(node) | inherited(cls)
+        assert set(cls.AGREED_OPTIONS) <= declared, set(cls.AGREED_OPTIONS) - declared
+        assert len(set(cls.AGREED_OPTIONS)) == len(cls.AGREED_OPTIONS)  # each listed once
+
+
+def test_the_check_finds_a_planted_violation() -> None:
+    planted = ast.parse(textwrap.dedent("""
+        class _StepMixin:
+            limit = 3
+
+            def __init__(self):
+                self.seen, (self.other, self.third) = 0, (1, 2)
+
+            def due(self):
+                return self.seen + self.limit > self.step and self.undeclared()
+
+            def later(self):
+                return lambda: self.from_the_host
+    """)).body[0]
+    assert isinstance(planted, ast.ClassDef)
+    assert undeclared_reads(planted, set()) == {"step", "undeclared", "from_the_host"}
+    assert undeclared_reads(planted, {"step", "undeclared", "from_the_host"}) == set()
+
+
+def test_options_both_strategies_take_are_stored_once() -> None:
+    """``seed``, ``delay_by_one``, ``hierarchical``, ``global_average_every_n_steps`` and
+    ``wire_dtype`` are assigned by ``GossipStrategy.__init__`` only."""
+    from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
+
+    shared = {"seed", "delay_by_one", "hierarchical", "global_average_every_n_steps",
+              "wire_dtype", "_wire", "final_average", "evaluate", "consensus_every_n_steps"}
+    gossip = _class_node(GossipStrategy)
+    assert gossip is not None and shared <= _self_attributes(gossip, ast.Store)
+    for cls in (DPSGDStrategy, ADPSGDStrategy):
+        node = _class_node(cls)
+        assert node is not None
+        assert not shared & _self_attributes(node, ast.Store), cls
+        strategy = cls(seed=7, delay_by_one=True, hierarchical=True,
+                       global_average_every_n_steps=5, wire_dtype="bf16")
+        assert (strategy.seed, strategy.delay_by_one, strategy.hierarchical,
+                strategy.global_average_every_n_steps, strategy.wire_dtype) == (
+                    7, True, True, 5, "bf16")
+        with pytest.raises(ValueError, match="wire_dtype"):
+            cls(wire_dtype="int3")
+        with pytest.raises(ValueError, match="global_average_every_n_steps"):
+            cls(global_average_every_n_steps=0)
+
+
+def test_both_strategies_hold_their_groups_as_node_groups() -> None:
+    import typing
+
+    from lightning_gossip.hierarchy import NodeGroups
+    from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
+
+    for cls in (DPSGDStrategy, ADPSGDStrategy):
+        node = _class_node(cls)
+        assert node is not None
+        init = next(s for s in node.body if getattr(s, "name", "") == "__init__")
+        annotations = [ast.unparse(s.annotation) for s in ast.walk(init)
+                       if isinstance(s, ast.AnnAssign) and ast.unparse(s.target) == "self._groups"]
+        assert annotations == ["NodeGroups | None"], (cls, annotations)
+        assert typing.get_type_hints(NodeGroups)["control"] is not None
+
+
+# -- the pure parts, built directly ------------------------------------------------------------
+def test_cursor_resume_saves_and_restarts_the_claims() -> None:
+    import torch.distributed as dist
+
+    from lightning_gossip.node_claims import Claims
+    from lightning_gossip.strategies.cursor_resume import CURSOR_KEY, CursorResume
+
+    claims = Claims(dist.HashStore(), "run0", None)
+    resume = CursorResume()
+    assert resume.saved({"a": 1}, epoch=0) == {"a": 1}  # nothing tracked: nothing saved
+    resume.track(claims)
+    for _ in range(3):
+        claims.next(0, 10)
+    saved = resume.saved({"a": 1}, epoch=0)
+    assert saved[CURSOR_KEY] == {"epoch": 0, "claims": 3} and saved["a"] == 1
+
+    fresh, again = CursorResume(), Claims(dist.HashStore(), "run1", None)
+    fresh.load(saved)
+    fresh.track(again)
+    assert again.start == {0: 3} and again.next(0, 10) == 3  # goes on where it stopped
+    fresh.reset()
+    assert fresh.claims is None and fresh.start is None
+
+
+def test_replicas_swap_in_and_out_with_one_replica() -> None:
+    from lightning_gossip.flat import FlatState
+    from lightning_gossip.strategies.replicas import Replicas
+
+    model = torch.nn.Linear(3, 2)
+    flat = FlatState(model)
+    calls: list[str] = []
+    replicas = Replicas(flat, rank=0, world_size=1, timeout=__import__("datetime").timedelta(1),
+                        watched=lambda *a, what, **k: calls.append(what))
+    local = flat.pack().clone()
+    assert torch.equal(replicas.average("now"), local)  # one replica: its own average
+    other = torch.zeros_like(local)
+    with replicas.weights_as_is(other):
+        assert replicas.holds_consensus and torch.equal(flat.pack(), other)
+    assert not replicas.holds_consensus and torch.equal(flat.pack(), local)
+    replicas.restore_local()  # nothing backed up: nothing changes
+    assert torch.equal(flat.pack(), local) and calls == []
