@@ -20,12 +20,47 @@ import argparse
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_emergency_checkpoint import launch_lost_rank  # noqa: E402
+from benchmarks.launch import base_env, free_port, launch_processes  # noqa: E402
+
+#: the rank program (also the fit that loses a rank in tests/scripts/preempt_ranks.py)
+SCRIPT = ROOT / "tests/scripts/emergency_ranks.py"
+#: tasks of a launch unless told otherwise (the tests' size)
+N = 3
+
+
+def launch_lost_rank(out: Path, strategy: str, victim: int, kind: str, step: int,
+                     delay: float = 0.0, heartbeat_timeout: float = 3.0, n: int = N,
+                     timeout: float = 300) -> tuple[list[dict | None], dict, str, float]:
+    """Run the script once (``n`` tasks as ``srun`` starts them): ``(per-rank results, the
+    victim's record, output, wall seconds)``; ``None`` for a rank that wrote nothing."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"out": str(out), "devices": n, "strategy": strategy,
+                                "victim": victim, "kind": kind, "step": step, "delay": delay,
+                                "heartbeat_timeout": heartbeat_timeout}))
+    port = str(free_port())
+    commands = []
+    for task in range(n):
+        env = base_env(SLURM_NTASKS=str(n), SLURM_NTASKS_PER_NODE=str(n),
+                       SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_NODEID="0",
+                       SLURM_NNODES="1", SLURM_JOB_NAME="lightning-gossip-test",
+                       SLURM_JOB_ID="4343", SLURM_NODELIST="127.0.0.1", MASTER_PORT=port)
+        commands.append(([sys.executable, str(SCRIPT), str(spec)], env))
+    start = time.monotonic()
+    launched = launch_processes(commands, timeout)
+    wall = time.monotonic() - start
+    assert not launched.timed_out, launched.stdout[-12000:]
+    results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
+               for r in range(n)]
+    victim_file = out / "victim.json"
+    lost = json.loads(victim_file.read_text()) if victim_file.exists() else {}
+    return results, lost, launched.stdout, wall
 
 
 def one_run(out: Path, rng: random.Random, ranks: int, heartbeat_timeout: float) -> dict:

@@ -12,22 +12,16 @@ The fuzzed campaign (random rank, time and kind) is ``benchmarks/emergency_fuzz.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import ROOT, launch_processes
+from benchmarks.emergency_fuzz import SCRIPT, N, launch_lost_rank
 from lightning_gossip.checkpoints import main as checkpoints_main
 from lightning_gossip.checkpoints import newest_checkpoint
-
-SCRIPT = ROOT / "tests/scripts/emergency_ranks.py"
-N = 3
 
 
 def test_newest_checkpoint_picks_the_latest_of_last_hpc_and_emergency(tmp_path, capsys):
@@ -47,37 +41,6 @@ def test_newest_checkpoint_picks_the_latest_of_last_hpc_and_emergency(tmp_path, 
     assert capsys.readouterr().out == f"{tmp_path / names[1]}\n"
     assert checkpoints_main([str(tmp_path / "missing")]) == 0
     assert capsys.readouterr().out == ""
-
-
-def launch_lost_rank(out: Path, strategy: str, victim: int, kind: str, step: int,
-                     delay: float = 0.0, heartbeat_timeout: float = 3.0, n: int = N,
-                     timeout: float = 300) -> tuple[list[dict | None], dict, str, float]:
-    """Run the script once (``n`` tasks as ``srun`` starts them): ``(per-rank results, the
-    victim's record, output, wall seconds)``; ``None`` for a rank that wrote nothing."""
-    from benchmarks.launch import base_env, free_port
-
-    out.mkdir(parents=True, exist_ok=True)
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"out": str(out), "devices": n, "strategy": strategy,
-                                "victim": victim, "kind": kind, "step": step, "delay": delay,
-                                "heartbeat_timeout": heartbeat_timeout}))
-    port = str(free_port())
-    commands = []
-    for task in range(n):
-        env = base_env(SLURM_NTASKS=str(n), SLURM_NTASKS_PER_NODE=str(n),
-                       SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_NODEID="0",
-                       SLURM_NNODES="1", SLURM_JOB_NAME="lightning-gossip-test",
-                       SLURM_JOB_ID="4343", SLURM_NODELIST="127.0.0.1", MASTER_PORT=port)
-        commands.append(([sys.executable, str(SCRIPT), str(spec)], env))
-    start = time.monotonic()
-    launched = launch_processes(commands, timeout)
-    wall = time.monotonic() - start
-    assert not launched.timed_out, launched.stdout[-12000:]
-    results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
-               for r in range(n)]
-    victim_file = out / "victim.json"
-    lost = json.loads(victim_file.read_text()) if victim_file.exists() else {}
-    return results, lost, launched.stdout, wall
 
 
 def load_module():

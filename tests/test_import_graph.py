@@ -13,6 +13,7 @@
 * ``lightning_gossip.errors`` imports nothing from the package and nothing outside the
   standard library, and every exception class of the package is defined there (the CLI's
   usage error aside).
+* ``benchmarks/`` and the package import nothing from ``tests/``.
 """
 
 from __future__ import annotations
@@ -180,3 +181,17 @@ def test_every_exception_class_is_in_the_errors_module():
                if module != f"{PACKAGE}.errors" and not module.startswith(f"{PACKAGE}.cli")]
     assert outside == [], outside
 
+
+
+def test_benchmarks_and_the_library_import_nothing_from_tests():
+    """The launcher and the rank helpers live in ``benchmarks/``; ``tests/`` imports them, never
+    the other way round (a benchmark must run from a checkout without its tests)."""
+    repo = ROOT.parent
+    offenders = []
+    for path in sorted([*(repo / "benchmarks").rglob("*.py"), *ROOT.rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(repo)}:{node.lineno} imports {name}"
+                          for name in names if name == "tests" or name.startswith("tests.")]
+    assert offenders == []
