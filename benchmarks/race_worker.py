@@ -296,6 +296,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     dist.all_gather_object(marks, meter.marks if ctx["local_rank"] == 0 else None,
                            group=ctx["group"])
     nodes = [m for m in marks if m is not None]
+    steps_per_rank = [None] * ctx["world"]  # adpsgd: a faster node takes more of each epoch
+    dist.all_gather_object(steps_per_rank, meter.steps, group=ctx["group"])
     curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
@@ -308,7 +310,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "torchft_commits": meter.torchft_commits,
         "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
-        "steps": meter.steps, "train_s": curve[-1][0] if curve else None,
+        "steps": meter.steps, "steps_per_rank": steps_per_rank,
+        "train_s": curve[-1][0] if curve else None,
         "final_metric": curve[-1][1] if curve else None,
         "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
         "bytes_per_step_after_warmup": bytes_between(nodes, "warmup", "end"),
