@@ -298,6 +298,9 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     nodes = [m for m in marks if m is not None]
     steps_per_rank = [None] * ctx["world"]  # adpsgd: a faster node takes more of each epoch
     dist.all_gather_object(steps_per_rank, meter.steps, group=ctx["group"])
+    stats = [None] * ctx["world"]  # the gossip strategies' counters (staleness waits, ...)
+    dist.all_gather_object(stats, dict(getattr(trainer.strategy, "gossip_stats", None) or {}),
+                           group=ctx["group"])
     curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
@@ -310,7 +313,7 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "torchft_commits": meter.torchft_commits,
         "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
-        "steps": meter.steps, "steps_per_rank": steps_per_rank,
+        "steps": meter.steps, "steps_per_rank": steps_per_rank, "gossip_stats": stats,
         "train_s": curve[-1][0] if curve else None,
         "final_metric": curve[-1][1] if curve else None,
         "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
@@ -387,15 +390,21 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     per_rank = -(-num_train // world)
     ctx["steps_per_epoch"] = -(-per_rank // batch)
     if spec.get("slow_node") is not None:
-        mine = torch.tensor([calibrate(spec, ctx)], dtype=torch.float64)
-        steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(steps, mine, group=group)
-        slow = int(spec["slow_node"])
-        # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
-        node_steps = sorted(float(t) for t in steps[slow * procs:(slow + 1) * procs])
-        ctx["slow_sleep_s"] = node_steps[len(node_steps) // 2]
-        ctx["sleep_s"] = ctx["slow_sleep_s"] if rank // procs == slow else 0.0
+        calibrate_slow_node(spec, ctx)
     return ctx
+
+
+def calibrate_slow_node(spec: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """Set the slow node's sleep (``ctx['sleep_s']``) to its median calibrated local step."""
+    world, procs = ctx["world"], ctx["procs"]
+    mine = torch.tensor([calibrate(spec, ctx)], dtype=torch.float64)
+    steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(steps, mine, group=ctx["group"])
+    slow = int(spec["slow_node"])
+    # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
+    node_steps = sorted(float(t) for t in steps[slow * procs:(slow + 1) * procs])
+    ctx["slow_sleep_s"] = node_steps[len(node_steps) // 2]
+    ctx["sleep_s"] = ctx["slow_sleep_s"] if ctx["rank"] // procs == slow else 0.0
 
 
 def main(spec_path: Path) -> None:
@@ -406,8 +415,10 @@ def main(spec_path: Path) -> None:
     ctx = setup(spec, out)
     target, budget_s = spec.get("target"), spec.get("budget_s")
     sign = 1.0 if ctx["higher_is_better"] else -1.0
-    for case in spec["cases"]:
+    for i, case in enumerate(spec["cases"]):
         dist.barrier(group=ctx["group"])
+        if i > 0 and spec.get("slow_node") is not None and spec.get("recalibrate"):
+            calibrate_slow_node(spec, ctx)  # under the load of now (it moves on a shared host)
         print(f"[race rank {ctx['rank']}] case {case['name']}", flush=True)
         ctx["load0"] = load()
         res = run_case(ctx, spec, case, target, budget_s)
