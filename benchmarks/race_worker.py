@@ -39,8 +39,9 @@ an epoch is a chunk of ``eval_every`` utterances, and every case is validated at
 
 A slow node (``slow_node``: its index): its ranks sleep after every training batch for their
 calibrated local step time (forward, backward and optimizer step of the same model with no
-communication, median of a few steps run on every rank at once before the first case), so its
-steps take about twice as long. Rank 0 writes ``<case>/result.json``.
+communication, median of a few steps run on every rank at once before the first case, and with
+``recalibrate`` again before every other case), so its steps take about twice as long. Rank 0
+writes ``<case>/result.json``.
 """
 
 from __future__ import annotations
