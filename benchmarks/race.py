@@ -303,6 +303,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=200.0, help="link rate, Mbit/s, each way")
     p.add_argument("--slow-node", type=int, default=None, metavar="K",
                    help="node K 2x slower (its ranks sleep their calibrated step each step)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="with --slow-node: calibrate the sleep again before every case (under "
+                        "the load of that moment), not only once before the first")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
@@ -352,6 +355,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                 "hidden": args.asr_hidden, "frame_stacking": args.asr_frame_stacking,
                 "spec_augment": False, "warmup_steps": 20},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
+        "recalibrate": args.recalibrate,
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
         "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,

@@ -50,6 +50,14 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _steps(r: dict[str, Any]) -> str:
+    """Rank 0's steps, or every rank's (``a/b/c/d``) where they differ (adpsgd's cursor)."""
+    per_rank = r.get("steps_per_rank")
+    if per_rank and len(set(per_rank)) > 1:
+        return "/".join(str(s) for s in per_rank)
+    return str(r["steps"])
+
+
 def markdown_table(payload: dict[str, Any]) -> str:
     """One row per case: time to target and its ratios, metric at ddp's time, bytes, hook."""
     name = "WER" if payload["workload"] == "asr" else "acc."
@@ -68,7 +76,7 @@ def markdown_table(payload: dict[str, Any]) -> str:
                      f"{_fmt(r.get('time_ratio_vs_ddp'), '.2f')} | "
                      f"{_fmt(r.get('time_ratio_vs_best_peer'), '.2f')} | "
                      f"{_fmt(r['metric_at_ddp_time'])} | {_fmt(r['final_metric'])} | "
-                     f"{r['steps']} | {_fmt(None if mb is None else mb / 1e6, '.3f')} | "
+                     f"{_steps(r)} | {_fmt(None if mb is None else mb / 1e6, '.3f')} | "
                      f"{hook} | {loads} |")
     return "\n".join(lines)
 

@@ -39,8 +39,9 @@ an epoch is a chunk of ``eval_every`` utterances, and every case is validated at
 
 A slow node (``slow_node``: its index): its ranks sleep after every training batch for their
 calibrated local step time (forward, backward and optimizer step of the same model with no
-communication, median of a few steps run on every rank at once before the first case), so its
-steps take about twice as long. Rank 0 writes ``<case>/result.json``.
+communication, median of a few steps run on every rank at once before the first case, and with
+``recalibrate`` again before every other case), so its steps take about twice as long. Rank 0
+writes ``<case>/result.json``.
 """
 
 from __future__ import annotations
@@ -296,6 +297,11 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     dist.all_gather_object(marks, meter.marks if ctx["local_rank"] == 0 else None,
                            group=ctx["group"])
     nodes = [m for m in marks if m is not None]
+    steps_per_rank = [None] * ctx["world"]  # adpsgd: a faster node takes more of each epoch
+    dist.all_gather_object(steps_per_rank, meter.steps, group=ctx["group"])
+    stats = [None] * ctx["world"]  # the gossip strategies' counters (staleness waits, ...)
+    dist.all_gather_object(stats, dict(getattr(trainer.strategy, "gossip_stats", None) or {}),
+                           group=ctx["group"])
     curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
@@ -308,7 +314,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "torchft_commits": meter.torchft_commits,
         "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
-        "steps": meter.steps, "train_s": curve[-1][0] if curve else None,
+        "steps": meter.steps, "steps_per_rank": steps_per_rank, "gossip_stats": stats,
+        "train_s": curve[-1][0] if curve else None,
         "final_metric": curve[-1][1] if curve else None,
         "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
         "bytes_per_step_after_warmup": bytes_between(nodes, "warmup", "end"),
@@ -384,15 +391,21 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     per_rank = -(-num_train // world)
     ctx["steps_per_epoch"] = -(-per_rank // batch)
     if spec.get("slow_node") is not None:
-        mine = torch.tensor([calibrate(spec, ctx)], dtype=torch.float64)
-        steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(steps, mine, group=group)
-        slow = int(spec["slow_node"])
-        # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
-        node_steps = sorted(float(t) for t in steps[slow * procs:(slow + 1) * procs])
-        ctx["slow_sleep_s"] = node_steps[len(node_steps) // 2]
-        ctx["sleep_s"] = ctx["slow_sleep_s"] if rank // procs == slow else 0.0
+        calibrate_slow_node(spec, ctx)
     return ctx
+
+
+def calibrate_slow_node(spec: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """Set the slow node's sleep (``ctx['sleep_s']``) to its median calibrated local step."""
+    world, procs = ctx["world"], ctx["procs"]
+    mine = torch.tensor([calibrate(spec, ctx)], dtype=torch.float64)
+    steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(steps, mine, group=ctx["group"])
+    slow = int(spec["slow_node"])
+    # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
+    node_steps = sorted(float(t) for t in steps[slow * procs:(slow + 1) * procs])
+    ctx["slow_sleep_s"] = node_steps[len(node_steps) // 2]
+    ctx["sleep_s"] = ctx["slow_sleep_s"] if ctx["rank"] // procs == slow else 0.0
 
 
 def main(spec_path: Path) -> None:
@@ -403,8 +416,10 @@ def main(spec_path: Path) -> None:
     ctx = setup(spec, out)
     target, budget_s = spec.get("target"), spec.get("budget_s")
     sign = 1.0 if ctx["higher_is_better"] else -1.0
-    for case in spec["cases"]:
+    for i, case in enumerate(spec["cases"]):
         dist.barrier(group=ctx["group"])
+        if i > 0 and spec.get("slow_node") is not None and spec.get("recalibrate"):
+            calibrate_slow_node(spec, ctx)  # under the load of now (it moves on a shared host)
         print(f"[race rank {ctx['rank']}] case {case['name']}", flush=True)
         ctx["load0"] = load()
         res = run_case(ctx, spec, case, target, budget_s)

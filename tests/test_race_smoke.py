@@ -110,7 +110,7 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
     out = tmp_path / "asr.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--workload", "asr",
            "--nodes", "2", "--procs", "1", "--rate", "100", "--quick", "--eval-every", "32",
-           "--cases", "ddp", "adpsgd", "--slow-node", "1", "--prefix", PREFIX,
+           "--cases", "ddp", "adpsgd", "--slow-node", "1", "--recalibrate", "--prefix", PREFIX,
            "--json", str(out), "--budget", "100000"]
     result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, timeout=2000)
@@ -132,6 +132,11 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
     assert ddp["time_to_target_s"] is not None  # its own final WER is within the target
     # every case is validated at the end of a chunk of 32 utterances (the race's asr epoch)
     assert all(n % 32 == 0 for n in cases["adpsgd"]["curve_samples"])
+    # every rank's steps and the gossip counters are recorded (ddp: no gossip, equal steps)
+    assert ddp["steps_per_rank"] == [ddp["steps"]] * 2 and ddp["gossip_stats"] == [{}, {}]
+    adpsgd = cases["adpsgd"]
+    assert len(adpsgd["steps_per_rank"]) == 2 and adpsgd["steps_per_rank"][0] == adpsgd["steps"]
+    assert all(s["exchanges"] > 0 for s in adpsgd["gossip_stats"])
 
 
 def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
