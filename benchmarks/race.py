@@ -306,6 +306,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recalibrate", action="store_true",
                    help="with --slow-node: calibrate the sleep again before every case (under "
                         "the load of that moment), not only once before the first")
+    p.add_argument("--slow-follows-load", action="store_true",
+                   help="with --slow-node: sleep after every batch for (calibrated local step / "
+                        "calibrated forward) x this batch's own forward time, so the slow node "
+                        "stays 2x slower as the load moves (forward has no communication)")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
@@ -333,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.max_steps = args.max_steps or 30
     if "ddp" not in args.cases and (args.target is None or args.budget is None):
         p.error("without the ddp case, --target and --budget are needed")
+    if (args.recalibrate or args.slow_follows_load) and args.slow_node is None:
+        p.error("--recalibrate and --slow-follows-load need --slow-node")
     if args.slow_node is not None and not 0 <= args.slow_node < args.nodes:
         p.error(f"--slow-node must be a node index, 0..{args.nodes - 1}")
     args.cases = ["ddp"] * ("ddp" in args.cases) + [c for c in args.cases if c != "ddp"]
@@ -355,7 +361,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                 "hidden": args.asr_hidden, "frame_stacking": args.asr_frame_stacking,
                 "spec_augment": False, "warmup_steps": 20},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
-        "recalibrate": args.recalibrate,
+        "recalibrate": args.recalibrate, "slow_follows_load": args.slow_follows_load,
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
         "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,

@@ -40,8 +40,11 @@ an epoch is a chunk of ``eval_every`` utterances, and every case is validated at
 A slow node (``slow_node``: its index): its ranks sleep after every training batch for their
 calibrated local step time (forward, backward and optimizer step of the same model with no
 communication, median of a few steps run on every rank at once before the first case, and with
-``recalibrate`` again before every other case), so its steps take about twice as long. Rank 0
-writes ``<case>/result.json``.
+``recalibrate`` again before every other case), so its steps take about twice as long. With
+``slow_follows_load`` the sleep instead follows the load: the calibrated step divided by the
+calibrated forward, times the batch's own forward time (forward has no communication), so the
+node stays about 2x slower when the load moves during a case. Rank 0 writes
+``<case>/result.json``.
 """
 
 from __future__ import annotations
@@ -106,6 +109,11 @@ class RaceMeter(Callback):
         self.torchft: Any = None  # race_torchft.TorchFTSync of a torchft case
         self.torchft_commits: int | None = None
         self.sleep_s = float(ctx.get("sleep_s", 0.0))  # a slow node's ranks: > 0
+        # --slow-follows-load: sleep this times the batch's own forward (None: sleep_s)
+        self.step_per_forward = ctx.get("slow_step_per_forward") if self.sleep_s > 0 else None
+        self.t_batch = 0.0  # when this batch's training step began
+        self.forward_s = 0.0  # its forward (loss) time, up to backward
+        self.slept_s = 0.0  # slept in all (the slow node's ranks)
 
     def _tx(self) -> int:
         return read_counters(self.ctx["iface"])["tx_bytes"] if self.ctx["local_rank"] == 0 else 0
@@ -141,10 +149,20 @@ class RaceMeter(Callback):
         self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
         self.t_resume = time.perf_counter()
 
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        self.t_batch = time.perf_counter()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self.forward_s = time.perf_counter() - self.t_batch
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.sleep_s > 0:
-            time.sleep(self.sleep_s)
+            nap = (self.sleep_s if self.step_per_forward is None
+                   else self.step_per_forward * self.forward_s)
+            time.sleep(nap)
+            self.slept_s += nap
         if self.averager is not None:
             self.averager.average_parameters(pl_module.parameters())
         self.steps += 1
@@ -302,6 +320,9 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     stats = [None] * ctx["world"]  # the gossip strategies' counters (staleness waits, ...)
     dist.all_gather_object(stats, dict(getattr(trainer.strategy, "gossip_stats", None) or {}),
                            group=ctx["group"])
+    slept_per_step = [None] * ctx["world"]  # a slow node's mean sleep per step (others 0)
+    dist.all_gather_object(slept_per_step, round(meter.slept_s / max(meter.steps, 1), 3),
+                           group=ctx["group"])
     curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
@@ -313,6 +334,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
             else race_hooks.expected_ratio(case, net_of(model))),
         "torchft_commits": meter.torchft_commits,
         "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
+        "slow_step_per_forward": ctx.get("slow_step_per_forward"),
+        "slow_slept_per_step_s": slept_per_step,
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
         "steps": meter.steps, "steps_per_rank": steps_per_rank, "gossip_stats": stats,
         "train_s": curve[-1][0] if curve else None,
@@ -344,24 +367,26 @@ def make_loader(spec: dict[str, Any], ctx: dict[str, Any]) -> Any:
     return DataLoader(ctx["train"], batch_size=int(spec["batch_size"]), shuffle=True)
 
 
-def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 6) -> float:
-    """Median local step (forward, backward, optimizer step; no communication) of this rank."""
+def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 6) -> tuple[float, float]:
+    """Median local step (forward, backward, optimizer step; no communication) of this rank,
+    and the median of its forward (loss) alone."""
     L.seed_everything(0, verbose=False)
     model = make_model(spec, ctx)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     batches = [b for _, b in zip(range(steps), make_loader(spec, ctx))]
-    times = []
+    times, forwards = [], []
     dist.barrier(group=ctx["group"])  # every rank at once: the contention of training
     for i in range(steps):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         loss = model._loss(batch)[0] if ctx["workload"] == "asr" else model.training_step(batch, 0)
+        forwards.append(time.perf_counter() - t0)
         loss.backward()
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter() - t0)
     dist.barrier(group=ctx["group"])
-    return sorted(times[1:])[len(times[1:]) // 2]
+    return (sorted(times[1:])[len(times[1:]) // 2], sorted(forwards[1:])[len(forwards[1:]) // 2])
 
 
 def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -398,14 +423,17 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
 def calibrate_slow_node(spec: dict[str, Any], ctx: dict[str, Any]) -> None:
     """Set the slow node's sleep (``ctx['sleep_s']``) to its median calibrated local step."""
     world, procs = ctx["world"], ctx["procs"]
-    mine = torch.tensor([calibrate(spec, ctx)], dtype=torch.float64)
-    steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    mine = torch.tensor(calibrate(spec, ctx), dtype=torch.float64)
+    steps = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(steps, mine, group=ctx["group"])
     slow = int(spec["slow_node"])
     # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
-    node_steps = sorted(float(t) for t in steps[slow * procs:(slow + 1) * procs])
-    ctx["slow_sleep_s"] = node_steps[len(node_steps) // 2]
+    node = sorted((float(t[0]), float(t[1])) for t in steps[slow * procs:(slow + 1) * procs])
+    ctx["slow_sleep_s"], forward_s = node[len(node) // 2]
     ctx["sleep_s"] = ctx["slow_sleep_s"] if ctx["rank"] // procs == slow else 0.0
+    # --slow-follows-load: the sleep is this ratio times each batch's own forward time
+    ctx["slow_step_per_forward"] = (ctx["slow_sleep_s"] / forward_s
+                                    if spec.get("slow_follows_load") and forward_s > 0 else None)
 
 
 def main(spec_path: Path) -> None:

@@ -106,11 +106,13 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
 def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None:
-    """asr: WER (lower is better) drives target and times; the slow node sleeps; PNG written."""
+    """asr: WER (lower is better) drives target and times; the slow node sleeps as its load
+    says (``--slow-follows-load``); PNG written."""
     out = tmp_path / "asr.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--workload", "asr",
            "--nodes", "2", "--procs", "1", "--rate", "100", "--quick", "--eval-every", "32",
-           "--cases", "ddp", "adpsgd", "--slow-node", "1", "--recalibrate", "--prefix", PREFIX,
+           "--cases", "ddp", "adpsgd", "--slow-node", "1", "--recalibrate",
+           "--slow-follows-load", "--prefix", PREFIX,
            "--json", str(out), "--budget", "100000"]
     result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, timeout=2000)
@@ -129,6 +131,9 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
         reached = [s for s, m in c["curve"] if m <= report["target"]]
         assert c["time_to_target_s"] == (reached[0] if reached else None)
         assert c["slow_node_sleep_s"] > 0
+        # --slow-follows-load: node 1 (rank 1) slept step/forward times its forwards, rank 0 not
+        assert c["slow_step_per_forward"] > 1.0
+        assert c["slow_slept_per_step_s"][0] == 0 and c["slow_slept_per_step_s"][1] > 0
     assert ddp["time_to_target_s"] is not None  # its own final WER is within the target
     # every case is validated at the end of a chunk of 32 utterances (the race's asr epoch)
     assert all(n % 32 == 0 for n in cases["adpsgd"]["curve_samples"])
