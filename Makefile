@@ -41,9 +41,12 @@ test-slow: bytecode
 test-all: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 -m "slow or not slow" $(DOCTESTS) tests
 
-# The inner loop: no process launches (LG_NO_LAUNCH=1 makes a launch fail loudly), doctests.
+# The inner loop: no process launches (LG_NO_LAUNCH=1 makes a launch fail loudly), doctests;
+# on one xdist worker per core (FAST_WORKERS=0: in one process).
+FAST_WORKERS ?= 2
 test-fast: bytecode
-	LG_NO_LAUNCH=1 $(PY) -m pytest -q -m "not multiprocess and not slow" $(DOCTESTS) tests
+	LG_NO_LAUNCH=1 $(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadfile --durations=10 \
+		-m "not multiprocess and not slow" $(DOCTESTS) tests
 
 # ruff (E501 included), a docstring on every public name, the API reference in strict mode.
 lint: setup

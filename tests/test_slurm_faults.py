@@ -100,7 +100,10 @@ def _lost_work(run_dir: Path, kill_t: float, ckpt: dict) -> dict:
         if mine:
             last[rank] = (mine[-1]["step"], round(kill_t - mine[-1]["t"], 1))
     report = J.cursor_resume_report(before, after, ckpt["epoch"])
-    return {"attempts": len(steps), "last_step_and_s_before_kill": last,
+    # the survivors' ending, s after the kill: fit failed, callbacks torn down, interpreter exit
+    ending = {f"rank{r['rank']}_{r['kind']}": round(r["t"] - kill_t, 1) for r in before
+              if r["kind"] in ("exception", "teardown", "exit") and r["t"] >= kill_t}
+    return {"attempts": len(steps), "last_step_and_s_before_kill": last, "ending": ending,
             "ckpt_global_step": ckpt["global_step"], **report}
 
 

@@ -19,6 +19,11 @@ line:
 * ``{"kind": "trained", "epoch", "batch", "step"}``: a training batch done (Lightning's
   ``batch_idx`` in the epoch, the trainer's ``global_step`` after it);
 
+* ``{"kind": "exception", "type"}``, ``{"kind": "teardown"}`` and ``{"kind": "exit"}``: the fit
+  failed (Lightning's ``on_exception``), the callbacks' teardown, and the interpreter's exit
+  (an ``atexit`` hook: after non-daemon threads are joined, before the modules are torn down),
+  so a test can tell how long a failing rank takes to end;
+
 each with ``rank``, ``pid``, ``restart`` (``SLURM_RESTART_COUNT``: 0 before the first requeue)
 and ``t`` (``time.time()``). Each unit is one batch (``chunk_size`` = the loader's batch size),
 so a rank's first ``n`` claims of an epoch are its ``n`` trained batches and the rest were
@@ -32,6 +37,7 @@ machine is (on an idle machine the digits fit runs an epoch in seconds).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
@@ -89,9 +95,14 @@ class ClaimLog(Callback):
             cls.__iter__ = iter_
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._trainer is None:
+            atexit.register(self._write, kind="exit")
         self._trainer = trainer
         if stage == "fit" and not self._undo:
             self._observe()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._write(kind="exception", type=type(exception).__name__)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -105,6 +116,7 @@ class ClaimLog(Callback):
             time.sleep(max(0.0, self._batch_start + self.pace_s - time.monotonic()))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._write(kind="teardown")
         for cls, name, real in reversed(self._undo):
             setattr(cls, name, real)
         self._undo = []
