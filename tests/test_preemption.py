@@ -179,7 +179,7 @@ def _resumed_epoch_batches(path: Path) -> int:
     strategy = ADPSGDStrategy()
     strategy.load_checkpoint(path)
     sampler = SharedCursorSampler(96, chunk_size=4, store=dist.HashStore(), key="resumed")
-    strategy.track_cursor(sampler.claims)
+    strategy.cursor.track(sampler.claims)
     list(sampler)
     return sampler.claimed
 

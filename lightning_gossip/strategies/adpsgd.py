@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import ColumnPairing, NodeGroups, NodeLayout, make_async_groups
-from lightning_gossip.node_claims import Claims, NodeShare
+from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.pairing import Pairing, check_pairing_name
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
@@ -273,7 +273,6 @@ class ADPSGDStrategy(GossipStrategy):
         (the snapshot payload sent: its shard, in the wire dtype)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
-
     # -- the phases (strategy.phases) and the requeue checkpoint's cursor (strategy.cursor) --
     def begin_phase(self) -> None:
         """All ranks start training together, then gossip flows (:meth:`.Phases.begin`)."""
@@ -321,10 +320,6 @@ class ADPSGDStrategy(GossipStrategy):
         consensus weights are swapped in."""
         self.phases.before_validation()
         super().on_validation_start()
-
-    def track_cursor(self, claims: Claims | None) -> None:
-        """The training loader's claims (``None``: not drawn through the shared cursor)."""
-        self.cursor.track(claims)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path,
