@@ -31,9 +31,10 @@ they ran (``hook_check``: bf16 about half of ddp's bytes per step, post-local SG
 1/period after its warm-up).
 
 Per case the JSON has ``name``, ``time_to_target_s`` (null when not reached),
-``metric_at_ddp_time``, ``final_metric``, ``bytes_per_step_inter_node`` (mean over nodes of the
-bytes a node sent on its link per optimizer step), ``curve`` (``[seconds, accuracy %]``); at the
-top ``target``, ``workload``, ``nodes``, ``procs``, ``rate_mbit`` and the machine's load.
+``metric_at_ddp_time``, ``final_metric``, ``bytes_per_step_inter_node`` (bytes a node sent on
+its link per optimizer step: all nodes' bytes over all nodes' steps), ``curve`` (``[seconds,
+accuracy %]``); at the top ``target``, ``workload``, ``nodes``, ``procs``, ``rate_mbit`` and
+the machine's load.
 
 Usage::
 

@@ -276,8 +276,13 @@ def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = No
 
 
 def bytes_between(meters: list[dict[str, Any]], start: str, end: str) -> float | None:
-    """Mean over nodes of tx bytes per step between two marks, evaluation windows excluded."""
-    per_node = []
+    """Tx bytes per node and step between two marks, evaluation windows excluded.
+
+    All nodes' link bytes over all nodes' optimizer steps: where the nodes take different
+    numbers of steps (``adpsgd``) a plain mean of per-node rates would weigh a slow node's few
+    steps as much as a fast node's many.
+    """
+    sent = steps = 0
     for m in meters:
         if start not in m or end not in m:
             return None
@@ -285,8 +290,9 @@ def bytes_between(meters: list[dict[str, Any]], start: str, end: str) -> float |
         s1, b1, e1 = m[end]
         if s1 <= s0:
             return None
-        per_node.append(((b1 - b0) - (e1 - e0)) / (s1 - s0))
-    return sum(per_node) / len(per_node) if per_node else None
+        sent += (b1 - b0) - (e1 - e0)
+        steps += s1 - s0
+    return sent / steps if steps else None
 
 
 def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
