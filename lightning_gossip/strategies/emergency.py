@@ -30,7 +30,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,12 @@ import torch.distributed as dist
 from lightning_gossip._compat import dump_checkpoint
 from lightning_gossip.checkpoints import checkpoint_dir
 from lightning_gossip.errors import GossipTimeout
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_gossip.flat import FlatState
+    from lightning_gossip.strategies.gossip import GossipStrategy
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ def run_key(fit_index: int) -> str:
     return f"lightning-gossip/emergency/{restart}.{fit_index}"
 
 
-def meet_survivors(strategy: Any, lost: set[int], key: str) -> list[int] | None:
+def meet_survivors(strategy: GossipStrategy, lost: set[int], key: str) -> list[int] | None:
     """The survivors (this rank included), agreed through the store as the module docstring
     says; ``None`` when the store cannot be reached."""
     beat = strategy.heartbeat
@@ -89,7 +95,7 @@ def meet_survivors(strategy: Any, lost: set[int], key: str) -> list[int] | None:
     return sorted(posted | {rank})
 
 
-def survivors_average(flat_state: Any, members: list[int]) -> torch.Tensor:
+def survivors_average(flat_state: FlatState, members: list[int]) -> torch.Tensor:
     """The average of the members' replicas, ``flat_state`` here (a gloo group of their own,
     bounded)."""
     timeout = timedelta(seconds=MEET_TIMEOUT_S)
@@ -103,8 +109,8 @@ def survivors_average(flat_state: Any, members: list[int]) -> torch.Tensor:
     return flat.div_(len(members))
 
 
-def write_emergency_checkpoint(strategy: Any, error: GossipTimeout, flat_state: Any,
-                               fit_index: int) -> Path | None:
+def write_emergency_checkpoint(strategy: GossipStrategy, error: GossipTimeout,
+                               flat_state: FlatState | None, fit_index: int) -> Path | None:
     """Meet the other survivors and write the emergency checkpoint (see the module); the path
     on the rank that wrote it, else ``None``. ``flat_state``: the strategy's replica as a
     :class:`~lightning_gossip.flat.FlatState`; ``fit_index``: which fit of the strategy this is
@@ -141,7 +147,7 @@ def write_emergency_checkpoint(strategy: Any, error: GossipTimeout, flat_state: 
     return path
 
 
-def _save(strategy: Any, trainer: Any, path: Path, average: torch.Tensor | None,
+def _save(strategy: GossipStrategy, trainer: pl.Trainer, path: Path, average: torch.Tensor | None,
           members: list[int] | None) -> None:
     """A full Lightning checkpoint of the current state with ``average`` as the weights (or
     the local replica), without any collective; written whole."""
