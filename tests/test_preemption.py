@@ -166,11 +166,22 @@ def test_survivors_of_a_frozen_adpsgd_rank_write_an_emergency_checkpoint(launche
     assert (out / "victim.json").exists(), text[-8000:]
     check_emergency(out, results, LOST["victim"], text)
     assert code == 3  # the survivors failed (PeerSilent) after writing it
+    # the shared cursor's position: the epoch's batches trained before the loss, and at most
+    # two more claimed per rank (the step the error interrupted and the loader's prefetch); a
+    # restart claims only the rest of the epoch's 64
+    path = next((out / "ckpts").glob("*emergency*"))
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    victim = json.loads((out / "victim.json").read_text())
+    trained = victim["global_step"] + sum(r["global_step"] for r in results if r is not None)
+    cursor = ckpt[CURSOR_KEY]
+    assert cursor["epoch"] == ckpt["epoch"] == 0, (cursor, ckpt["epoch"])
+    assert trained <= cursor["claims"] <= trained + 2 * N, (cursor, trained)
+    assert _resumed_epoch_batches(path, samples=256) == 64 - cursor["claims"]
 
 
-def _resumed_epoch_batches(path: Path) -> int:
+def _resumed_epoch_batches(path: Path, samples: int = 96) -> int:
     """The batches a fit resumed from ``path`` draws in the interrupted epoch (one rank alone
-    on a fresh store, as after the requeue: the same 96 samples in batches of 4)."""
+    on a fresh store, as after the requeue: the same ``samples`` in batches of 4)."""
     import torch.distributed as dist
 
     from lightning_gossip import ADPSGDStrategy
@@ -178,7 +189,7 @@ def _resumed_epoch_batches(path: Path) -> int:
 
     strategy = ADPSGDStrategy()
     strategy.load_checkpoint(path)
-    sampler = SharedCursorSampler(96, chunk_size=4, store=dist.HashStore(), key="resumed")
+    sampler = SharedCursorSampler(samples, chunk_size=4, store=dist.HashStore(), key="resumed")
     strategy.cursor.track(sampler.claims)
     list(sampler)
     return sampler.claimed

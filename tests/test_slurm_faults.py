@@ -90,8 +90,9 @@ def _kill_node1_on_poll(cluster: S.SlurmCluster, run_dir: Path, killed: list[int
 def _lost_work(run_dir: Path, kill_t: float, ckpt: dict) -> dict:
     """From the claim logs: the ranks' last trained step (and how long before the kill) in the
     first step, the restarted step's first steps, the interrupted epoch's units claimed in
-    both steps (the emergency checkpoint has no cursor position: the restart reads its epoch
-    from the start) and the gap in training."""
+    both steps (``adpsgd``: the emergency checkpoint holds the shared cursor's position;
+    the measured runs of docs/slurm.md, which predate it, read their epoch again) and the gap
+    in training."""
     steps = J.attempts(J.read_claims(run_dir), 4)
     before, after = steps[0], [r for s in steps[1:] for r in s]
     last = {}

@@ -326,8 +326,14 @@ class ADPSGDStrategy(GossipStrategy):
                         storage_options: Any | None = None) -> None:
         """The requeue checkpoint also holds the shared cursor's position (mid-epoch)."""
         if self.resilience.requeue_done:
-            checkpoint = self.cursor.saved(checkpoint, self.lightning_module.trainer.current_epoch)
+            checkpoint = self.with_restart_position(checkpoint)
         super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with the shared cursor's position in the current epoch (mid-epoch;
+        the requeue and emergency checkpoints, once every rank has stopped claiming)."""
+        return self.cursor.saved(checkpoint, self.lightning_module.trainer.current_epoch)
 
     @override
     def load_checkpoint(self, checkpoint_path: str | Path,

@@ -21,6 +21,9 @@ A rank whose wait failed on a lost peer (:class:`~lightning_gossip.errors.PeerSi
    temporary file, then renamed): a full Lightning checkpoint (the writer's optimizer and loop
    state) that ``trainer.fit(ckpt_path=...)`` resumes from;
    :func:`~lightning_gossip.checkpoints.newest_checkpoint` picks it when it is the newest.
+   Where the survivors met through the store, it also holds
+   :meth:`~lightning_gossip.strategies.GossipStrategy.with_restart_position` (``adpsgd``: the
+   shared cursor's position, so the restart goes on with the epoch's unclaimed batches).
 """
 
 from __future__ import annotations
@@ -154,6 +157,12 @@ def _save(strategy: GossipStrategy, trainer: pl.Trainer, path: Path, average: to
     tmp = path.with_name(path.name + ".part")
     with strategy.weights_as_is(average):  # no collective: not every rank is there
         ckpt = dump_checkpoint(trainer)
+        if members is not None:  # the store answers, and every survivor stopped claiming
+            try:
+                ckpt = strategy.with_restart_position(ckpt)
+            except Exception as e:  # noqa: BLE001 - the weights matter more than the position
+                log.warning("rank %d: the emergency checkpoint has no cursor position: %s",
+                            strategy.global_rank, e)
         ckpt["lightning_gossip_emergency"] = {
             "survivors": members, "averaged": average is not None,
             "strategy_step": strategy.step}

@@ -310,6 +310,11 @@ class GossipStrategy(ProcessGroupStrategy):
         with self.replicas.weights_as_is(weights):
             yield
 
+    def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` plus where a restart goes on in the data beyond what Lightning's
+        loops record (``adpsgd``: the shared cursor's position); nothing to add here."""
+        return checkpoint
+
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The consensus (rank-averaged) weights; live replicas are untouched.
