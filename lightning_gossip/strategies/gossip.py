@@ -311,8 +311,7 @@ class GossipStrategy(ProcessGroupStrategy):
             yield
 
     def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """``checkpoint`` plus where a restart goes on in the data beyond what Lightning's
-        loops record (``adpsgd``: the shared cursor's position); nothing to add here."""
+        """``checkpoint`` plus the data position a restart needs (``adpsgd``: its cursor)."""
         return checkpoint
 
     @override
