@@ -79,6 +79,7 @@ CASES: dict[str, dict[str, Any]] = {
     "torchft_diloco": {"kind": "torchft_diloco", "period": 16},
     "dpsgd": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {}},
     "adpsgd": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {}},
+    "adpsgd_bf16": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {"wire_dtype": "bf16"}},
     "dpsgd_hier_bf16": {"kind": "gossip", "strategy": "dpsgd",
                         "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
     "adpsgd_hier_bf16": {"kind": "gossip", "strategy": "adpsgd",

@@ -111,8 +111,7 @@ class RaceMeter(Callback):
         self.sleep_s = float(ctx.get("sleep_s", 0.0))  # a slow node's ranks: > 0
         # --slow-follows-load: sleep this times the batch's own forward (None: sleep_s)
         self.step_per_forward = ctx.get("slow_step_per_forward") if self.sleep_s > 0 else None
-        self.t_batch = 0.0  # when this batch's training step began
-        self.forward_s = 0.0  # its forward (loss) time, up to backward
+        self.forward_s = 0.0  # the model's own loss computation of this batch (timed_forward)
         self.slept_s = 0.0  # slept in all (the slow node's ranks)
 
     def _tx(self) -> int:
@@ -142,6 +141,8 @@ class RaceMeter(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.eval_model = copy.deepcopy(net_of(pl_module))
+        if self.step_per_forward is not None:
+            self.timed_forward(pl_module)
         dist.barrier(group=self.ctx["group"])
         self._mark("start")
         if self.ctx["warmup"] == 0:  # (--warmup 0: no warm-up, the bytes after it = all)
@@ -149,12 +150,24 @@ class RaceMeter(Callback):
         self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
         self.t_resume = time.perf_counter()
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:
-        self.t_batch = time.perf_counter()
+    def timed_forward(self, pl_module: Any) -> None:
+        """Time the model's own loss computation (``forward_s``), the code :func:`calibrate`
+        times: inside DDP's forward, after its buffer broadcast. Timed from the batch's start,
+        the forward of a DDP case included that collective's wait for the other ranks, which
+        may be sleeping (the slow node's other rank, a fast rank waiting for the slow node):
+        the sleep fed on itself (in one idle race node 1's rank 3 slept 1.35 s per step where
+        its calibrated step was 0.67 s, and a torchft case stalled)."""
+        name = "_loss" if self.ctx["workload"] == "asr" else "training_step"
+        inner = getattr(pl_module, name)
 
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        self.forward_s = time.perf_counter() - self.t_batch
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.forward_s = time.perf_counter() - t0
+
+        setattr(pl_module, name, timed)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
