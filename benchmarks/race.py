@@ -20,7 +20,7 @@ at the first validation at or above the target, or when its budget is spent.
 Cases: ``ddp`` (Lightning ``DDPStrategy``), ``ddp_bf16`` (plus torch's ``bf16_compress_hook``),
 ``postlocal4`` (torch's post-local SGD: ``post_localSGD_hook`` with an explicit per-node
 ``subgroup`` and a ``PeriodicModelAverager`` of period 4 after ``--warmup`` steps), ``dpsgd``,
-``adpsgd``, ``dpsgd_hier_bf16``, ``adpsgd_hier_bf16`` (the library's strategies),
+``adpsgd``, ``adpsgd_bf16``, ``dpsgd_hier_bf16``, ``adpsgd_hier_bf16`` (the library's strategies),
 ``torchft_localsgd`` and ``torchft_diloco`` (torchft's LocalSGD and DiLoCo, sync every 16 steps,
 one replica group per node, the lighthouse in node 0: ``benchmarks/race_torchft.py``; they need
 the optional ``race`` extra, ``uv pip install -c constraints.txt -e '.[race]'``, and are skipped
@@ -310,8 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the load of that moment), not only once before the first")
     p.add_argument("--slow-follows-load", action="store_true",
                    help="with --slow-node: sleep after every batch for (calibrated local step / "
-                        "calibrated forward) x this batch's own forward time, so the slow node "
-                        "stays 2x slower as the load moves (forward has no communication)")
+                        "calibrated forward) x this batch's own forward time (the model's "
+                        "loss, timed inside DDP's forward: no communication), so the slow node "
+                        "stays 2x slower as the load moves")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
