@@ -66,9 +66,10 @@ def _resume(path: str, step: int) -> int:
 
 
 def check_emergency(out: Path, results: list[dict | None], victim: int, text: str,
-                    n: int = N) -> None:
+                    n: int = N) -> tuple[Path, dict]:
     """The survivors named the victim and met; the lowest wrote their average, with its
-    optimizer state, as the newest checkpoint; a fit resumes from it."""
+    optimizer state, as the newest checkpoint; a fit resumes from it. Returns the file and
+    the checkpoint it holds."""
     survivors = [r for r in range(n) if r != victim]
     for r in survivors:
         res = results[r]
@@ -89,6 +90,7 @@ def check_emergency(out: Path, results: list[dict | None], victim: int, text: st
     assert ckpt["optimizer_states"][0]["state"], "the writer's optimizer state (momentum)"
     assert newest_checkpoint(out) == str(files[0])
     assert _resume(str(files[0]), ckpt["global_step"]) == ckpt["global_step"] + 1
+    return files[0], ckpt
 
 
 @pytest.mark.multiprocess

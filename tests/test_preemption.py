@@ -164,13 +164,11 @@ def test_survivors_of_a_frozen_adpsgd_rank_write_an_emergency_checkpoint(launche
     results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
                for r in range(N)]
     assert (out / "victim.json").exists(), text[-8000:]
-    check_emergency(out, results, LOST["victim"], text)
+    path, ckpt = check_emergency(out, results, LOST["victim"], text)
     assert code == 3  # the survivors failed (PeerSilent) after writing it
     # the shared cursor's position: the epoch's batches trained before the loss, and at most
     # two more claimed per rank (the step the error interrupted and the loader's prefetch); a
     # restart claims only the rest of the epoch's 64
-    path = next((out / "ckpts").glob("*emergency*"))
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
     victim = json.loads((out / "victim.json").read_text())
     trained = victim["global_step"] + sum(r["global_step"] for r in results if r is not None)
     cursor = ckpt[CURSOR_KEY]
