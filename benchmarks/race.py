@@ -5,8 +5,10 @@ reason elsewhere.
 
 One run builds K namespaces ("nodes") joined by ``--rate`` Mbit/s links, starts one ``torchrun``
 per node (``benchmarks/race_worker.py``, gloo over the node's veth) and runs every case back to
-back in the same processes. Every case trains the same MLP (about ``--model-mb`` MB) on
-scikit-learn's digits from the same seed, with the same data order, through a Lightning
+back in the same processes (with ``--pin-nodes`` each node on CPUs of its own, ``taskset``,
+so that one node's work or sleep does not change another's speed). Every case trains the
+same MLP (about ``--model-mb`` MB) on scikit-learn's digits from the same seed, with the same
+data order, through a Lightning
 ``Trainer``: the same loop for every case, only the strategy and its communication differ.
 Every ``--eval-every`` samples the exact average of the replicas (an all-reduce into a separate
 copy; the replicas are not changed) is validated on the held-out 20 %; the clock stops during
@@ -119,9 +121,37 @@ def machine() -> dict[str, Any]:
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
+def node_cpus(nodes: int, cpus: list[int]) -> list[list[int]]:
+    """``--pin-nodes``: the CPUs each node's processes may run on. With at least as many CPUs
+    as nodes the nodes get disjoint shares (the first ones one CPU more where the count does not
+    divide), so one node's work cannot slow another's; with fewer, node ``k`` runs on CPU
+    ``cpus[k % len(cpus)]`` and shares it with the other nodes there.
+
+    >>> node_cpus(2, [0, 1])
+    [[0], [1]]
+    >>> node_cpus(2, [0, 1, 2, 3, 4])
+    [[0, 1, 2], [3, 4]]
+    >>> node_cpus(4, [0, 1])
+    [[0], [1], [0], [1]]
+    """
+    if not cpus or nodes < 1:
+        raise ValueError(f"node_cpus needs nodes >= 1 and some CPUs, got {nodes} and {cpus}")
+    if nodes > len(cpus):
+        return [[cpus[k % len(cpus)]] for k in range(nodes)]
+    share, extra = divmod(len(cpus), nodes)
+    starts = [k * share + min(k, extra) for k in range(nodes + 1)]
+    return [cpus[starts[k]:starts[k + 1]] for k in range(nodes)]
+
+
+def pin_prefix(cpus: list[int] | None) -> list[str]:
+    """Command prefix that keeps a program (and its children) on ``cpus`` (None: anywhere)."""
+    return [] if cpus is None else ["taskset", "-c", ",".join(str(c) for c in cpus)]
+
+
 def launch(cluster: N.EmulatedCluster, spec: dict[str, Any], workdir: Path,
            timeout_s: float) -> tuple[list[dict[str, Any]], str]:
-    """Run the spec's cases in one torchrun per node; (the cases' results, status detail)."""
+    """Run the spec's cases in one torchrun per node (on its CPUs, ``spec['node_cpus']``,
+    where set); (the cases' results, status detail)."""
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     logs = [workdir / f"node{k}.log" for k in range(cluster.nodes)]
@@ -130,7 +160,9 @@ def launch(cluster: N.EmulatedCluster, spec: dict[str, Any], workdir: Path,
     detail = "ok"
     try:
         for k, member in enumerate(cluster.members):
-            cmd = [*cluster.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
+            pinned = spec.get("node_cpus")
+            cmd = [*cluster.exec_prefix(k), *pin_prefix(pinned[k] if pinned else None),
+                   sys.executable, "-m", "torch.distributed.run",
                    f"--nnodes={cluster.nodes}", f"--node-rank={k}",
                    f"--nproc-per-node={spec['procs']}",
                    f"--master-addr={cluster.members[0].address}", "--master-port=29400",
@@ -313,6 +345,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "calibrated forward) x this batch's own forward time (the model's "
                         "loss, timed inside DDP's forward: no communication), so the slow node "
                         "stays 2x slower as the load moves")
+    p.add_argument("--pin-nodes", action="store_true",
+                   help="run each node on CPUs of its own (taskset; nodes share CPUs only when "
+                        "there are more nodes than CPUs), so that one node's compute, or its "
+                        "sleep, does not change another node's speed")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
@@ -368,6 +404,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
         "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,
+        "node_cpus": (node_cpus(args.nodes, sorted(os.sched_getaffinity(0)))
+                      if args.pin_nodes else None),
     }
 
 
@@ -420,7 +458,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     before = machine()
     t0 = time.time()
-    lighthouse = None
+    lighthouse = spec = None
     with N.signals_unwind():
         try:
             cluster.build()
@@ -445,6 +483,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     payload = {
         "benchmark": "race", "workload": args.workload, "nodes": args.nodes,
         "procs": args.procs, "rate_mbit": args.rate, "slow_node": args.slow_node,
+        "node_cpus": spec["node_cpus"] if spec is not None else None,
         "metric": "dev WER, % (lower is better)" if args.workload == "asr"
         else "validation accuracy, % (higher is better)",
         "target": results[0]["target"] if results else args.target,
