@@ -8,8 +8,8 @@ per node (``benchmarks/race_worker.py``, gloo over the node's veth) and runs eve
 back in the same processes (with ``--pin-nodes`` each node on CPUs of its own, ``taskset``,
 so that one node's work or sleep does not change another's speed). Every case trains the
 same MLP (about ``--model-mb`` MB) on scikit-learn's digits from the same seed, with the same
-data order, through a Lightning
-``Trainer``: the same loop for every case, only the strategy and its communication differ.
+data order, through a Lightning ``Trainer``: the same loop for every case, only the strategy
+and its communication differ.
 Every ``--eval-every`` samples the exact average of the replicas (an all-reduce into a separate
 copy; the replicas are not changed) is validated on the held-out 20 %; the clock stops during
 validation and its link bytes are subtracted. Validations are points where all ranks meet;
@@ -158,9 +158,9 @@ def launch(cluster: N.EmulatedCluster, spec: dict[str, Any], workdir: Path,
     procs: list[subprocess.Popen] = []
     names = [c["name"] for c in spec["cases"]]
     detail = "ok"
+    pinned = spec.get("node_cpus")
     try:
         for k, member in enumerate(cluster.members):
-            pinned = spec.get("node_cpus")
             cmd = [*cluster.exec_prefix(k), *pin_prefix(pinned[k] if pinned else None),
                    sys.executable, "-m", "torch.distributed.run",
                    f"--nnodes={cluster.nodes}", f"--node-rank={k}",
@@ -378,6 +378,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("without the ddp case, --target and --budget are needed")
     if (args.recalibrate or args.slow_follows_load) and args.slow_node is None:
         p.error("--recalibrate and --slow-follows-load need --slow-node")
+    if args.pin_nodes and shutil.which("taskset") is None:
+        p.error("--pin-nodes needs taskset (util-linux), which is not installed")
     if args.slow_node is not None and not 0 <= args.slow_node < args.nodes:
         p.error(f"--slow-node must be a node index, 0..{args.nodes - 1}")
     args.cases = ["ddp"] * ("ddp" in args.cases) + [c for c in args.cases if c != "ddp"]
