@@ -460,7 +460,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     cluster = N.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
     before = machine()
     t0 = time.time()
-    lighthouse = spec = None
+    lighthouse = None
     with N.signals_unwind():
         try:
             cluster.build()
@@ -485,7 +485,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     payload = {
         "benchmark": "race", "workload": args.workload, "nodes": args.nodes,
         "procs": args.procs, "rate_mbit": args.rate, "slow_node": args.slow_node,
-        "node_cpus": spec["node_cpus"] if spec is not None else None,
+        "node_cpus": spec["node_cpus"],
         "metric": "dev WER, % (lower is better)" if args.workload == "asr"
         else "validation accuracy, % (higher is better)",
         "target": results[0]["target"] if results else args.target,
