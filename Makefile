@@ -23,7 +23,7 @@ bytecode: setup
 	  echo "[setup] compiling the Python bytecode of .venv/ (once, about a minute)"; \
 	  $(PY) -m compileall -q -j 0 $(SITE) >/dev/null || true; \
 	  touch .venv/.bytecode-compiled; fi
-	@$(PY) -m compileall -q lightning_gossip tests recipes benchmarks >/dev/null || true
+	@$(PY) -m compileall -q lightning_gossip tests recipes benchmarks testbed >/dev/null || true
 
 demo: setup
 	$(PY) -m recipes.asr.demo
@@ -59,4 +59,4 @@ docs: setup
 	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: setup
-	$(PY) benchmarks/step_time.py
+	$(PY) -m benchmarks.perf.step_time

@@ -1,4 +1,4 @@
-"""Smoke test of the race (``benchmarks/race.py``) on a tiny emulated cluster.
+"""Smoke test of the race (``benchmarks/race/driver.py``) on a tiny emulated cluster.
 
 Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
 elsewhere. 2 nodes x 1 process, ``--quick``:
@@ -31,12 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import cluster_net as N  # noqa: E402
-import race_torchft  # noqa: E402
+from benchmarks.race import torchft_cases
+from testbed import cluster_net
+from testbed.launch import ROOT, base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -47,7 +44,7 @@ PREFIX = "trs"
 
 @pytest.fixture(scope="module")
 def netns_available() -> None:
-    reason = N.check_available(PREFIX)
+    reason = cluster_net.check_available(PREFIX)
     if reason:
         pytest.skip(f"emulated cluster unavailable here: {reason}")
 
@@ -55,7 +52,7 @@ def netns_available() -> None:
 def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     """Four cases race; hooks ran (link bytes); curves, target and JSON agree; nothing left."""
     out, png = tmp_path / "race.json", tmp_path / "race.png"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "1",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "1",
            "--rate", "100", "--quick", "--eval-every", "64", "--warmup", "8", "--cases", "ddp",
            "ddp_bf16", "ddp_powersgd2", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX,
            "--json", str(out), "--png", str(png),
@@ -101,7 +98,8 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     warm = cases["postlocal4"]["bytes_per_step_warmup"]
     assert 0.8 <= warm / ddp["bytes_per_step_inter_node"] <= 1.2  # global all-reduce first
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
-    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+    assert (cluster_net.leftovers(f"{prefix}-{suffix}-")
+            + cluster_net.leftovers(f"{prefix}{suffix}")) == []
 
 
 @pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
@@ -109,7 +107,7 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
     """asr: WER (lower is better) drives target and times; the slow node sleeps as its load
     says (``--slow-follows-load``); PNG written."""
     out = tmp_path / "asr.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--workload", "asr",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--workload", "asr",
            "--nodes", "2", "--procs", "1", "--rate", "100", "--quick", "--eval-every", "32",
            "--cases", "ddp", "adpsgd", "--slow-node", "1", "--recalibrate",
            "--slow-follows-load", "--prefix", PREFIX,
@@ -146,11 +144,11 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
 
 def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
     """torchft's LocalSGD and DiLoCo: lighthouse, quorum, one commit per 16 steps, link bytes."""
-    missing = race_torchft.unavailable()
+    missing = torchft_cases.unavailable()
     if missing:
         pytest.skip(missing)
     out = tmp_path / "torchft.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "2",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "2",
            "--rate", "100", "--quick", "--eval-every", "128", "--cases", "ddp",
            "torchft_localsgd", "torchft_diloco", "--prefix", PREFIX, "--json", str(out),
            "--target", "99.9", "--budget", "100000"]  # every case runs its 30 steps
@@ -169,7 +167,8 @@ def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
         # one model average per node's local rank every 16 steps: 2 x 1 M / (ddp's 1.5 M) / 16
         # per step over 30 steps; a sync that did not cross the link would send ~nothing
         assert c["hook_check"]["expected_ratio"] == round(
-            race_torchft.expected_ratio(30, 16, 2, 2), 4)
+            torchft_cases.expected_ratio(30, 16, 2, 2), 4)
         assert c["hook_check"]["ok"], (name, c["hook_check"])
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
-    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+    assert (cluster_net.leftovers(f"{prefix}-{suffix}-")
+            + cluster_net.leftovers(f"{prefix}{suffix}")) == []
