@@ -78,17 +78,18 @@ class OverlappedAllReduce:
             ``wait`` waits for.
         wait: waits for a list of what ``launch`` returned (with the caller's timeout and
             liveness checks).
-        bucket_bytes: the bucket size (:func:`plan_buckets`).
+        bucket_bytes: the bucket size (:func:`plan_buckets`); default
+            :data:`DEFAULT_BUCKET_BYTES` (read when built).
     """
 
     def __init__(self, params: Sequence[Tensor], divisor: int, launch: Callable[[Tensor], Any],
-                 wait: Callable[[list[Any]], None],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 wait: Callable[[list[Any]], None], bucket_bytes: int | None = None) -> None:
         self.params = list(params)
         self.divisor = divisor
         self.launch = launch
         self.wait = wait
-        self.buckets = plan_buckets([p.numel() for p in self.params], bucket_bytes)
+        self.buckets = plan_buckets([p.numel() for p in self.params],
+                                    bucket_bytes or DEFAULT_BUCKET_BYTES)
         self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         #: buckets started from a gradient hook (during backward) in the last :meth:`run`
