@@ -105,8 +105,9 @@ def launch_layout(key: str, folder: Path) -> None:
     args = [str(folder), str(folder / "cases.json")]
     port = free_port()
     if layout.launcher == "torchrun":
-        commands = [(torchrun_command(layout.script, *args, nprocs=layout.nprocs, nnodes=layout.nnodes,
-                                      node_rank=node, port=port), base_env())
+        commands = [(torchrun_command(layout.script, *args, nprocs=layout.nprocs,
+                                      nnodes=layout.nnodes, node_rank=node, port=port),
+                     base_env())
                     for node in range(layout.nnodes)]
     else:
         commands = [([sys.executable, str(layout.script), *args],
