@@ -81,8 +81,11 @@ class NodeAverager:
         return run
 
     def _overlapped(self) -> OverlappedAllReduce:
+        """The overlapped average over the trainable parameters (built again when they
+        changed, e.g. a layer was frozen)."""
         params = [p for p in self.module.parameters() if p.requires_grad]
-        if self.overlapped is None or self.overlapped.params != params:
+        built = self.overlapped
+        if built is None or [id(p) for p in built.params] != [id(p) for p in params]:
             self.overlapped = OverlappedAllReduce(
                 params, self.layout.devices,
                 launch=lambda flat: dist.all_reduce(flat, group=self.group, async_op=True),
