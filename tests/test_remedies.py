@@ -280,10 +280,12 @@ def test_bad_remedy_options_are_refused_at_construction(cls):
         ({**ga, "outer_momentum": 0.9}, "give outer_lr too"),
         ({**ga, "outer_nesterov": False}, "give outer_lr too"),
         ({"node_allreduce": "during_backward"}, "node_allreduce must be one of"),
+        ({"node_allreduce": "overlapped"}, "set hierarchical=True too"),
     ]:
         with pytest.raises(ValueError, match=match):
             cls(**kwargs)
-    s = cls(**ga, outer_lr=0.7, outer_momentum=0.9, node_allreduce="overlapped")
+    s = cls(**ga, outer_lr=0.7, outer_momentum=0.9, node_allreduce="overlapped",
+            hierarchical=True)
     assert s.outer is not None and s.outer.lr == 0.7 and s.node_allreduce == "overlapped"
     assert cls().outer is None and cls().node_allreduce == "after_backward"
     config = s.gossip_config()  # compared between ranks at set-up

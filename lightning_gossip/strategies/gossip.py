@@ -115,8 +115,8 @@ class GossipStrategy(ProcessGroupStrategy):
         self._wire = check_wire_dtype(wire_dtype)
         self.wire_dtype = wire_dtype
         #: the outer optimizer of the periodic global average (:mod:`lightning_gossip.outer`)
-        self.outer = check_remedies(outer_lr, outer_momentum, outer_nesterov,
-                                    self.global_average_every_n_steps, node_allreduce)
+        self.outer = check_remedies(outer_lr, outer_momentum, outer_nesterov, node_allreduce,
+                                    self.global_average_every_n_steps, self.hierarchical)
         self.node_allreduce = node_allreduce
         self.final_average = bool(final_average)
         self.evaluate = evaluate

@@ -61,19 +61,23 @@ NODE_ALLREDUCE_CHOICES = ("after_backward", "overlapped")
 
 
 def check_remedies(outer_lr: float | None, outer_momentum: float, outer_nesterov: bool,
-                   global_average_every_n_steps: int | None,
-                   node_allreduce: str) -> OuterOptimizer | None:
+                   node_allreduce: str, global_average_every_n_steps: int | None,
+                   hierarchical: bool) -> OuterOptimizer | None:
     """Check the outer optimizer's options and ``node_allreduce`` (``ValueError`` naming the
     option); return the :class:`~lightning_gossip.outer.OuterOptimizer` (``None`` without
     ``outer_lr``).
 
-    >>> check_remedies(0.7, 0.9, True, global_average_every_n_steps=50,
-    ...                node_allreduce="overlapped")
+    >>> check_remedies(0.7, 0.9, True, "overlapped", global_average_every_n_steps=50,
+    ...                hierarchical=True)
     OuterOptimizer(lr=0.7, momentum=0.9, nesterov=True)
     """
     if node_allreduce not in NODE_ALLREDUCE_CHOICES:
         raise ValueError(
             f"node_allreduce must be one of {NODE_ALLREDUCE_CHOICES}, got {node_allreduce!r}")
+    if node_allreduce != "after_backward" and not hierarchical:
+        raise ValueError(
+            f"node_allreduce={node_allreduce!r} acts on the node's gradient all-reduce of "
+            "hierarchical=True: set hierarchical=True too")
     if outer_lr is None:
         if outer_momentum != 0 or outer_nesterov is not True:
             raise ValueError(
