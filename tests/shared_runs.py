@@ -22,6 +22,7 @@ from typing import Literal
 from testbed.launch import base_env, free_port, launch_processes, torchrun_command
 from tests import cases as C
 from tests import multinode as M
+from tests import remedies as R
 from tests.cases import Case, write_cases
 
 SCRIPT = Path(__file__).parent / "scripts" / "hier_cases.py"
@@ -37,6 +38,7 @@ class Layout:
     cases: tuple[Case, ...]
     failing: Case | None = None  # run last; the launch is expected to fail in it
     timeout: float = 1800
+    script: Path = SCRIPT  # the rank script
 
     @property
     def world(self) -> int:
@@ -79,6 +81,8 @@ LAYOUTS: dict[str, Layout] = {
     # 2 nodes of one process: hierarchical equals flat
     "nodes2x1": Layout(1, 2, "torchrun", (M.ONE_PROC_HIER, M.ONE_PROC_FLAT, M.AH_ONE_PROC,
                                           M.AD_ONE_PROC_FLAT)),
+    # the remedies: outer optimizer on the global average, overlapped node all-reduce
+    "remedies2x2": Layout(2, 2, "torchrun", tuple(R.CASES), script=R.SCRIPT),
 }
 
 
@@ -101,11 +105,12 @@ def launch_layout(key: str, folder: Path) -> None:
     args = [str(folder), str(folder / "cases.json")]
     port = free_port()
     if layout.launcher == "torchrun":
-        commands = [(torchrun_command(SCRIPT, *args, nprocs=layout.nprocs, nnodes=layout.nnodes,
-                                      node_rank=node, port=port), base_env())
+        commands = [(torchrun_command(layout.script, *args, nprocs=layout.nprocs,
+                                      nnodes=layout.nnodes, node_rank=node, port=port),
+                     base_env())
                     for node in range(layout.nnodes)]
     else:
-        commands = [([sys.executable, str(SCRIPT), *args],
+        commands = [([sys.executable, str(layout.script), *args],
                      slurm_env(layout.nnodes, layout.nprocs, node, local, port))
                     for node in range(layout.nnodes) for local in range(layout.nprocs)]
     launched = launch_processes(commands, layout.timeout)

@@ -78,6 +78,9 @@ class ADPSGDStrategy(GossipStrategy):
             bytes): ``q = Q(snapshot)``, and the delta is ``(q_peer - q) / 2`` with the very
             ``q`` sent, so the two deltas of an exchange cancel exactly and the sum of the
             replicas is kept to fp32 rounding.
+        outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for
+            :class:`~lightning_gossip.strategies.DPSGDStrategy`; here the outer step is taken at
+            the epoch-end meeting that takes the global average.
 
     Example::
 
@@ -124,6 +127,8 @@ class ADPSGDStrategy(GossipStrategy):
         global_average_every_n_steps: int | None = None,
         hierarchical: bool = False,
         wire_dtype: str = "fp32",
+        outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
+        node_allreduce: str = "after_backward",
         process_group_backend: str | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
@@ -132,7 +137,8 @@ class ADPSGDStrategy(GossipStrategy):
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
             global_average_every_n_steps=global_average_every_n_steps, wire_dtype=wire_dtype,
-            final_average=final_average, evaluate=evaluate,
+            outer_lr=outer_lr, outer_momentum=outer_momentum, outer_nesterov=outer_nesterov,
+            final_average=final_average, evaluate=evaluate, node_allreduce=node_allreduce,
             consensus_every_n_steps=consensus_every_n_steps,
             process_group_backend=process_group_backend, timeout=timeout,
             heartbeat_timeout=heartbeat_timeout)
@@ -274,14 +280,6 @@ class ADPSGDStrategy(GossipStrategy):
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
     # -- the phases (strategy.phases) and the requeue checkpoint's cursor (strategy.cursor) --
-    def begin_phase(self) -> None:
-        """All ranks start training together, then gossip flows (:meth:`.Phases.begin`)."""
-        self.phases.begin()
-
-    def end_epoch(self, trainer: pl.Trainer) -> None:
-        """Epoch end on this rank: meet, agree on stopping (:meth:`.Phases.end_epoch`)."""
-        self.phases.end_epoch(trainer)
-
     @override
     def before_requeue(self) -> None:
         """Meet every rank in the epoch-end meeting's collective before the requeue checkpoint

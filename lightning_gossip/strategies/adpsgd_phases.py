@@ -176,7 +176,7 @@ class Phases:
             # global average, so every replica becomes the exact average (one all-reduce).
             self.global_averages = int(stop[1].item()) // n
             assert strategy.replicas is not None
-            strategy.replicas.become_average("for the periodic global average")
+            strategy.replicas.become_average("for the periodic global average", strategy.outer)
         if strategy.consensus_every_n_steps is not None:
             strategy.log_consensus_distance()
 

@@ -64,6 +64,18 @@ class DPSGDStrategy(GossipStrategy):
             bytes). Compressed values are mixed in the mean-preserving form
             ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))`` (:mod:`lightning_gossip.compression`), so
             the mean of the replicas is kept to fp32 rounding.
+        outer_lr: an outer optimizer on the periodic global average (SlowMo / DiLoCo, see
+            ``docs/remedies.md`` and :mod:`lightning_gossip.outer`): each global average moves
+            every replica from the previous one (the anchor) by ``outer_lr`` times the
+            (Nesterov) momentum of the average's move. Needs
+            ``global_average_every_n_steps``; ``None`` (default): the plain average.
+            ``outer_lr=1`` with ``outer_momentum=0`` is the plain average bit for bit.
+        outer_momentum: the outer momentum in ``[0, 1)`` (default 0).
+        outer_nesterov: Nesterov outer momentum (default) or heavy ball.
+        node_allreduce: when the node's gradient all-reduce runs (``hierarchical``):
+            ``"after_backward"`` (default: one flat all-reduce once backward is done) or
+            ``"overlapped"`` (buckets of gradients all-reduced as backward produces them, the
+            way ``DistributedDataParallel`` does; the same gradients).
 
     SIGTERM (a scheduler's time limit, preemption) keeps Lightning's promise without a
     per-step collective on the world group: a rank that received it proposes to stop at a step
@@ -116,6 +128,10 @@ class DPSGDStrategy(GossipStrategy):
         delay_by_one: bool = False,
         hierarchical: bool = False,
         wire_dtype: str = "fp32",
+        outer_lr: float | None = None,
+        outer_momentum: float = 0.0,
+        outer_nesterov: bool = True,
+        node_allreduce: str = "after_backward",
         final_average: bool = True,
         evaluate: str = "consensus",
         consensus_every_n_steps: int | None = 100,
@@ -135,6 +151,10 @@ class DPSGDStrategy(GossipStrategy):
             hierarchical=hierarchical,
             global_average_every_n_steps=global_average_every_n_steps,
             wire_dtype=wire_dtype,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            outer_nesterov=outer_nesterov,
+            node_allreduce=node_allreduce,
             final_average=final_average,
             evaluate=evaluate,
             consensus_every_n_steps=consensus_every_n_steps,
@@ -296,7 +316,7 @@ class DPSGDStrategy(GossipStrategy):
         """Replace this rank's replica by the exact average of all replicas (a collective on
         the default group; in-flight ``delay_by_one`` exchanges stay in flight)."""
         assert self.replicas is not None
-        self.replicas.become_average("for the periodic global average")
+        self.replicas.become_average("for the periodic global average", self.outer)
 
     @override
     def quiesce(self) -> None:

@@ -156,7 +156,7 @@ def _save(strategy: GossipStrategy, trainer: pl.Trainer, path: Path, average: to
     the local replica), without any collective; written whole."""
     tmp = path.with_name(path.name + ".part")
     with strategy.weights_as_is(average):  # no collective: not every rank is there
-        ckpt = dump_checkpoint(trainer)
+        ckpt = strategy.with_part_states(dump_checkpoint(trainer))  # e.g. the outer optimizer
         if members is not None:  # the store answers, and every survivor stopped claiming
             try:
                 ckpt = strategy.with_restart_position(ckpt)

@@ -35,7 +35,7 @@ from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
-from lightning_gossip.strategies.options import check_options
+from lightning_gossip.strategies.options import check_options, check_remedies
 from lightning_gossip.strategies.parallel import ProcessGroupStrategy
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
 from lightning_gossip.strategies.replicas import Replicas
@@ -53,8 +53,9 @@ class GossipStrategy(ProcessGroupStrategy):
     the subclass's ``engine``; Lightning's hooks here delegate to them.
 
     Args:
-        seed, delay_by_one, hierarchical, global_average_every_n_steps, wire_dtype: the options
-            both strategies take, described with each (checked and stored here, once).
+        seed, delay_by_one, hierarchical, global_average_every_n_steps, wire_dtype, outer_lr,
+            outer_momentum, outer_nesterov, node_allreduce: the options both strategies take,
+            described with each (checked and stored here, once).
         final_average: at the end of ``fit`` replace every replica by the exact average of all
             replicas (one all-reduce), so every rank holds the same model.
         evaluate: ``"consensus"`` (default) runs validation and test on the average of the
@@ -75,7 +76,8 @@ class GossipStrategy(ProcessGroupStrategy):
     #: timeout). Each subclass lists its own; an attribute not listed here is never compared.
     AGREED_OPTIONS: ClassVar[tuple[str, ...]] = (
         "final_average", "evaluate", "consensus_every_n_steps", "heartbeat_timeout", "seed",
-        "delay_by_one", "hierarchical", "global_average_every_n_steps", "wire_dtype")
+        "delay_by_one", "hierarchical", "global_average_every_n_steps", "wire_dtype", "outer",
+        "node_allreduce")
 
     def __init__(
         self,
@@ -90,6 +92,8 @@ class GossipStrategy(ProcessGroupStrategy):
         hierarchical: bool = False,
         global_average_every_n_steps: int | None = None,
         wire_dtype: str = "fp32",
+        outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
+        node_allreduce: str = "after_backward",
         final_average: bool = True,
         evaluate: str = "consensus",
         consensus_every_n_steps: int | None = 100,
@@ -110,6 +114,10 @@ class GossipStrategy(ProcessGroupStrategy):
             "global_average_every_n_steps", global_average_every_n_steps)
         self._wire = check_wire_dtype(wire_dtype)
         self.wire_dtype = wire_dtype
+        #: the outer optimizer of the periodic global average (:mod:`lightning_gossip.outer`)
+        self.outer = check_remedies(outer_lr, outer_momentum, outer_nesterov, node_allreduce,
+                                    self.global_average_every_n_steps, self.hierarchical)
+        self.node_allreduce = node_allreduce
         self.final_average = bool(final_average)
         self.evaluate = evaluate
         self.consensus_every_n_steps = consensus_every_n_steps
@@ -186,6 +194,8 @@ class GossipStrategy(ProcessGroupStrategy):
         if fitting:
             self.resilience.install_sigterm_check(trainer)  # no per-batch collective
             self.replicas.broadcast_initial()
+            if self.outer is not None:  # the anchor: where every replica starts (or resumed)
+                self.outer.start(self._flat.pack())
             self.setup_gossip(trainer)
 
     def setup_gossip(self, trainer: pl.Trainer) -> None:
@@ -210,7 +220,8 @@ class GossipStrategy(ProcessGroupStrategy):
         ``layout`` and ``groups``)."""
         assert groups is not None and layout is not None and self._flat is not None
         return NodeAverager(self.lightning_module, self._flat, layout, groups.node, self.timeout,
-                            self.heartbeat, step=lambda: self.step)
+                            self.heartbeat, step=lambda: self.step,
+                            overlap=self.node_allreduce == "overlapped")
 
     def _warn_one_node(self) -> None:
         """``hierarchical=True`` on one node of several processes: nothing to gossip with."""
@@ -227,22 +238,6 @@ class GossipStrategy(ProcessGroupStrategy):
         checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
 
     # -- stops and requeues: strategy.resilience (resilience.py) --
-    def install_sigterm_check(self, trainer: pl.Trainer) -> None:
-        """Replace Lightning's per-batch SIGTERM broadcast by the strategy's own check."""
-        self.resilience.install_sigterm_check(trainer)
-
-    def requeue_now(self, received: bool) -> bool:
-        """Before every batch under SLURM auto-requeue: whether every rank stops, requeued."""
-        return self.resilience.requeue_now(received)
-
-    def requeue_together(self) -> None:
-        """Write the requeue checkpoint with every rank and requeue; then every rank stops."""
-        self.resilience.requeue_together()
-
-    def save_and_requeue(self) -> bool:
-        """Lightning's auto-requeue at a point every rank reaches; whether it requeued."""
-        return self.resilience.save_and_requeue()
-
     @override
     def on_exception(self, exception: BaseException) -> None:
         """This rank failed: :meth:`Resilience.on_exception <.resilience.Resilience.on_exception>`
@@ -313,6 +308,11 @@ class GossipStrategy(ProcessGroupStrategy):
     def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """``checkpoint`` plus the data position a restart needs (``adpsgd``: its cursor)."""
         return checkpoint
+
+    @override
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """The outer optimizer (its anchor and momentum), when there is one."""
+        return {self.outer.CHECKPOINT_KEY: self.outer} if self.outer is not None else {}
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ and all-gather, with waits that watch the heartbeats; and the layout check of se
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,6 +21,7 @@ from lightning_gossip.errors import GossipTimeout, PeerSilent
 from lightning_gossip.flat import FlatState
 from lightning_gossip.hierarchy import NodeLayout, check_layout
 from lightning_gossip.liveness import GRACE_S, Heartbeat, keep_alive_at_exit, wait_for_peers
+from lightning_gossip.overlapped_allreduce import OverlappedAllReduce
 
 __all__ = ["NodeAverager", "check_node_layout"]
 
@@ -45,11 +47,14 @@ class NodeAverager:
         timeout: limit for every wait.
         heartbeat: watched by every wait (a rank of the node that stops beating is named).
         step: the current step, for error messages.
+        overlap: all-reduce the gradients in buckets as backward produces them
+            (:class:`~lightning_gossip.overlapped_allreduce.OverlappedAllReduce`, the same
+            values) instead of in one piece after backward.
     """
 
     def __init__(self, module: nn.Module, flat: FlatState, layout: NodeLayout,
                  group: dist.ProcessGroup, timeout: timedelta, heartbeat: Heartbeat | None,
-                 step: Callable[[], int]) -> None:
+                 step: Callable[[], int], overlap: bool = False) -> None:
         self.module = module
         self.layout = layout
         self.group = group
@@ -58,9 +63,15 @@ class NodeAverager:
         self._step = step
         params = {id(p) for p in module.parameters()}
         self.buffers: list[Tensor] = [t for t in flat.tensors if id(t) not in params]
+        self.overlap = overlap
+        #: the last overlapped average (``overlap``; rebuilt when the trainable set changes)
+        self.overlapped: OverlappedAllReduce | None = None
 
     def wrap(self, closure: Any) -> Any:
-        """``closure`` (forward/backward), then the gradients averaged over the node."""
+        """``closure`` (forward/backward), then the gradients averaged over the node; with
+        ``overlap`` the all-reduce starts during backward, bucket by bucket."""
+        if self.overlap:
+            return functools.partial(self._overlapped().run, closure)
 
         def run() -> Any:
             result = closure()
@@ -68,6 +79,18 @@ class NodeAverager:
             return result
 
         return run
+
+    def _overlapped(self) -> OverlappedAllReduce:
+        """The overlapped average over the trainable parameters (built again when they
+        changed, e.g. a layer was frozen)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        built = self.overlapped
+        if built is None or [id(p) for p in built.params] != [id(p) for p in params]:
+            self.overlapped = OverlappedAllReduce(
+                params, self.layout.devices,
+                launch=lambda flat: dist.all_reduce(flat, group=self.group, async_op=True),
+                wait=lambda works: self._wait(works, "gradient all-reduce (overlapped)"))
+        return self.overlapped
 
     @torch.no_grad()
     def average_gradients(self) -> None:
@@ -109,23 +132,23 @@ class NodeAverager:
         """Sum ``flat`` over the node group, failing fast and naming the rank(s) when a rank of
         the node left after an error or stopped beating (instead of a bare gloo error, or a
         wait of ``timeout``)."""
-        self._wait(dist.all_reduce(flat, group=self.group, async_op=True), what)
+        self._wait([dist.all_reduce(flat, group=self.group, async_op=True)], what)
 
     def all_gather(self, mine: Tensor, out: Tensor) -> None:
         """``out`` = the node's ranks' ``mine``, in local-rank order (the slice deltas of
         sharded gossip); waits as :meth:`all_reduce` does."""
         slices = list(out.split(mine.numel()))
         work = dist.all_gather(slices, mine, group=self.group, async_op=True)
-        self._wait(work, "all-gather of the gossip deltas")
+        self._wait([work], "all-gather of the gossip deltas")
 
-    def _wait(self, work: Any, what: str) -> None:
-        """Wait for a collective on the node group (see :meth:`all_reduce`)."""
+    def _wait(self, works: list[Any], what: str) -> None:
+        """Wait for collectives on the node group (see :meth:`all_reduce`)."""
         layout = self.layout
         ranks = layout.node_ranks(layout.node)
         label = (f"rank {layout.rank}: {what} in node {layout.node} (ranks "
                  f"{ranks}) at step {self._step()}")
         try:
-            wait_for_peers([work], ranks, self.heartbeat, self.timeout, label)
+            wait_for_peers(works, ranks, self.heartbeat, self.timeout, label)
         except GossipTimeout:
             keep_alive_at_exit(self.group)
             raise

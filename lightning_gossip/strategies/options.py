@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["EVALUATE_CHOICES", "check_max_staleness", "check_options"]
+from lightning_gossip.outer import OuterOptimizer
+
+__all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "check_max_staleness", "check_options",
+           "check_remedies"]
 
 EVALUATE_CHOICES = ("consensus", "local")
 
@@ -51,3 +54,39 @@ def check_max_staleness(max_staleness: int | None) -> None:
     if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
         raise ValueError(
             f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
+
+
+#: ``node_allreduce``: when the node's gradient all-reduce runs (hierarchical gossip)
+NODE_ALLREDUCE_CHOICES = ("after_backward", "overlapped")
+
+
+def check_remedies(outer_lr: float | None, outer_momentum: float, outer_nesterov: bool,
+                   node_allreduce: str, global_average_every_n_steps: int | None,
+                   hierarchical: bool) -> OuterOptimizer | None:
+    """Check the outer optimizer's options and ``node_allreduce`` (``ValueError`` naming the
+    option); return the :class:`~lightning_gossip.outer.OuterOptimizer` (``None`` without
+    ``outer_lr``).
+
+    >>> check_remedies(0.7, 0.9, True, "overlapped", global_average_every_n_steps=50,
+    ...                hierarchical=True)
+    OuterOptimizer(lr=0.7, momentum=0.9, nesterov=True)
+    """
+    if node_allreduce not in NODE_ALLREDUCE_CHOICES:
+        raise ValueError(
+            f"node_allreduce must be one of {NODE_ALLREDUCE_CHOICES}, got {node_allreduce!r}")
+    if node_allreduce != "after_backward" and not hierarchical:
+        raise ValueError(
+            f"node_allreduce={node_allreduce!r} acts on the node's gradient all-reduce of "
+            "hierarchical=True: set hierarchical=True too")
+    if outer_lr is None:
+        if outer_momentum != 0 or outer_nesterov is not True:
+            raise ValueError(
+                "outer_momentum and outer_nesterov configure the outer optimizer: give "
+                f"outer_lr too (got outer_momentum={outer_momentum!r}, "
+                f"outer_nesterov={outer_nesterov!r} without outer_lr)")
+        return None
+    if global_average_every_n_steps is None:
+        raise ValueError(
+            f"outer_lr={outer_lr!r} acts at the periodic global average: set "
+            "global_average_every_n_steps too")
+    return OuterOptimizer(outer_lr, outer_momentum, outer_nesterov)

@@ -231,3 +231,33 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
         return collectives.broadcast_object(obj, src, group, self.global_rank,
                                             self.root_device, self.watched)
+
+    # ------------------------------------------------------------------------------------------
+    # Parts whose state travels in checkpoints
+    # ------------------------------------------------------------------------------------------
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """The parts whose state a checkpoint carries, by their key in the checkpoint; each has
+        ``state_dict()`` and ``load_state_dict(state)``. None here."""
+        return {}
+
+    def with_part_states(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with every :meth:`checkpoint_parts` state under its key."""
+        for key, part in self.checkpoint_parts().items():
+            checkpoint[key] = part.state_dict()
+        return checkpoint
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
+                        storage_options: Any | None = None) -> None:
+        """Lightning's checkpoint plus the :meth:`checkpoint_parts` states (rank 0 writes)."""
+        super().save_checkpoint(self.with_part_states(checkpoint), filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None
+                        ) -> dict[str, Any]:
+        """Loads the checkpoint and restores the :meth:`checkpoint_parts` states it holds."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        for key, part in self.checkpoint_parts().items():
+            if key in checkpoint:
+                part.load_state_dict(checkpoint[key])
+        return checkpoint

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from lightning_gossip.consensus import all_average, consensus_distance
 from lightning_gossip.flat import FlatState
+from lightning_gossip.outer import OuterOptimizer
 from lightning_gossip.strategies.collectives import Watched
 
 __all__ = ["CONSENSUS_METRIC", "Replicas"]
@@ -90,9 +91,11 @@ class Replicas:
         return all_average(local, timeout=self.timeout,
                            what=f"rank {self.rank}: averaging the replicas {why}".rstrip())
 
-    def become_average(self, why: str) -> None:
-        """Replace this replica by the exact average of all (a collective)."""
-        self.flat.copy_(self.average(why))
+    def become_average(self, why: str, outer: OuterOptimizer | None = None) -> None:
+        """Replace this replica by the exact average of all (a collective), or with ``outer``
+        by the point its step takes from that average (the same on every rank)."""
+        average = self.average(why)
+        self.flat.copy_(average if outer is None else outer.step(average))
 
     def distance(self, step: int) -> float:
         """The consensus distance now (a collective, :func:`~lightning_gossip.consensus.
