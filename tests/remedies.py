@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.launch import read_rank_results
+from testbed.launch import read_rank_results
 from tests.cases import Case
 
 SCRIPT = Path(__file__).parent / "scripts" / "remedy_cases.py"

@@ -24,14 +24,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import lightning_gossip  # noqa: E402
-from lightning_gossip import overlapped_allreduce  # noqa: E402
-from lightning_gossip.flat import FlatState  # noqa: E402
-from lightning_gossip.strategies.replicas import Replicas  # noqa: E402
-from tests.cases import Case, read_cases  # noqa: E402
-from tests.scripts.gossip_cases import Indexed, Tiny, timing  # noqa: E402
+import lightning_gossip
+from lightning_gossip import overlapped_allreduce
+from lightning_gossip.flat import FlatState
+from lightning_gossip.strategies.replicas import Replicas
+from tests.cases import Case, read_cases
+from tests.scripts.gossip_cases import Indexed, Tiny, timing
 
 GLOBAL_AVERAGES: list[list[float]] = []
 _average = Replicas.average

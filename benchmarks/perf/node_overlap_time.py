@@ -8,7 +8,7 @@ outside backward (``NodeAverager.average_gradients``, or the overlapped form's f
 buckets not yet started, the wait, the copy back), averaged over ranks; two rounds, the cases
 alternating. A quick check, not a benchmark: no idle-machine check, no repeats beyond two.
 
-    PYTHONPATH=. python scripts/node_overlap_time.py launch OUT [STEPS]
+    python -m benchmarks.perf.node_overlap_time launch OUT [STEPS]
 """
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def worker(out: Path, steps: int) -> None:
 
 def launch(out: Path, steps: int) -> None:
     """Start 2 torchrun nodes of 2 ranks and print the table."""
-    sys.path.insert(0, os.getcwd())
-    from benchmarks.launch import base_env, free_port, launch_processes, torchrun_command
+    from testbed.launch import base_env, free_port, launch_processes, torchrun_command
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     cmds = [(torchrun_command(Path(__file__), "worker", str(out), str(steps), nprocs=2, nnodes=2,
