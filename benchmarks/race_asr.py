@@ -2,7 +2,8 @@
 
 Used by ``benchmarks/race_worker.py`` inside every rank. The model is the recipe's
 :class:`~recipes.asr.recognizer.SpeechRecognizer` (its ``BLSTMAcousticModel``, CTC loss, AdamW
-with linear warm-up and the recipe's gossip learning-rate rule), sized by ``--asr-layers`` and
+with linear warm-up; the peak rate is the case's, set by the race for every method by the same
+rule, ``race_rules.case_lr``), sized by ``--asr-layers`` and
 ``--asr-hidden`` (default 2 x 256 per direction, frame stacking 4: 2.45 M parameters, 9.8 MB in
 fp32). The corpus is ``python -m recipes.asr.synth``'s (espeak-ng), generated and cached by the
 driver (``benchmarks/race.py``); validation is greedy-decoding WER of the exact replica average
@@ -101,14 +102,19 @@ def load(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             "num_dev": len(dev), "num_train": len(train)}
 
 
-def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type) -> Any:
-    """The recipe's recognizer at the race's size, CMVN set, from the common seed."""
+def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type,
+               lr: float | None = None) -> Any:
+    """The recipe's recognizer at the race's size, CMVN set, from the common seed.
+
+    ``lr`` is the case's peak rate as the race's tuning procedure set it (the per-learner rule
+    already applied, for every method alike: ``race_rules.case_lr``), so the recipe's own rule
+    is off here; None: ``spec['lr']``."""
     asr = spec["asr"]
     cls = make_recognizer_class(meter_type)
     model = cls(num_layers=int(asr["layers"]), hidden_size=int(asr["hidden"]),
                 frame_stacking=int(asr["frame_stacking"]), dropout=0.1,
                 spec_augment=bool(asr["spec_augment"]), optimizer="adam",
-                lr=float(spec["lr"]), gossip_lr_rule="auto",
+                lr=float(spec["lr"] if lr is None else lr), gossip_lr_rule="none",
                 warmup_steps=int(asr["warmup_steps"]), anneal_start_epoch=None)
     model.model.cmvn.set_stats(*workload["cmvn"])
     return model

@@ -349,6 +349,14 @@ def score(rec: dict[str, Any]) -> dict[str, Any]:
     withheld = list(validate_record(rec))
     if rec.get("latency_ms") in (None, 0, 0.0):
         withheld.append("no link latency emulated")
+    if rec.get("allow_load"):
+        withheld.append("started on a loaded machine (--allow-load)")
+    shas = {(launch.get("commit") or {}).get("sha") for r in rec.get("runs", [])
+            for launch in r.get("launches", [])}
+    dirty = any((launch.get("commit") or {}).get("dirty") for r in rec.get("runs", [])
+                for launch in r.get("launches", []))
+    if len(shas) > 1 or dirty:
+        withheld.append("runs not all from one clean commit")
     ddp_samples = None
     cases = rec.get("cases", {}) if isinstance(rec.get("cases"), dict) else {}
     times = {n: [r.get("time_to_target_s") for r in accepted_runs(rec, n)] for n in cases}
