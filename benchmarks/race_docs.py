@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,11 @@ WITHDRAWN_SUMMARY = (
     "phase), every race was one run with ddp always first, and the slow node's handicap "
     "differed per case; no link latency was emulated.")
 """Why the races before the rules are withdrawn, in one paragraph."""
+
+
+def wrap(paragraph: str) -> str:
+    """A paragraph wrapped at 99 columns, as the docs' prose is."""
+    return textwrap.fill(paragraph, width=99, break_long_words=False, break_on_hyphens=False)
 
 
 def fair_records(folder: Path = FAIR) -> list[tuple[str, dict[str, Any]]]:
@@ -118,11 +124,11 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
     """One campaign record as a markdown section: setting, target, rules, one row per case."""
     score = race_rules.score(rec)
     handicap = rec.get("handicap") or {}
-    lines = [f"**{setting(rec)}** (`benchmarks/results/race/fair/{name}`): target "
-             f"{rec['target']:g} % {'dev WER' if rec['workload'] == 'asr' else 'accuracy'}, "
-             f"validation every {rec.get('eval_every')} samples"
-             + (f", handicap +{handicap['extra_s_per_step']:.3f} s per step on node "
-                f"{rec['slow_node']}" if handicap.get("extra_s_per_step") else "") + ".",
+    lines = [wrap(f"**{setting(rec)}** (`benchmarks/results/race/fair/{name}`): target "
+                  f"{rec['target']:g} % {'dev WER' if rec['workload'] == 'asr' else 'accuracy'}"
+                  f", validation every {rec.get('eval_every')} samples"
+                  + (f", handicap +{handicap['extra_s_per_step']:.3f} s per step on node "
+                     f"{rec['slow_node']}" if handicap.get("extra_s_per_step") else "") + "."),
              "",
              "| case | peak lr | runs | median s | min-max s | / ddp | / best peer | "
              "vs ddp | vs best peer |",
@@ -134,11 +140,11 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
                      f" | {row['claim_vs_ddp'] or '-'} | {row['claim_vs_best_peer'] or '-'} |")
     lines.append("")
     if score["withheld"]:
-        lines.append("No claim from this race: " + "; ".join(score["withheld"]) + ".")
+        lines.append(wrap("No claim from this race: " + "; ".join(score["withheld"]) + "."))
     else:
-        lines.append(f"Best peer: {score['best_peer'] or 'none'}. 'faster'/'slower': every run "
-                     f"of the case reached the target before/after every run of the other; "
-                     f"'-': the ranges overlap, no claim.")
+        lines.append(wrap(f"Best peer: {score['best_peer'] or 'none'}. 'faster'/'slower': "
+                          f"every run of the case reached the target before/after every run of "
+                          f"the other; '-': the ranges overlap, no claim."))
     return "\n".join(lines)
 
 
@@ -157,11 +163,11 @@ def race_part(fair: list[tuple[str, dict[str, Any]]],
     if fair:
         parts += [fair_table(name, rec) for name, rec in fair]
     else:
-        parts.append("No race has been run under the race rules yet, so no speed-up is "
-                     "claimed: ddp, one of its hooks, a periodic averager or a gossip "
-                     "strategy may win.")
-    parts.append(WITHDRAWN_SUMMARY + f" They are kept, with the reasons per record below and "
-                 f"their write-ups in `{LOG}`, and are not evidence.")
+        parts.append(wrap("No race has been run under the race rules yet, so no speed-up is "
+                          "claimed: ddp, one of its hooks, a periodic averager or a gossip "
+                          "strategy may win."))
+    parts.append(wrap(WITHDRAWN_SUMMARY + f" They are kept, with the reasons per record below "
+                      f"and their write-ups in `{LOG}`, and are not evidence."))
     parts.append(withdrawn_table(withdrawn))
     return "\n\n".join(parts)
 
@@ -178,13 +184,16 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
                 claims.append(f"`{case}` {row['vs_ddp']:.2f}x ddp's median time "
                               f"({setting(rec)})")
     if not claims:
-        return ("No speed-up is claimed at present: the earlier races are withdrawn (unequal "
-                "learning rates, an early target, single runs, a handicap that differed per "
-                "case) and no race has yet been run under the race rules; "
-                "[docs/choosing.md](docs/choosing.md) has the method.")
-    return ("Under the race rules (equal tuning, a converged target, 3 runs each, ranges that "
-            "do not overlap), faster than ddp: " + "; ".join(claims) +
-            " ([docs/choosing.md](docs/choosing.md)).")
+        return wrap("No speed-up is claimed at present: the earlier races against DDP, its "
+                    "compression hooks, post-local SGD and torchft are withdrawn (unequal "
+                    "learning rates, an early target, single runs, a handicap that differed "
+                    "per case), and no race has yet been run under the "
+                    "[race rules](docs/benchmarks.md#race-rules); "
+                    "[docs/choosing.md](docs/choosing.md) says how to choose meanwhile.")
+    return wrap("Under the [race rules](docs/benchmarks.md#race-rules) (equal tuning, a "
+                "converged target, 3 runs each, a claim only where the ranges do not overlap), "
+                "faster than ddp: " + "; ".join(claims) +
+                " ([docs/choosing.md](docs/choosing.md)).")
 
 
 def generated() -> dict[str, str]:
