@@ -102,6 +102,11 @@ CASES: dict[str, dict[str, Any]] = {
                         "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
     "adpsgd_hier_bf16": {"kind": "gossip", "strategy": "adpsgd",
                          "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
+    # Remedies (issue 29, deliverable 4) go here, as gossip cases with the library's option in
+    # "kwargs" (the per-learner rule applies by their "kind" and "hierarchical"), e.g. an outer
+    # optimizer on the periodic global average or the node all-reduce overlapped with backward:
+    #   "dpsgd_hier_bf16_<remedy>": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {
+    #       "hierarchical": True, "wire_dtype": "bf16", "<option>": <value>}},
 }
 """Case name -> what the worker runs."""
 

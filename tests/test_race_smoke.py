@@ -20,6 +20,9 @@ elsewhere. 2 nodes x 1 process, ``--quick``:
   ``torchft_diloco``; checks that torchft's manager committed the syncs that 30 steps with
   ``sync_every=16`` make and that the link bytes show them. Skips when torchft (the optional
   ``race`` extra) is not installed.
+* the campaign (``benchmarks/race_campaign.py``), ``digits``, ``ddp`` and ``dpsgd`` with node 1
+  slow: tuning at one peak, 2 runs in rotated order, the record's schema and checks, and a
+  second call that finds nothing left to run.
 
 Timings are never asserted.
 """
@@ -190,3 +193,49 @@ def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
         assert c["hook_check"]["ok"], (name, c["hook_check"])
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
     assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+
+
+@pytest.mark.timeout(2400)
+def test_race_campaign_quick(netns_available: None, tmp_path: Path) -> None:
+    """The campaign (``benchmarks/race_campaign.py``) at the smoke size: tuning at one peak,
+    then 2 runs in rotated order with a fixed handicap; the record is valid under the schema,
+    every case has its runs with the rule's rate, the slowdown and the same initial model, each
+    run has its checks, and a second call (the same ``--out``) launches nothing."""
+    out = tmp_path / "campaign.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "race_campaign.py"), "--workload",
+           "digits", "--nodes", "2", "--procs", "1", "--rate", "100", "--quick",
+           "--eval-every", "64", "--target", "50", "--max-samples", "960", "--runs", "2",
+           "--retries", "0", "--peaks", "0.05", "--cases", "ddp", "dpsgd", "--slow-node", "1",
+           "--prefix", PREFIX, "--out", str(out), *rules_args()]
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=2000)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    rec = json.loads(out.read_text())
+    import race_rules as R
+
+    assert R.validate_record(rec) == []
+    assert rec["tuning"]["chosen"] == {"ddp": 0.05, "dpsgd": 0.05}
+    assert set(rec["tuning"]["trials"]["ddp"]) == {"0.05"}
+    extra = rec["handicap"]["extra_s_per_step"]
+    assert extra > 0
+    shas = set()
+    for name, case in rec["cases"].items():
+        assert [r["run"] for r in case["runs"]] == [0, 1], name
+        for r in case["runs"]:
+            assert r["lr"] == 0.05 and r["slow_extra_s"] == extra, name
+            assert r["slowdown"] == pytest.approx(1 + extra / r["slow_local_step_s"], abs=1e-3)
+            shas.add(r["init_params_sha256"])
+            reached = [n for (_, m), n in zip(r["curve"], r["curve_samples"]) if m >= 50]
+            assert r["samples_to_target"] == (reached[0] if reached else None)
+    assert len(shas) == 1  # every case and run started from the same parameters
+    assert [r["order"] for r in rec["runs"]] == [["ddp", "dpsgd"], ["dpsgd", "ddp"]]
+    assert [next(e["position"] for e in rec["cases"]["ddp"]["runs"] if e["run"] == r)
+            for r in (0, 1)] == [0, 1]
+    for run in rec["runs"]:
+        assert run["done"] and "handicap" in run and run["launches"][0]["status"] == "ok"
+        assert 0.0 <= run["foreign_cpu_fraction"][0] <= 1.0
+    assert rec["score"]["withheld"]  # 2 runs, a shared machine: no claim
+    again = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=600)
+    assert again.returncode == 0 and "done" not in again.stdout, again.stdout[-3000:]
+    assert json.loads(out.read_text())["cases"] == rec["cases"]
