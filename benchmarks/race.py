@@ -391,6 +391,11 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr-train", type=int, default=1600, help="asr: training utterances")
     p.add_argument("--asr-dev", type=int, default=128, help="asr: held-out (dev) utterances")
     p.add_argument("--asr-corpus", type=Path, default=ASR_CORPUS, help="asr: corpus dir")
+    p.add_argument("--anneal-after", type=float, default=None, metavar="PASSES",
+                   help="asr: after this many passes over the training set the learning rate "
+                        "decays by --anneal-per-pass per pass (smoothly, per validation chunk); "
+                        "the same schedule in samples for every case (default: none)")
+    p.add_argument("--anneal-per-pass", type=float, default=0.5, help="see --anneal-after")
     p.add_argument("--epochs", type=float, default=None,
                    help="ddp's epochs (passes over the training set; a fraction is fine), "
                         "sets target/budget (digits 6, asr 1.2)")
@@ -513,7 +518,9 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         "workload": args.workload, "slow_node": args.slow_node,
         "asr": {"corpus": str(args.asr_corpus), "layers": args.asr_layers,
                 "hidden": args.asr_hidden, "frame_stacking": args.asr_frame_stacking,
-                "spec_augment": False, "warmup_steps": 20},
+                "spec_augment": False, "warmup_steps": 20,
+                "anneal_after_passes": args.anneal_after,
+                "anneal_per_pass": args.anneal_per_pass},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
         "slow_extra_s": args.slow_extra_s, "max_samples": args.max_samples,
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,

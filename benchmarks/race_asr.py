@@ -99,7 +99,7 @@ def load(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     batches = [order[i:i + 32] for i in range(0, len(order), 32)]
     dev_shard = [collate_examples([dev[i] for i in b]) for b in batches[rank::world]]
     return {"data": data, "train": train, "dev_shard": dev_shard, "cmvn": data.cmvn_stats(),
-            "num_dev": len(dev), "num_train": len(train)}
+            "num_dev": len(dev), "num_train": len(train), "world": world}
 
 
 def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type,
@@ -115,9 +115,29 @@ def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type,
                 frame_stacking=int(asr["frame_stacking"]), dropout=0.1,
                 spec_augment=bool(asr["spec_augment"]), optimizer="adam",
                 lr=float(spec["lr"] if lr is None else lr), gossip_lr_rule="none",
-                warmup_steps=int(asr["warmup_steps"]), anneal_start_epoch=None)
+                warmup_steps=int(asr["warmup_steps"]), **anneal(spec, workload))
     model.model.cmvn.set_stats(*workload["cmvn"])
     return model
+
+
+def anneal(spec: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's annealing options for ``spec['asr']['anneal_after_passes']``: a race epoch
+    is one validation chunk, so the decay per pass is spread over the chunks of a pass.
+
+    >>> anneal({"batch_size": 4, "eval_every": 160, "asr": {"anneal_after_passes": 2,
+    ...         "anneal_per_pass": 0.25}}, {"num_train": 1600, "world": 4})
+    {'anneal_start_epoch': 20, 'anneal_factor': 0.8705505632961241}
+    >>> anneal({"asr": {}}, {})
+    {'anneal_start_epoch': None}
+    """
+    asr = spec["asr"]
+    if asr.get("anneal_after_passes") is None:
+        return {"anneal_start_epoch": None}
+    sampler = ChunkBatchSampler(workload["num_train"], int(spec["batch_size"]),
+                                int(spec["eval_every"]), rank=0, world=int(workload["world"]))
+    chunks = sampler.chunks_per_pass
+    return {"anneal_start_epoch": round(float(asr["anneal_after_passes"]) * chunks),
+            "anneal_factor": float(asr["anneal_per_pass"]) ** (1.0 / chunks)}
 
 
 def loader(spec: dict[str, Any], workload: dict[str, Any], rank: int, world: int) -> DataLoader:
