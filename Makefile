@@ -6,8 +6,10 @@ export OMP_NUM_THREADS ?= 1
 # they compute); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadfile
-# Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group).
-DOCTESTS := --doctest-modules lightning_gossip
+# Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group),
+# and of benchmarks/ and testbed/ (the race's scoring and rules among them; importing those
+# modules starts nothing and edits no sys.path: tests/test_benchmarks_layout.py).
+DOCTESTS := --doctest-modules lightning_gossip benchmarks testbed
 
 .PHONY: setup bytecode demo test test-slow test-all test-fast lint docs bench
 
@@ -23,7 +25,7 @@ bytecode: setup
 	  echo "[setup] compiling the Python bytecode of .venv/ (once, about a minute)"; \
 	  $(PY) -m compileall -q -j 0 $(SITE) >/dev/null || true; \
 	  touch .venv/.bytecode-compiled; fi
-	@$(PY) -m compileall -q lightning_gossip tests recipes benchmarks >/dev/null || true
+	@$(PY) -m compileall -q lightning_gossip tests recipes benchmarks testbed >/dev/null || true
 
 demo: setup
 	$(PY) -m recipes.asr.demo
@@ -59,4 +61,4 @@ docs: setup
 	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: setup
-	$(PY) benchmarks/step_time.py
+	$(PY) -m benchmarks.perf.step_time

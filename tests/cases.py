@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from benchmarks.launch import check, read_rank_results, run_torchrun
 from lightning_gossip import topology as T
+from testbed.launch import check, read_rank_results, run_torchrun
 
 SCRIPT = Path(__file__).parent / "scripts" / "gossip_cases.py"
 FP32 = dict(rtol=0, atol=2e-6)

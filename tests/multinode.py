@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.launch import read_rank_results
+from testbed.launch import read_rank_results
 from tests.cases import Case
 
 NODES, DEVICES = 2, 2

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from benchmarks.launch import base_env, free_port, launch_processes, torchrun_command
+from testbed.launch import base_env, free_port, launch_processes, torchrun_command
 from tests import cases as C
 from tests import multinode as M
 from tests.cases import Case, write_cases

@@ -15,11 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.launch import ROOT, base_env
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import slurm_cluster as S  # noqa: E402
+from testbed import slurm_cluster
+from testbed.launch import ROOT, base_env
 
 #: every rank logs the shared cursor's claims and its trained batches (tests/scripts/claim_log.py)
 CLAIM_LOG = "--trainer.callbacks+=tests.scripts.claim_log.ClaimLog"
@@ -56,8 +53,8 @@ class Watch:
     text: str = ""
 
 
-def watch_job(cluster: S.SlurmCluster, job: str, out_path: Path, markers: dict[str, str],
-              on_poll: Callable[[float, Watch], None] | None = None,
+def watch_job(cluster: slurm_cluster.SlurmCluster, job: str, out_path: Path,
+              markers: dict[str, str], on_poll: Callable[[float, Watch], None] | None = None,
               timeout_s: float = 3600.0, poll_s: float = 1.0,
               start: float | None = None) -> Watch:
     """Poll job ``job`` until it ends: every ``poll_s`` read its ``scontrol`` fields and its
@@ -76,7 +73,7 @@ def watch_job(cluster: S.SlurmCluster, job: str, out_path: Path, markers: dict[s
                 w.seen[name] = now
         if on_poll is not None:
             on_poll(now, w)
-        if w.info.get("JobState") in S.TERMINAL_STATES:
+        if w.info.get("JobState") in slurm_cluster.TERMINAL_STATES:
             return w
         if now > timeout_s:
             cluster.client(["scancel", job], check=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env, launch_processes
+from testbed.launch import base_env, launch_processes
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,9 +21,10 @@ STEP_CASES = {"solo", "local", "ddp", "dpsgd_blocking", "dpsgd_overlap", "dpsgd_
 
 
 def _run(script: str, *args: str, timeout: float = 600) -> str:
+    """``python -m benchmarks.perf.<script> ARGS`` (from the repository root)."""
     # The launcher of the tests: on timeout the stacks of the driver and of its ranks are shown
     # and the whole tree is killed (a plain subprocess timeout would leave the ranks running).
-    result = launch_processes([([sys.executable, str(ROOT / "benchmarks" / script), *args],
+    result = launch_processes([([sys.executable, "-m", f"benchmarks.perf.{script}", *args],
                                 base_env())], timeout)
     assert not result.timed_out, f"timed out after {timeout}s:\n{result.stdout[-12000:]}"
     assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
@@ -34,7 +35,7 @@ def _positive(x: object) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-@pytest.mark.parametrize("script", ["step_time.py", "straggler.py", "wire_convergence.py"])
+@pytest.mark.parametrize("script", ["step_time", "straggler", "wire_convergence"])
 def test_help(script: str) -> None:
     out = _run(script, "--help", timeout=60)
     assert "--quick" in out and "--out" in out
@@ -43,7 +44,7 @@ def test_help(script: str) -> None:
 @pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_flat_ops_reports_both_layouts(tmp_path: Path) -> None:
     out = tmp_path / "flat_ops.json"
-    _run("flat_ops.py", "--repeats", "2", "--out", str(out), timeout=300)
+    _run("flat_ops", "--repeats", "2", "--out", str(out), timeout=300)
     rows = json.loads(out.read_text())["rows"]
     assert [(r["model"], r["layout"]) for r in rows] == [
         (m, lay) for m in ("mlp_10.5M_8_tensors", "many_small_600_tensors")
@@ -56,7 +57,7 @@ def test_flat_ops_reports_both_layouts(tmp_path: Path) -> None:
 @pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_step_time_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "step_time.json"
-    stdout = _run("step_time.py", "--quick", "--out", str(out_path))
+    stdout = _run("step_time", "--quick", "--out", str(out_path))
     report = json.loads(out_path.read_text())
     assert report["benchmark"] == "step_time" and report["quick"] is True
     assert {"cpu_model", "usable_cores", "torch", "lightning", "loadavg_1_5_15"} <= set(
@@ -81,7 +82,7 @@ def test_step_time_quick(tmp_path: Path) -> None:
 @pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_straggler_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "straggler.json"
-    stdout = _run("straggler.py", "--quick", "--out", str(out_path))
+    stdout = _run("straggler", "--quick", "--out", str(out_path))
     report = json.loads(out_path.read_text())
     assert report["benchmark"] == "straggler" and report["quick"] is True
     assert {"cpu_model", "usable_cores", "torch", "lightning"} <= set(report["machine"])
@@ -101,7 +102,7 @@ def test_straggler_quick(tmp_path: Path) -> None:
 @pytest.mark.slow  # benchmark smoke run: make test-slow
 def test_wire_convergence_quick(tmp_path: Path) -> None:
     out_path = tmp_path / "wire.json"
-    stdout = _run("wire_convergence.py", "--quick", "--cases", "dpsgd_fp32", "dpsgd_bf16",
+    stdout = _run("wire_convergence", "--quick", "--cases", "dpsgd_fp32", "dpsgd_bf16",
                   "--out", str(out_path))
     results = json.loads(out_path.read_text())["results"]
     assert set(results) == {f"{w}/{c}" for w in ("digits", "transformer")

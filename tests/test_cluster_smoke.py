@@ -1,4 +1,5 @@
-"""Smoke test of the emulated cluster (``benchmarks/cluster.py``): namespaces, links, counters.
+"""Smoke test of the emulated cluster (``benchmarks/perf/cluster.py``): namespaces, links,
+counters.
 
 Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
 elsewhere. Checks that a 2-node x 1-process cluster trains ``dpsgd`` and ``ddp``, that the link
@@ -15,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import cluster_net as N  # noqa: E402
+from testbed import cluster_net
+from testbed.launch import ROOT, base_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,7 +29,7 @@ PREFIX = "tcs"
 
 @pytest.fixture(scope="module")
 def netns_available() -> None:
-    reason = N.check_available(PREFIX)
+    reason = cluster_net.check_available(PREFIX)
     if reason:
         pytest.skip(f"emulated cluster unavailable here: {reason}")
 
@@ -39,12 +37,12 @@ def netns_available() -> None:
 def _gone(described: dict) -> list[str]:
     """Namespaces/links of the cluster ``described`` that still exist (should be none)."""
     prefix, suffix = described["prefix"], described["suffix"]
-    return N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}")
+    return cluster_net.leftovers(f"{prefix}-{suffix}-") + cluster_net.leftovers(f"{prefix}{suffix}")
 
 
 def test_links_carry_counted_bytes_and_cleanup(netns_available: None) -> None:
     """Bytes sent between two nodes show in the counters; close() removes everything."""
-    cluster = N.EmulatedCluster(2, 100, prefix=PREFIX)
+    cluster = cluster_net.EmulatedCluster(2, 100, prefix=PREFIX)
     with cluster:
         dst = cluster.members[1].address
         server = subprocess.Popen(
@@ -76,7 +74,7 @@ def test_links_carry_counted_bytes_and_cleanup(netns_available: None) -> None:
         root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True,
                                     timeout=30).stdout
         assert described["subnet"].rsplit(".", 1)[0] + "." not in root_addrs
-        assert N.leftovers(f"{PREFIX}{cluster.suffix}") == []
+        assert cluster_net.leftovers(f"{PREFIX}{cluster.suffix}") == []
     assert received == payload
     sent = after[0]["tx_bytes"] - before[0]["tx_bytes"]
     got = after[1]["rx_bytes"] - before[1]["rx_bytes"]
@@ -87,9 +85,9 @@ def test_links_carry_counted_bytes_and_cleanup(netns_available: None) -> None:
 
 def test_cleanup_on_exception(netns_available: None) -> None:
     """An exception inside ``with`` still removes the namespaces and links."""
-    cluster = N.EmulatedCluster(2, 50, prefix=PREFIX)
+    cluster = cluster_net.EmulatedCluster(2, 50, prefix=PREFIX)
     with pytest.raises(KeyError), cluster:
-        assert len(N.leftovers(f"{PREFIX}-{cluster.suffix}-")) == 3
+        assert len(cluster_net.leftovers(f"{PREFIX}-{cluster.suffix}-")) == 3
         raise KeyError("boom")
     assert _gone(cluster.describe()) == []
 
@@ -97,8 +95,8 @@ def test_cleanup_on_exception(netns_available: None) -> None:
 def test_cluster_dpsgd_and_ddp(netns_available: None, tmp_path: Path) -> None:
     """2 nodes x 1 process: both cases train; bytes per step match the model; nothing left."""
     out = tmp_path / "cluster.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--nodes", "2", "--procs",
-           "1", "--rate", "100", "--model-mb", "0.5", "--epochs", "1", "--max-steps", "6",
+    cmd = [sys.executable, "-m", "benchmarks.perf.cluster", "--nodes", "2", "--procs", "1",
+           "--rate", "100", "--model-mb", "0.5", "--epochs", "1", "--max-steps", "6",
            "--cases", "dpsgd", "ddp", "--prefix", PREFIX, "--json", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, timeout=480)
@@ -123,10 +121,10 @@ def test_cluster_dpsgd_and_ddp(netns_available: None, tmp_path: Path) -> None:
 
 def test_cleanup_flag_removes_leftovers(netns_available: None) -> None:
     """``--cleanup`` removes namespaces left by a killed run (simulated: never closed)."""
-    cluster = N.EmulatedCluster(1, 50, prefix=PREFIX).build()
+    cluster = cluster_net.EmulatedCluster(1, 50, prefix=PREFIX).build()
     described = cluster.describe()
     try:
-        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster.py"),
+        out = subprocess.run([sys.executable, "-m", "benchmarks.perf.cluster",
                               "--cleanup", "--prefix", f"{PREFIX}-{cluster.suffix}"],
                              cwd=ROOT, env=base_env(), text=True, capture_output=True,
                              timeout=120)
@@ -140,13 +138,13 @@ def test_cleanup_flag_removes_leftovers(netns_available: None) -> None:
 def test_cleanup_leaves_a_longer_prefix_alone(netns_available: None) -> None:
     """``remove_leftovers(p)`` removes the clusters of prefix ``p``, not those of a prefix
     that extends it (another run's: ``lgr`` against ``lgr2``)."""
-    mine = N.EmulatedCluster(1, 50, prefix=f"{PREFIX}a").build()
-    other = N.EmulatedCluster(1, 50, prefix=f"{PREFIX}ab").build()
+    mine = cluster_net.EmulatedCluster(1, 50, prefix=f"{PREFIX}a").build()
+    other = cluster_net.EmulatedCluster(1, 50, prefix=f"{PREFIX}ab").build()
     try:
-        removed = N.remove_leftovers(f"{PREFIX}a")
+        removed = cluster_net.remove_leftovers(f"{PREFIX}a")
         assert sorted(removed) == sorted(f"netns {n}" for n in mine.created), removed
         assert _gone(mine.describe()) == []
-        assert len(N.leftovers(f"{PREFIX}ab-{other.suffix}-")) == 2  # its node and bridge
+        assert len(cluster_net.leftovers(f"{PREFIX}ab-{other.suffix}-")) == 2  # its node and bridge
     finally:
         other.close()
         mine.close()
@@ -155,7 +153,7 @@ def test_cleanup_leaves_a_longer_prefix_alone(netns_available: None) -> None:
 
 def test_missing_options_are_reported_not_faked(monkeypatch: pytest.MonkeyPatch) -> None:
     """A case whose option the strategies lack is "not available", never run without it."""
-    import cluster
+    from benchmarks.perf import cluster
 
     monkeypatch.setitem(cluster.CASES, "dpsgd_bogus", ("dpsgd", {"no_such_option": True}))
     reason = cluster.unavailable_reason("dpsgd_bogus")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import check, read_rank_results, run_lightning
+from testbed.launch import check, read_rank_results, run_lightning
 from tests.cases import (
     CONV_ADPSGD,
     CONV_DDP,

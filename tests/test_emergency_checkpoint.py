@@ -6,7 +6,7 @@ rank 1 killed (``SIGKILL``) after step 4; ``adpsgd`` with rank 2 frozen (``SIGST
 last fit of the launch of ``tests/test_preemption.py`` (one launch less). The
 two survivors meet, average their replicas and the lower one writes
 ``emergency-step=<s>-rank=0.ckpt`` next to the run's checkpoints; a fit resumes from it.
-The fuzzed campaign (random rank, time and kind) is ``benchmarks/emergency_fuzz.py``.
+The fuzzed campaign (random rank, time and kind) is ``testbed/emergency_fuzz.py``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.emergency_fuzz import SCRIPT, N, launch_lost_rank
 from lightning_gossip.checkpoints import main as checkpoints_main
 from lightning_gossip.checkpoints import newest_checkpoint
+from testbed.emergency_fuzz import SCRIPT, N, launch_lost_rank
 
 
 def test_newest_checkpoint_picks_the_latest_of_last_hpc_and_emergency(tmp_path, capsys):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env, check, run_torchrun
+from testbed.launch import ROOT, base_env, check, run_torchrun
 
 ASYNC_EXAMPLE = ROOT / "docs" / "examples" / "adpsgd_plain_loop.py"
 SYNC_EXAMPLE = ROOT / "docs" / "examples" / "dpsgd_plain_loop.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env, free_port, launch_processes, torchrun_command
+from testbed.launch import ROOT, base_env, free_port, launch_processes, torchrun_command
 
 pytestmark = pytest.mark.multiprocess
 

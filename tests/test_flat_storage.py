@@ -21,8 +21,6 @@ from torch import nn
 
 from lightning_gossip.flat import FlatState, flatten_module_, mixed_tensors
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
@@ -263,10 +261,10 @@ def _rank_main(out: Path) -> None:  # pragma: no cover - runs in the launched ra
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from benchmarks.launch import check, run_torchrun
+    from testbed.launch import check, run_torchrun
 
     out = tmp_path_factory.mktemp("flat_storage")
-    check(run_torchrun(Path(__file__), str(out), nprocs=2, timeout=900))
+    check(run_torchrun("tests.test_flat_storage", str(out), nprocs=2, timeout=900))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

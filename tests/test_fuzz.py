@@ -1,4 +1,4 @@
-"""A seeded 10-run subset of the fuzz harness (``benchmarks/fuzz.py``; the full run is opt-in)."""
+"""A seeded 10-run subset of the fuzz harness (``testbed/fuzz.py``; the full run is opt-in)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from benchmarks import fuzz
+from testbed import fuzz
 
 
 def test_draws_are_seeded_and_varied():

@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/gpu_check.py``: its CPU dry path (``--device cpu --quick``).
+"""Smoke test of ``benchmarks/gpu/check.py``: its CPU dry path (``--device cpu --quick``).
 
 The same workers as on a GPU, with CPU tensors and gloo: every check runs (the CUDA-stream one
 reports "skipped"), the exactness checks pass, the JSON has the documented shape. The GPU
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env, launch_processes
+from testbed.launch import base_env, launch_processes
 
 pytestmark = pytest.mark.multiprocess
 
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 CHECKS = {"dpsgd_exact", "adpsgd_sum", "adpsgd_stream", "bf16_dpsgd", "bf16_adpsgd",
           "time_ddp", "time_dpsgd_overlap", "time_dpsgd_delay1", "time_adpsgd"}
 
@@ -27,7 +26,8 @@ CHECKS = {"dpsgd_exact", "adpsgd_sum", "adpsgd_stream", "bf16_dpsgd", "bf16_adps
 def _run(*args: str, timeout: float = 420) -> tuple[int, str]:
     # The tests' launcher: on timeout the stacks of the driver and its workers are shown and
     # the whole tree is killed.
-    result = launch_processes([([sys.executable, str(SCRIPT), *args], base_env())], timeout)
+    result = launch_processes([([sys.executable, "-m", "benchmarks.gpu.check", *args],
+                                base_env())], timeout)
     assert not result.timed_out, f"timed out after {timeout}s:\n{result.stdout[-12000:]}"
     return result.returncode, result.stdout
 

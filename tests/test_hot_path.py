@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import (
+from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
+from lightning_gossip.exchange import CommWorker
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.sync_gossip import StopAgreement
+from lightning_gossip.topology import build
+from testbed.launch import (
     ROOT,
     base_env,
     free_port,
     launch_processes,
     torchrun_command,
 )
-from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer
-from lightning_gossip.exchange import CommWorker
-from lightning_gossip.hierarchy import NodeLayout
-from lightning_gossip.sync_gossip import StopAgreement
-from lightning_gossip.topology import build
 
 SCRIPT = ROOT / "tests/scripts/hot_path_ranks.py"
 
@@ -188,7 +188,6 @@ _SHARDED_SCRIPT = '''
 import functools, json, os, signal, sys, threading
 from pathlib import Path
 
-sys.path.insert(0, sys.argv[2])
 import lightning as L
 import torch
 import torch.distributed as dist
@@ -325,7 +324,7 @@ def main():
         result = {"x0": record.x0, "steps": record.steps, "calls": list(CALLS),
                   "comm_thread": f"lightning-gossip-comm-{rank}"}
         (out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
-    if sys.argv[3:] == ["freeze"]:  # last: the launch ends in it
+    if sys.argv[2:] == ["freeze"]:  # last: the launch ends in it
         CALLS.clear()
         CURRENT.clear()
         frozen(out, rank, w2)
@@ -346,7 +345,7 @@ def sharded_run(tmp_path_factory) -> tuple[Path, str]:
     script = out / "sharded_ranks.py"
     script.write_text(_SHARDED_SCRIPT)
     port = free_port()
-    commands = [(torchrun_command(script, str(out), str(ROOT), "freeze", nprocs=2,
+    commands = [(torchrun_command(script, str(out), "freeze", nprocs=2,
                                   nnodes=2, node_rank=node, port=port), base_env())
                 for node in range(2)]
     try:

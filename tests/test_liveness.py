@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from benchmarks.launch import ROOT, free_port, run_torchrun
 from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer, PeerSilent
 from lightning_gossip.liveness import DOWN, Heartbeat, wait_for_peers
+from testbed.launch import ROOT, free_port, run_torchrun
 from tests.scripts import liveness_ranks
 
 
@@ -183,7 +183,7 @@ def test_killed_rank_behind_a_broken_connection_is_named():
     """A killed rank (no error, no mark) breaks the connections of a collective at once, and
     gloo's error names an address, not a rank (a fuzz run ended so, "waiting on rank(s) 1, 2"):
     the waiting ranks look at the heartbeats and name the rank that stopped beating."""
-    from benchmarks.launch import base_env, launch_processes
+    from testbed.launch import base_env, launch_processes
 
     port = str(free_port())
     script = str(ROOT / "tests/scripts/killed_rank_blame.py")

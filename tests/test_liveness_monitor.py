@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from benchmarks.launch import free_port
 from lightning_gossip.errors import PeerSilent
 from lightning_gossip.liveness import Heartbeat
+from testbed.launch import free_port
 
 
 def _store(world: int) -> tuple[dist.TCPStore, list[dist.TCPStore]]:

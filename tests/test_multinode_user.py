@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.launch import (
+from testbed.launch import (
     base_env,
     free_port,
     launch_processes,

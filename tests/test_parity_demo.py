@@ -1,4 +1,4 @@
-"""``benchmarks/parity_demo.py`` at its test size: the demo's training command for ddp and
+"""``benchmarks/perf/parity_demo.py`` at its test size: the demo's training command for ddp and
 adpsgd at ddp's rate and at the rule's rate, 2 processes, 2 batches of 1 epoch on the tiny
 corpus. Checks the effective rates the record states against what the runs logged, that each
 run's log is kept next to the JSON, the dev and test WERs, and that a second call skips the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
+from testbed.launch import ROOT, base_env
 from tests.recipes.asr_corpus import needs_espeak, tiny_corpus_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, needs_espeak]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, needs_espeak]
 def test_parity_demo_quick(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     data = tiny_corpus_dir(tmp_path_factory)
     out = tmp_path / "parity.json"
-    cmd = [sys.executable, "-m", "benchmarks.parity_demo", "--quick", "--strategies", "ddp",
+    cmd = [sys.executable, "-m", "benchmarks.perf.parity_demo", "--quick", "--strategies", "ddp",
            "adpsgd", "--seeds", "7", "--devices", "2", "--data", str(data), "--out", str(out),
            "--runs-dir", str(tmp_path / "runs"), "--allow-dirty"]
     result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, capture_output=True,

@@ -422,7 +422,7 @@ def test_cli_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
 
 def _cluster_results(path: Path, rate: float, steps: dict[str, float]) -> None:
-    """A fake benchmarks/cluster.py results file: 2 x 2 ranks, 1M parameters."""
+    """A fake benchmarks/perf/cluster.py results file: 2 x 2 ranks, 1M parameters."""
     kinds = {"ddp": ("ddp", {}), "dpsgd_hier": ("dpsgd", {"hierarchical": True}),
              "adpsgd": ("adpsgd", {})}
     path.write_text(json.dumps({
@@ -442,10 +442,10 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
     cal, val = tmp_path / "cluster_a.json", tmp_path / "cluster_b.json"
     _cluster_results(cal, 200.0, {"ddp": 0.34, "dpsgd_hier": 0.2, "adpsgd": 0.1})
     _cluster_results(val, 1000.0, {"ddp": 0.15, "dpsgd_hier": 0.1, "adpsgd": 0.09})
-    script = str(ROOT / "benchmarks" / "plan_vs_cluster.py")
+    script = [sys.executable, "-m", "benchmarks.perf.plan_vs_cluster"]
     out_json = tmp_path / "plan_vs_cluster.json"
     proc = subprocess.run(
-        [sys.executable, script, "--results", str(cal), str(val), "--calibrate", "cluster_a",
+        [*script, "--results", str(cal), str(val), "--calibrate", "cluster_a",
          "--intra-gbyte", "1e6", "--json", str(out_json)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -465,7 +465,7 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
     assert {r["role"] for r in data["cases"]} == {"cal", "val"}
     # given constants instead of a fit: the GPU defaults reproduce the GPU model's column
     proc = subprocess.run(
-        [sys.executable, script, "--results", str(cal), "--intra-gbyte", "1e6",
+        [*script, "--results", str(cal), "--intra-gbyte", "1e6",
          "--overlap", "1", "--host-gbyte", "inf"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -476,7 +476,7 @@ def test_plan_vs_cluster_script(tmp_path: Path) -> None:
     assert cells[5] == cells[7] and cells[6] == cells[8]  # model == GPU model, same error
     # a term left out of the fit: ddp's host constant is the gossip one, exchanges at full rate
     proc = subprocess.run(
-        [sys.executable, script, "--results", str(cal), "--intra-gbyte", "1e6",
+        [*script, "--results", str(cal), "--intra-gbyte", "1e6",
          "--without", "ddp_host", "efficiency"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

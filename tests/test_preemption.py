@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import ROOT, base_env, check, free_port, launch_processes, run_fake_slurm
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies.cursor_resume import CURSOR_KEY
 from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
+from testbed.launch import ROOT, base_env, check, free_port, launch_processes, run_fake_slurm
 from tests.test_emergency_checkpoint import check_emergency
 
 SCRIPT = ROOT / "tests/scripts/preempt_ranks.py"

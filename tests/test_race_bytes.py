@@ -1,4 +1,4 @@
-"""The race's bytes per node and step (``race_worker.bytes_between``), a pure function.
+"""The race's bytes per node and step (``benchmarks.race.worker.bytes_between``), a pure function.
 
 Each node's meter marks ``(steps, tx bytes, tx bytes during evaluation)``; the race reports the
 link bytes of all nodes over all nodes' optimizer steps, so an ``adpsgd`` case whose fast node
@@ -7,13 +7,7 @@ took more steps is not averaged as if every node had stepped equally.
 
 from __future__ import annotations
 
-import sys
-
-from benchmarks.launch import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from race_worker import bytes_between  # noqa: E402
+from benchmarks.race.worker import bytes_between
 
 
 def test_equal_steps_give_each_node_s_rate() -> None:

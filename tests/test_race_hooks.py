@@ -1,4 +1,4 @@
-"""The race's PowerSGD set-up (``benchmarks/race_hooks.py``) on 2 real ranks (gloo, loopback).
+"""The race's PowerSGD set-up (``benchmarks/race/hooks.py``) on 2 real ranks (gloo, loopback).
 
 torch's ``powerSGD_hook`` chains three all-reduces per DDP bucket, each issued from the previous
 one's completion callback; with several buckets the ranks issue them in different orders and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.launch import ROOT, run_torchrun
+from testbed.launch import ROOT, run_torchrun
 
 SCRIPT = ROOT / "tests" / "scripts" / "powersgd_ranks.py"
 

@@ -10,11 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks.launch import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from race import node_cpus, pin_prefix  # noqa: E402
+from benchmarks.race.driver import node_cpus, pin_prefix
 
 
 def test_nodes_get_disjoint_cpus_covering_all() -> None:

@@ -1,4 +1,4 @@
-"""Smoke test of the race (``benchmarks/race.py``) on a tiny emulated cluster.
+"""Smoke test of the race (``benchmarks/race/driver.py``) on a tiny emulated cluster.
 
 Needs root and iproute2 (network namespaces, veth, bridge, ``tc``); skips with the reason
 elsewhere. 2 nodes x 1 process, ``--quick``:
@@ -20,7 +20,7 @@ elsewhere. 2 nodes x 1 process, ``--quick``:
   ``torchft_diloco``; checks that torchft's manager committed the syncs that 30 steps with
   ``sync_every=16`` make and that the link bytes show them. Skips when torchft (the optional
   ``race`` extra) is not installed.
-* the campaign (``benchmarks/race_campaign.py``), ``digits``, ``ddp`` and ``dpsgd`` with node 1
+* the campaign (``benchmarks/race/campaign.py``), ``digits``, ``ddp`` and ``dpsgd`` with node 1
   slow: tuning at one peak, 2 runs in rotated order, the record's schema and checks, and a
   second call that finds nothing left to run.
 
@@ -36,12 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import cluster_net as N  # noqa: E402
-import race_torchft  # noqa: E402
+from benchmarks.race import rules, torchft_cases
+from testbed import cluster_net
+from testbed.launch import ROOT, base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -49,7 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 def rules_args() -> list[str]:
     """The race rules' checks a smoke run on a shared machine must relax: latency only where
     ``netem`` exists, and a start above the load threshold (recorded as loaded)."""
-    latency = "0.5" if N.netem_problem(PREFIX) is None else "0"
+    latency = "0.5" if cluster_net.netem_problem(PREFIX) is None else "0"
     return ["--latency-ms", latency, "--allow-load"]
 
 #: this module's own name prefix, no extension of a benchmark's or another test's (see
@@ -59,7 +56,7 @@ PREFIX = "trs"
 
 @pytest.fixture(scope="module")
 def netns_available() -> None:
-    reason = N.check_available(PREFIX)
+    reason = cluster_net.check_available(PREFIX)
     if reason:
         pytest.skip(f"emulated cluster unavailable here: {reason}")
 
@@ -67,7 +64,7 @@ def netns_available() -> None:
 def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     """Four cases race; hooks ran (link bytes); curves, target and JSON agree; nothing left."""
     out, png = tmp_path / "race.json", tmp_path / "race.png"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "1",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "1",
            "--rate", "100", "--quick", "--eval-every", "64", "--warmup", "8", "--cases", "ddp",
            "ddp_bf16", "ddp_powersgd2", "postlocal4", "dpsgd", "adpsgd", "--prefix", PREFIX,
            "--json", str(out), "--png", str(png), *rules_args(),
@@ -115,7 +112,8 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     warm = cases["postlocal4"]["bytes_per_step_warmup"]
     assert 0.8 <= warm / ddp["bytes_per_step_inter_node"] <= 1.2  # global all-reduce first
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
-    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+    assert (cluster_net.leftovers(f"{prefix}-{suffix}-")
+            + cluster_net.leftovers(f"{prefix}{suffix}")) == []
 
 
 @pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
@@ -123,7 +121,7 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
     """asr: WER (lower is better) drives target and times; one fixed handicap, its achieved
     slowdown recorded per case; the rule's learning rates; PNG written."""
     out = tmp_path / "asr.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--workload", "asr",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--workload", "asr",
            "--nodes", "2", "--procs", "1", "--rate", "100", "--quick", "--eval-every", "32",
            "--cases", "ddp", "adpsgd", "--slow-node", "1", "--prefix", PREFIX,
            "--json", str(out), "--budget", "100000", *rules_args()]
@@ -166,11 +164,11 @@ def test_race_asr_quick_slow_node(netns_available: None, tmp_path: Path) -> None
 
 def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
     """torchft's LocalSGD and DiLoCo: lighthouse, quorum, one commit per 16 steps, link bytes."""
-    missing = race_torchft.unavailable()
+    missing = torchft_cases.unavailable()
     if missing:
         pytest.skip(missing)
     out = tmp_path / "torchft.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--nodes", "2", "--procs", "2",
+    cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "2",
            "--rate", "100", "--quick", "--eval-every", "128", "--cases", "ddp",
            "torchft_localsgd", "torchft_diloco", "--prefix", PREFIX, "--json", str(out),
            "--target", "99.9", "--budget", "100000", *rules_args()]  # every case runs its 30 steps
@@ -189,20 +187,21 @@ def test_race_torchft_quick_2x2(netns_available: None, tmp_path: Path) -> None:
         # one model average per node's local rank every 16 steps: 2 x 1 M / (ddp's 1.5 M) / 16
         # per step over 30 steps; a sync that did not cross the link would send ~nothing
         assert c["hook_check"]["expected_ratio"] == round(
-            race_torchft.expected_ratio(30, 16, 2, 2), 4)
+            torchft_cases.expected_ratio(30, 16, 2, 2), 4)
         assert c["hook_check"]["ok"], (name, c["hook_check"])
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
-    assert N.leftovers(f"{prefix}-{suffix}-") + N.leftovers(f"{prefix}{suffix}") == []
+    assert (cluster_net.leftovers(f"{prefix}-{suffix}-")
+            + cluster_net.leftovers(f"{prefix}{suffix}")) == []
 
 
 @pytest.mark.timeout(2400)
 def test_race_campaign_quick(netns_available: None, tmp_path: Path) -> None:
-    """The campaign (``benchmarks/race_campaign.py``) at the smoke size: tuning at one peak,
+    """The campaign (``benchmarks/race/campaign.py``) at the smoke size: tuning at one peak,
     then 2 runs in rotated order with a fixed handicap; the record is valid under the schema,
     every case has its runs with the rule's rate, the slowdown and the same initial model, each
     run has its checks, and a second call (the same ``--out``) launches nothing."""
     out = tmp_path / "campaign.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race_campaign.py"), "--workload",
+    cmd = [sys.executable, "-m", "benchmarks.race.campaign", "--workload",
            "digits", "--nodes", "2", "--procs", "1", "--rate", "100", "--quick",
            "--eval-every", "64", "--target", "50", "--max-samples", "960", "--runs", "2",
            "--retries", "0", "--peaks", "0.05", "--cases", "ddp", "dpsgd", "--slow-node", "1",
@@ -211,9 +210,7 @@ def test_race_campaign_quick(netns_available: None, tmp_path: Path) -> None:
                             stderr=subprocess.STDOUT, timeout=2000)
     assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
     rec = json.loads(out.read_text())
-    import race_rules as R
-
-    assert R.validate_record(rec) == []
+    assert rules.validate_record(rec) == []
     assert rec["tuning"]["chosen"] == {"ddp": 0.05, "dpsgd": 0.05}
     assert set(rec["tuning"]["trials"]["ddp"]) == {"0.05"}
     extra = rec["handicap"]["extra_s_per_step"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.launch import ROOT, check, read_rank_results, run_torchrun
 from lightning_gossip.sim import DPSGDSimulator
+from testbed.launch import ROOT, check, read_rank_results, run_torchrun
 from tests.scripts import sim_strategy_cases as cases_mod
 
 pytestmark = pytest.mark.multiprocess

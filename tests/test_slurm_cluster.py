@@ -1,4 +1,4 @@
-"""A real SLURM on the emulated cluster (``benchmarks/slurm_cluster.py``): one ``sbatch`` job.
+"""A real SLURM on the emulated cluster (``testbed/slurm_cluster.py``): one ``sbatch`` job.
 
 Needs root, network namespaces and SLURM (installed with apt when missing); skips with the
 reason elsewhere. Brings up munged, slurmctld and two slurmd's (one per emulated node), runs one
@@ -23,14 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import cluster_net as N  # noqa: E402
-import slurm_cluster as S  # noqa: E402
-
-from tests import slurm_jobs as J  # noqa: E402
+from testbed import cluster_net, slurm_cluster
+from testbed.launch import ROOT, base_env
+from tests import slurm_jobs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -56,21 +51,22 @@ print("RANKS " + json.dumps({
 
 @pytest.fixture(scope="module")
 def slurm_available() -> None:
-    reason = S.check_available(PREFIX)
+    reason = slurm_cluster.check_available(PREFIX)
     if reason:
         pytest.skip(f"real SLURM unavailable here: {reason}")
 
 
 def _remains(cluster_suffix: str) -> list[str]:
     """What of the run ``cluster_suffix`` still exists (namespaces, links, folders)."""
-    left = N.leftovers(f"{PREFIX}-{cluster_suffix}-") + N.leftovers(f"{PREFIX}{cluster_suffix}")
-    left += [str(p) for p in S.ETC_NETNS.glob(f"{PREFIX}-{cluster_suffix}-*")]
+    left = (cluster_net.leftovers(f"{PREFIX}-{cluster_suffix}-")
+            + cluster_net.leftovers(f"{PREFIX}{cluster_suffix}"))
+    left += [str(p) for p in slurm_cluster.ETC_NETNS.glob(f"{PREFIX}-{cluster_suffix}-*")]
     left += [str(p) for p in Path("/tmp").glob(f"{PREFIX}-slurm-{cluster_suffix}")]
     return left
 
 
 def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists() and not S._is_zombie(pid)
+    return Path(f"/proc/{pid}").exists() and not slurm_cluster._is_zombie(pid)
 
 
 def test_sbatch_two_nodes_ranks(slurm_available: None, tmp_path: Path) -> None:
@@ -86,7 +82,7 @@ def test_sbatch_two_nodes_ranks(slurm_available: None, tmp_path: Path) -> None:
         set -euo pipefail
         srun {sys.executable} {tmp_path}/ranks.py
         """))
-    cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
     with cluster:
         pids = [p.pid for p in cluster.daemons] + [cluster.munged.pid]
         assert cluster.client(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split() == [
@@ -117,15 +113,14 @@ def test_sbatch_two_nodes_ranks(slurm_available: None, tmp_path: Path) -> None:
 def test_cleanup_after_a_killed_run(slurm_available: None, tmp_path: Path) -> None:
     """The owner of a running SLURM cluster is SIGKILLed: remove_leftovers removes the rest."""
     code = textwrap.dedent(f"""\
-        import sys, time
-        sys.path.insert(0, {str(ROOT / "benchmarks")!r})
-        import slurm_cluster as S
-        c = S.SlurmCluster(2, 100, prefix={PREFIX!r}).start()
+        import time
+        from testbed import slurm_cluster
+        c = slurm_cluster.SlurmCluster(2, 100, prefix={PREFIX!r}).start()
         print(c.net.suffix, *[p.pid for p in c.daemons], c.munged.pid, flush=True)
         time.sleep(600)
         """)
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             cwd=ROOT, env=base_env(), start_new_session=True)
     try:
         line = owner.stdout.readline().split()
         assert line, "the cluster did not come up"
@@ -135,7 +130,7 @@ def test_cleanup_after_a_killed_run(slurm_available: None, tmp_path: Path) -> No
         os.killpg(owner.pid, signal.SIGKILL)
         owner.wait(timeout=30)
     assert _remains(suffix) != []  # nothing cleaned up after a SIGKILL ...
-    removed = S.remove_leftovers(PREFIX)
+    removed = slurm_cluster.remove_leftovers(PREFIX)
     assert any(suffix in r for r in removed), removed
     assert _remains(suffix) == []  # ... until --cleanup
     assert [p for p in pids if _alive(p)] == []
@@ -161,11 +156,11 @@ EVENTS = {"signal": "Handling auto-requeue signal at step",
           "restored": "Restored all states from the checkpoint"}
 
 
-def _preempt_on_poll(cluster: S.SlurmCluster, job: str, run_dir: Path):
+def _preempt_on_poll(cluster: slurm_cluster.SlurmCluster, job: str, run_dir: Path):
     """Brings the time limit near once the first epoch is done, back once requeued."""
-    def on_poll(now: float, w: J.Watch) -> None:
+    def on_poll(now: float, w: slurm_jobs.Watch) -> None:
         if "limit" not in w.seen and list(run_dir.rglob("last.ckpt")):
-            minutes = J.seconds(w.info.get("RunTime", "0:0:0")) // 60 + 3
+            minutes = slurm_jobs.seconds(w.info.get("RunTime", "0:0:0")) // 60 + 3
             cluster.client(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
             w.seen["limit"] = now
         if int(w.info.get("Restarts", "0") or 0) >= 1 and "unlimit" not in w.seen:
@@ -184,11 +179,11 @@ def check_cursor_resume(run_dir: Path, ckpt: dict, world: int, devices: int) -> 
     not trained before it are skipped). What it measured."""
     position = ckpt.get(CURSOR_KEY)
     assert position is not None, "the requeue checkpoint holds no cursor position"
-    steps = J.attempts(J.read_claims(run_dir), world)
+    steps = slurm_jobs.attempts(slurm_jobs.read_claims(run_dir), world)
     assert len(steps) == 2, [len(s) for s in steps]  # the step before the requeue, and after
     before, after = steps
     assert {r["restart"] for r in before} == {0} and {r["restart"] for r in after} == {1}
-    report = J.cursor_resume_report(before, after, position["epoch"])
+    report = slurm_jobs.cursor_resume_report(before, after, position["epoch"])
     assert report["claimed_before"] == position["claims"] * devices, (report, position)
     assert report["claims_of_later_epochs_before"] == 0, report
     assert report["union_is_one_epoch"], report
@@ -212,21 +207,22 @@ def test_preemption_requeues_and_resumes(slurm_available: None, strategy: str) -
     and the resumed epoch claims exactly the units not yet claimed (every rank's claims, from
     the claim logs of ``tests/scripts/claim_log.py``). Prints the measured times (s after
     ``sbatch``) and claims."""
-    J.digits_data()
+    slurm_jobs.digits_data()
     (ROOT / "logs").mkdir(exist_ok=True)
-    cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
     with cluster:
         start = time.monotonic()
-        env = cluster.client_env(base_env(EXTRA_ARGS=f"{J.CLAIM_LOG} {PACE}"))
+        env = cluster.client_env(base_env(EXTRA_ARGS=f"{slurm_jobs.CLAIM_LOG} {PACE}"))
         name, _, hierarchical = strategy.partition("-")
         export = (f"--export=ALL,STRATEGY={name},EPOCHS={PREEMPT_EPOCHS},"
                   f"HIERARCHICAL={'true' if hierarchical else 'false'}")
-        job = cluster.submit(J.DIGITS_TEMPLATE, args=[export, *PREEMPT_ARGS], cwd=ROOT,
+        job = cluster.submit(slurm_jobs.DIGITS_TEMPLATE, args=[export, *PREEMPT_ARGS], cwd=ROOT,
                              env=env)
         out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
         run_dir = ROOT / "runs" / f"digits-{job}"
-        w = J.watch_job(cluster, job, out_path, EVENTS, _preempt_on_poll(cluster, job, run_dir),
-                        timeout_s=3600, poll_s=2, start=start)
+        w = slurm_jobs.watch_job(cluster, job, out_path, EVENTS,
+                                 _preempt_on_poll(cluster, job, run_dir), timeout_s=3600,
+                                 poll_s=2, start=start)
     info, seen, text = w.info, w.seen, w.text
     print(f"\n{strategy}: job {job} events (s after sbatch) {seen}; {info.get('JobState')} "
           f"Restarts={info.get('Restarts')}")

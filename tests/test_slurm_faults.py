@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import ROOT, base_env
-from tests import slurm_jobs as J
-from tests.test_slurm_cluster import N, S
+from testbed import cluster_net, slurm_cluster
+from testbed.launch import ROOT, base_env
+from tests import slurm_jobs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -44,7 +44,7 @@ PROGRESS = re.compile(r"Epoch (\d+):\s*(?:(?:\d+%)?\|[^|]*\|\s*)?(\d+)(?:/(\d+|\
 def _fit_pids(netns: str) -> list[int]:
     """The training tasks (``python -m recipes.imagenet fit``) in a node's namespace."""
     pids = []
-    for pid in N.namespace_pids(netns):
+    for pid in cluster_net.namespace_pids(netns):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -62,16 +62,16 @@ def _last_progress(text: str) -> tuple[int, int, str] | None:
 
 @pytest.fixture(scope="module")
 def slurm_available() -> None:
-    reason = S.check_available(PREFIX)
+    reason = slurm_cluster.check_available(PREFIX)
     if reason:
         pytest.skip(f"real SLURM unavailable here: {reason}")
 
 
-def _kill_node1_on_poll(cluster: S.SlurmCluster, run_dir: Path, killed: list[int],
+def _kill_node1_on_poll(cluster: slurm_cluster.SlurmCluster, run_dir: Path, killed: list[int],
                         at_kill: dict):
     """SIGKILLs node 1's training tasks once rank 0 is 3 batches into the second epoch (or
     60 s after the first epoch's checkpoint)."""
-    def on_poll(now: float, w: J.Watch) -> None:
+    def on_poll(now: float, w: slurm_jobs.Watch) -> None:
         progress = _last_progress(w.text)
         if "epoch0" not in w.seen and list(run_dir.rglob("last.ckpt")):
             w.seen["epoch0"] = now
@@ -93,14 +93,14 @@ def _lost_work(run_dir: Path, kill_t: float, ckpt: dict) -> dict:
     both steps (``adpsgd``: the emergency checkpoint holds the shared cursor's position;
     the measured runs of docs/slurm.md, which predate it, read their epoch again) and the gap
     in training."""
-    steps = J.attempts(J.read_claims(run_dir), 4)
+    steps = slurm_jobs.attempts(slurm_jobs.read_claims(run_dir), 4)
     before, after = steps[0], [r for s in steps[1:] for r in s]
     last = {}
     for rank in sorted({r["rank"] for r in before}):
-        mine = J.trained([r for r in before if r["rank"] == rank])
+        mine = slurm_jobs.trained([r for r in before if r["rank"] == rank])
         if mine:
             last[rank] = (mine[-1]["step"], round(kill_t - mine[-1]["t"], 1))
-    report = J.cursor_resume_report(before, after, ckpt["epoch"])
+    report = slurm_jobs.cursor_resume_report(before, after, ckpt["epoch"])
     # the survivors' ending, s after the kill: fit failed, callbacks torn down, interpreter exit
     ending = {f"rank{r['rank']}_{r['kind']}": round(r["t"] - kill_t, 1) for r in before
               if r["kind"] in ("exception", "teardown", "exit") and r["t"] >= kill_t}
@@ -120,25 +120,26 @@ def test_lost_node_restarts_from_the_emergency_checkpoint(strategy: str) -> None
     times (s after ``sbatch``), steps and claims."""
     import torch
 
-    J.digits_data()
+    slurm_jobs.digits_data()
     (ROOT / "logs").mkdir(exist_ok=True)
-    cluster = S.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
     killed: list[int] = []
     at_kill: dict = {}
     with cluster:
         start, wall_start = time.monotonic(), time.time()
         env = cluster.client_env(base_env(
             EXTRA_ARGS=f"--trainer.strategy.heartbeat_timeout={HEARTBEAT_TIMEOUT_S} "
-                       + J.CLAIM_LOG))
+                       + slurm_jobs.CLAIM_LOG))
         name, _, hierarchical = strategy.partition("-")
         export = (f"--export=ALL,STRATEGY={name},EPOCHS={LOST_EPOCHS},"
                   f"HIERARCHICAL={'true' if hierarchical else 'false'}")
-        job = cluster.submit(J.DIGITS_TEMPLATE, args=[export, "--time=90"], cwd=ROOT, env=env)
+        job = cluster.submit(slurm_jobs.DIGITS_TEMPLATE, args=[export, "--time=90"], cwd=ROOT,
+                             env=env)
         out_path = ROOT / "logs" / f"digits-gossip-{job}.out"
         run_dir = ROOT / "runs" / f"digits-{job}"
-        w = J.watch_job(cluster, job, out_path, EVENTS,
-                        _kill_node1_on_poll(cluster, run_dir, killed, at_kill),
-                        timeout_s=3600, start=start)
+        w = slurm_jobs.watch_job(cluster, job, out_path, EVENTS,
+                                 _kill_node1_on_poll(cluster, run_dir, killed, at_kill),
+                                 timeout_s=3600, start=start)
     info, seen, text = w.info, w.seen, w.text
     print(f"\n{strategy}: job {job} events (s after sbatch) {seen}; killed pids {killed}; "
           f"rank 0 at (epoch, batch, of) {at_kill.get('progress')} then; "

@@ -49,7 +49,7 @@ def gossip_lr_multiplier(optimizer: str, learners: int, rule: str = "auto") -> f
     of its second moment, which each learner takes of its own gradient; that gradient has
     ``learners`` times the variance of ``ddp``'s averaged one, so where the noise dominates
     the mean replica's step is ``1/sqrt(learners)`` of ``ddp``'s (measured on the demo:
-    ``benchmarks/parity.py``, docs/strategies.md "Equal accuracy per epoch").
+    ``benchmarks/perf/parity.py``, docs/strategies.md "Equal accuracy per epoch").
 
     >>> gossip_lr_multiplier("adam", 4), gossip_lr_multiplier("sgd", 4)
     (2.0, 1.0)

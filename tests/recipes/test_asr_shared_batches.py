@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.launch import check, run_torchrun
 from lightning_gossip.shared_batches import SharedBatches
 from recipes.asr.bucketing import LengthBucketBatchSampler
 from recipes.asr.kaldi_data import load_data_dir
+from testbed.launch import check, run_torchrun
 from tests.recipes.asr_corpus import needs_espeak, tiny_corpus_dir
 
 ROOT = Path(__file__).resolve().parents[2]

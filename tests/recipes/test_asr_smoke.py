@@ -10,8 +10,8 @@ from pathlib import Path
 import jiwer
 import pytest
 
-from benchmarks.launch import check, run_lightning
 from recipes.asr.vocabulary import CharacterVocabulary
+from testbed.launch import check, run_lightning
 from tests.recipes.asr_corpus import needs_espeak, tiny_corpus_dir
 
 ROOT = Path(__file__).resolve().parents[2]

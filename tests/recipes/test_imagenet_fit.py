@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import lightning_gossip  # noqa: F401  (registers the gossip strategy names)
-from benchmarks.launch import check, read_rank_results, run_lightning
+from testbed.launch import check, read_rank_results, run_lightning
 from tests.recipes.test_imagenet_data import digits_tree
 
 CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "imagenet" / "configs" / "digits.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.launch import check, run_lightning
+from testbed.launch import check, run_lightning
 from tests.recipes.test_imagenet_data import digits_tree
 
 ROOT = Path(__file__).resolve().parents[2]

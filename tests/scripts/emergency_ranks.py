@@ -1,4 +1,4 @@
-"""Rank script for tests/test_emergency_checkpoint.py and benchmarks/emergency_fuzz.py: one rank
+"""Rank script for tests/test_emergency_checkpoint.py and testbed/emergency_fuzz.py: one rank
 is lost mid-fit (``SIGKILL`` or ``SIGSTOP``), the survivors write the emergency checkpoint.
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables, no launcher that would end the

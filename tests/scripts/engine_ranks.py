@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.launch import free_port
+from testbed.launch import free_port
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out_dir: str,

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from lightning_gossip.flat import FlatState  # noqa: E402
-from tests.cases import read_cases  # noqa: E402
-from tests.scripts import gossip_cases  # noqa: E402
+from lightning_gossip.flat import FlatState
+from tests.cases import read_cases
+from tests.scripts import gossip_cases
 
 _PER_NODE = {"on": False}
 

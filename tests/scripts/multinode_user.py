@@ -24,10 +24,8 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from lightning_gossip.flat import FlatState  # noqa: E402
-from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy  # noqa: E402
+from lightning_gossip.flat import FlatState
+from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy
 
 CRASH_RANK, CRASH_STEP = 1, 3
 

@@ -1,27 +1,24 @@
-"""Rank script of ``tests/test_race_hooks.py``: torch's PowerSGD hook as the race sets it up.
+"""Rank script of ``tests/test_hooks.py``: torch's PowerSGD hook as the race sets it up.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/scripts/powersgd_ranks.py \\
         MODE RANK STEPS
 
-``MODE`` ``race``: DDP with ``bucket_cap_mb=race_hooks.SINGLE_BUCKET_MB`` (the race's PowerSGD
+``MODE`` ``race``: DDP with ``bucket_cap_mb=hooks.SINGLE_BUCKET_MB`` (the race's PowerSGD
 cases); ``default``: DDP's default buckets (a 1 MB first bucket). The model is a 4.8 MB MLP
-(gloo, CPU), the state ``race_hooks.powersgd_state(RANK, warmup=2)``; random sleeps of up to
+(gloo, CPU), the state ``hooks.powersgd_state(RANK, warmup=2)``; random sleeps of up to
 2 ms per step vary the timing. Rank 0 prints ``OK buckets=N steps=S``.
 """
 
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import race_hooks  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd  # noqa: E402
+from benchmarks.race import hooks
 
 
 def main() -> None:
@@ -32,7 +29,7 @@ def main() -> None:
     width = 768
     net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-    kwargs = {"bucket_cap_mb": race_hooks.SINGLE_BUCKET_MB} if mode == "race" else {}
+    kwargs = {"bucket_cap_mb": hooks.SINGLE_BUCKET_MB} if mode == "race" else {}
     ddp = nn.parallel.DistributedDataParallel(net, **kwargs)
     seen: set[int] = set()
     future = torch.futures.Future[torch.Tensor]  # torch checks the hook's annotations: no
@@ -42,7 +39,7 @@ def main() -> None:
         seen.add(bucket.index())
         return psgd.powerSGD_hook(state, bucket)
 
-    ddp.register_comm_hook(race_hooks.powersgd_state(rank, warmup=2), hook)
+    ddp.register_comm_hook(hooks.powersgd_state(rank, warmup=2), hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     rng = random.Random(dist.get_rank())
     for _ in range(steps):
