@@ -205,6 +205,12 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
             tuning["trials"].setdefault(res["name"], {})[f"{peak:g}"] = entry
 
         launch(own, args, rec, todo, {c: peak for c in todo}, on_entry)
+    ddp_trials = {float(p): t for p, t in tuning["trials"].get("ddp", {}).items()}
+    if ddp_trials and rules.pick_peak(ddp_trials) is None:
+        save(rec, own.out)
+        raise SystemExit(f"race campaign: ddp reached the target {args.target:g} at none of the "
+                         f"peaks within --max-samples: size the workload (more samples, an "
+                         f"--anneal-after schedule) before racing to it")
     for c in args.cases:
         if c in tuning["chosen"]:
             continue
