@@ -45,8 +45,17 @@ class ChunkBatchSampler(Sampler[list[int]]):
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning (and by the shared cursor) before every epoch."""
+        """Called by Lightning (through :attr:`sampler`) and by the shared cursor before every
+        epoch."""
         self.epoch = epoch
+
+    @property
+    def sampler(self) -> ChunkBatchSampler:
+        """This sampler itself: Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``
+        only, never on the batch sampler. Without it every case not drawn through the library's
+        shared cursor (ddp, its hooks, the periodic averagers, ``dpsgd``) trained on epoch 0's
+        chunk again and again (the races before the race rules did)."""
+        return self
 
     @property
     def chunks_per_pass(self) -> int:
