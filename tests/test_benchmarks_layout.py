@@ -66,6 +66,7 @@ def imports(path: Path) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
 
 
 def top(name: str) -> str:
+    """The top-level package of the dotted ``name``."""
     return name.split(".", 1)[0]
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -153,14 +157,53 @@ def test_skipping_fails_clearly_when_nothing_is_readable(tmp_path: Path) -> None
     assert dataset.num_skipped == 2
 
 
+#: reads the first image of the folder ``argv[1]`` and prints what it raised, as JSON
+_READ_FIRST_IMAGE = """
+import json, sys
+from recipes.imagenet.dataset import CheckedImageFolder, UnreadableImageError
+try:
+    CheckedImageFolder(sys.argv[1])[0]
+    print("RESULT " + json.dumps(None))
+except UnreadableImageError as e:
+    print("RESULT " + json.dumps({"type": type(e).__name__, "path": e.path, "message": str(e)}))
+"""
+
+
+def unprivileged_prefix() -> list[str]:
+    """The command prefix that makes file permissions bind: none for a user other than root;
+    for root, ``setpriv`` with every capability dropped (CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH are what let root read a file of mode 0). Root keeps its uid, so it
+    still reads the interpreter and the repository (here under ``/root``, mode 0700, which no
+    other user can enter); a file of mode 0 is then unreadable to it as to anyone."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv (util-linux): cannot drop the "
+                    "capabilities that bypass file permissions")
+    return [setpriv, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+@pytest.mark.multiprocess
 def test_unreadable_permission_denied_is_reported(tmp_path: Path) -> None:
+    """A file the reader may not open (mode 0) fails with :class:`UnreadableImageError` naming
+    it and the ``PermissionError``; read by a process without privileges (as root: without
+    capabilities, see :func:`unprivileged_prefix`)."""
+    from testbed.launch import ROOT, base_env
+
     root = small_tree(tmp_path, {"cat": 2}, {})
     locked = root / "train" / "cat" / "0.png"
     locked.chmod(0)
     try:
-        if shutil.os.access(locked, shutil.os.R_OK):  # running as root: permissions do not bind
-            pytest.skip("file permissions are not enforced for this user")
-        with pytest.raises(UnreadableImageError, match=str(locked)):
-            CheckedImageFolder(root / "train")[0]
+        cmd = [*unprivileged_prefix(), sys.executable, "-c", _READ_FIRST_IMAGE,
+               str(root / "train")]
+        done = subprocess.run(cmd, cwd=ROOT, env=base_env(), capture_output=True, text=True,
+                              timeout=300)
     finally:
         locked.chmod(0o644)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+    result = json.loads(line[len("RESULT "):])
+    assert result is not None, "the locked image was read: file permissions did not bind"
+    assert result["type"] == "UnreadableImageError" and result["path"] == str(locked)
+    assert str(locked) in result["message"] and "PermissionError" in result["message"], result

@@ -22,6 +22,12 @@ sync point (the consensus evaluation, the final average).
 Restarts: ``checkpoint_dir`` adds ``ModelCheckpoint(dirpath, save_last=True)`` (epoch ends) and
 ``fit(ckpt_path="last")``; ``done`` then reports the held-out accuracy ``val_acc`` (the task is
 a fixed linear rule, so it is learnable) and the epoch training started from.
+
+Every rank whose fit raised also writes ``OUT/error<rank>`` after its ``error`` line. With
+``await_peer_errors_s`` the rank whose fault fired waits, after its fit raised and before it
+exits, until every other rank has written that file (at most that many seconds): a launcher
+that stops the remaining ranks once one has exited can then not stop a peer before it has
+failed on its own and named the culprit.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ class Fault(Callback):
 
     def __init__(self, fault: dict | None, delay_ms: float = 0.0, seed: int = 0):
         self.fault = fault or {}
+        self.fired = False
         self.delay_ms = delay_ms
         self.rng = random.Random(seed)
 
@@ -106,6 +113,7 @@ class Fault(Callback):
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != f.get("restart", 0):
             return
         self.fault = {}  # once
+        self.fired = True
         event("fault", kind=f["kind"], hook=hook)
         if f["kind"] == "raise":
             raise RuntimeError(f"injected failure on rank {trainer.global_rank}")
@@ -133,6 +141,14 @@ class Fault(Callback):
         elif f["kind"] == "sigint_launcher":
             launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
             os.kill(launcher, signal.SIGINT)
+
+
+def await_peer_errors(out: Path, rank: int, world: int, limit_s: float) -> None:
+    """Wait until every rank but ``rank`` has written ``OUT/error<r>`` (at most ``limit_s``)."""
+    deadline = time.monotonic() + limit_s
+    peers = [r for r in range(world) if r != rank]
+    while time.monotonic() < deadline and not all((out / f"error{r}").exists() for r in peers):
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -184,6 +200,9 @@ def main() -> None:
                     ckpt_path="last" if spec.get("checkpoint_dir") else None)
     except BaseException as e:
         event("error", type=type(e).__name__, message=str(e)[:2000])
+        (out / f"error{rank}").touch()
+        if callbacks[0].fired and spec.get("await_peer_errors_s"):
+            await_peer_errors(out, rank, spec.get("devices", 2), spec["await_peer_errors_s"])
         raise
     with torch.no_grad():
         acc = float((model.net(x_val).argmax(-1) == (x_val @ rule > 0).long()).float().mean())
