@@ -6,8 +6,10 @@ export OMP_NUM_THREADS ?= 1
 # they compute); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadfile
-# Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group).
-DOCTESTS := --doctest-modules lightning_gossip
+# Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group),
+# and of benchmarks/ and testbed/ (the race's scoring and rules among them; importing those
+# modules starts nothing and edits no sys.path: tests/test_benchmarks_layout.py).
+DOCTESTS := --doctest-modules lightning_gossip benchmarks testbed
 
 .PHONY: setup bytecode demo test test-slow test-all test-fast lint docs bench
 

@@ -13,8 +13,10 @@ Nothing is created in the namespace this process runs in: links are created dire
 new namespaces, the addresses exist only there and no route leads anywhere else. Processes on the
 same node talk over the node's loopback (the kernel routes a node's own address through ``lo``),
 so the veth counters (``/sys/class/net/IF/statistics/tx_bytes``, read inside the namespace)
-count exactly the inter-node traffic. ``netem`` is not available in this kernel, so only the
-bandwidth is emulated, not latency or loss.
+count exactly the inter-node traffic. With ``latency_ms`` > 0 a ``netem`` qdisc delays what a
+node sends by that much (one way), with the ``tbf`` below it (:func:`link_qdiscs`); kernels
+built without ``netem`` (``CONFIG_NET_SCH_NETEM``, not set on the 2-core machines of this
+project) cannot emulate latency, and :func:`netem_problem` says so before anything is built.
 
 :meth:`EmulatedCluster.close` kills every process left in the namespaces and deletes them (which
 deletes the veth pairs and the bridge with them); it is idempotent and is called on ``with``
@@ -84,6 +86,47 @@ def tbf_burst_bytes(rate_mbit: float) -> int:
     65536
     """
     return max(65536, int(rate_mbit * 1e6 / 8 * 0.01))
+
+
+def link_qdiscs(iface: str, rate_mbit: float, latency_ms: float = 0.0) -> list[list[str]]:
+    """The ``tc`` commands (after ``tc``) that shape one end of a link: a ``tbf`` of the rate,
+    under a ``netem`` delay of ``latency_ms`` when it is positive.
+
+    >>> print(" ".join(*link_qdiscs("v0", 200)))
+    qdisc add dev v0 root tbf rate 200mbit burst 250000 latency 50ms
+    >>> for cmd in link_qdiscs("v0", 100, 25):
+    ...     print(" ".join(cmd))
+    qdisc add dev v0 root handle 1: netem delay 25ms limit 100000
+    qdisc add dev v0 parent 1:1 handle 10: tbf rate 100mbit burst 125000 latency 50ms
+    """
+    tbf = ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(rate_mbit)),
+           "latency", "50ms"]
+    if latency_ms <= 0:
+        return [["qdisc", "add", "dev", iface, "root", *tbf]]
+    return [["qdisc", "add", "dev", iface, "root", "handle", "1:", "netem", "delay",
+             f"{latency_ms:g}ms", "limit", "100000"],
+            ["qdisc", "add", "dev", iface, "parent", "1:1", "handle", "10:", *tbf]]
+
+
+def netem_problem(prefix: str = PREFIX) -> str | None:
+    """``None`` when ``tc netem`` works inside a namespace here, else why not (needs root)."""
+    probe = f"{prefix}-probe-{secrets.token_hex(3)}"
+    try:
+        _run(["ip", "netns", "add", probe])
+    except (RuntimeError, ClusterUnavailable) as e:
+        return f"cannot create a network namespace: {e}"
+    try:
+        inside = ["ip", "netns", "exec", probe]
+        _run([*inside, "ip", "link", "add", "lgprobe0", "type", "veth", "peer", "name",
+              "lgprobe1"])
+        for cmd in link_qdiscs("lgprobe0", 100, 0.5):
+            _run([*inside, "tc", *cmd])
+    except (RuntimeError, ClusterUnavailable) as e:
+        return (f"tc netem does not work here (a kernel without CONFIG_NET_SCH_NETEM?), so "
+                f"no link latency can be emulated: {e}")
+    finally:
+        _run(["ip", "netns", "del", probe], check=False)
+    return None
 
 
 def check_available(prefix: str = PREFIX) -> str | None:
@@ -203,12 +246,14 @@ class EmulatedCluster:
     Args:
         nodes: number of nodes (>= 1).
         rate_mbit: link rate in Mbit/s, each direction, of every node's link.
+        latency_ms: one-way delay (``netem``) of what every node sends; 0: none.
         prefix: name prefix of everything created (``--cleanup`` removes by it).
     """
 
     nodes: int
     rate_mbit: float
     prefix: str = PREFIX
+    latency_ms: float = 0.0
     suffix: str = field(default_factory=lambda: secrets.token_hex(2))
     subnet_octet: int = field(default_factory=lambda: secrets.randbelow(250) + 1)
     members: list[Node] = field(default_factory=list)
@@ -236,10 +281,9 @@ class EmulatedCluster:
         self.created.append(name)
         _run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"])
 
-    def _tbf(self, netns: str, iface: str) -> None:
-        _run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", iface, "root", "tbf",
-              "rate", f"{self.rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
-              "latency", "50ms"])
+    def _tbf(self, netns: str, iface: str, latency_ms: float = 0.0) -> None:
+        for cmd in link_qdiscs(iface, self.rate_mbit, latency_ms):
+            _run(["ip", "netns", "exec", netns, "tc", *cmd])
 
     def build(self) -> EmulatedCluster:
         """Create the namespaces, links, bridge, addresses and rate limits (all or nothing)."""
@@ -257,7 +301,7 @@ class EmulatedCluster:
                 inside = ["ip", "netns", "exec", n.netns]
                 _run([*inside, "ip", "addr", "add", f"{n.address}/24", "dev", n.iface])
                 _run([*inside, "ip", "link", "set", n.iface, "up"])
-                self._tbf(n.netns, n.iface)
+                self._tbf(n.netns, n.iface, self.latency_ms)  # the delay: once per way
                 self._tbf(self.bridge_ns, n.peer)
             self._wait_reachable()
         except BaseException:
@@ -321,7 +365,8 @@ class EmulatedCluster:
         """What was built, for reports."""
         return {
             "nodes": self.nodes, "rate_mbit": self.rate_mbit, "qdisc": "tbf (both directions)",
-            "burst_bytes": tbf_burst_bytes(self.rate_mbit), "latency_emulated": False,
+            "burst_bytes": tbf_burst_bytes(self.rate_mbit),
+            "latency_emulated": self.latency_ms > 0, "latency_ms": self.latency_ms,
             "subnet": f"{SUBNET}.{self.subnet_octet}.0/24",
             "members": [{"node": n.index, "netns": n.netns, "iface": n.iface,
                          "address": n.address} for n in self.members],

@@ -2,7 +2,8 @@
 
 Used by ``benchmarks/race/worker.py`` inside every rank. The model is the recipe's
 :class:`~recipes.asr.recognizer.SpeechRecognizer` (its ``BLSTMAcousticModel``, CTC loss, AdamW
-with linear warm-up and the recipe's gossip learning-rate rule), sized by ``--asr-layers`` and
+with linear warm-up; the peak rate is the case's, set by the race for every method by the same
+rule, ``rules.case_lr``), sized by ``--asr-layers`` and
 ``--asr-hidden`` (default 2 x 256 per direction, frame stacking 4: 2.45 M parameters, 9.8 MB in
 fp32). The corpus is ``python -m recipes.asr.synth``'s (espeak-ng), generated and cached by the
 driver (``benchmarks/race/driver.py``); validation is greedy-decoding WER of the exact replica
@@ -44,8 +45,17 @@ class ChunkBatchSampler(Sampler[list[int]]):
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning (and by the shared cursor) before every epoch."""
+        """Called by Lightning (through :attr:`sampler`) and by the shared cursor before every
+        epoch."""
         self.epoch = epoch
+
+    @property
+    def sampler(self) -> ChunkBatchSampler:
+        """This sampler itself: Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``
+        only, never on the batch sampler. Without it every case not drawn through the library's
+        shared cursor (ddp, its hooks, the periodic averagers, ``dpsgd``) trained on epoch 0's
+        chunk again and again (the races before the race rules did)."""
+        return self
 
     @property
     def chunks_per_pass(self) -> int:
@@ -98,20 +108,45 @@ def load(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     batches = [order[i:i + 32] for i in range(0, len(order), 32)]
     dev_shard = [collate_examples([dev[i] for i in b]) for b in batches[rank::world]]
     return {"data": data, "train": train, "dev_shard": dev_shard, "cmvn": data.cmvn_stats(),
-            "num_dev": len(dev), "num_train": len(train)}
+            "num_dev": len(dev), "num_train": len(train), "world": world}
 
 
-def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type) -> Any:
-    """The recipe's recognizer at the race's size, CMVN set, from the common seed."""
+def make_model(spec: dict[str, Any], workload: dict[str, Any], meter_type: type,
+               lr: float | None = None) -> Any:
+    """The recipe's recognizer at the race's size, CMVN set, from the common seed.
+
+    ``lr`` is the case's peak rate as the race's tuning procedure set it (the per-learner rule
+    already applied, for every method alike: ``rules.case_lr``), so the recipe's own rule
+    is off here; None: ``spec['lr']``."""
     asr = spec["asr"]
     cls = make_recognizer_class(meter_type)
     model = cls(num_layers=int(asr["layers"]), hidden_size=int(asr["hidden"]),
                 frame_stacking=int(asr["frame_stacking"]), dropout=0.1,
                 spec_augment=bool(asr["spec_augment"]), optimizer="adam",
-                lr=float(spec["lr"]), gossip_lr_rule="auto",
-                warmup_steps=int(asr["warmup_steps"]), anneal_start_epoch=None)
+                lr=float(spec["lr"] if lr is None else lr), gossip_lr_rule="none",
+                warmup_steps=int(asr["warmup_steps"]), **anneal(spec, workload))
     model.model.cmvn.set_stats(*workload["cmvn"])
     return model
+
+
+def anneal(spec: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's annealing options for ``spec['asr']['anneal_after_passes']``: a race epoch
+    is one validation chunk, so the decay per pass is spread over the chunks of a pass.
+
+    >>> anneal({"batch_size": 4, "eval_every": 160, "asr": {"anneal_after_passes": 2,
+    ...         "anneal_per_pass": 0.25}}, {"num_train": 1600, "world": 4})
+    {'anneal_start_epoch': 20, 'anneal_factor': 0.8705505632961241}
+    >>> anneal({"asr": {}}, {})
+    {'anneal_start_epoch': None}
+    """
+    asr = spec["asr"]
+    if asr.get("anneal_after_passes") is None:
+        return {"anneal_start_epoch": None}
+    sampler = ChunkBatchSampler(workload["num_train"], int(spec["batch_size"]),
+                                int(spec["eval_every"]), rank=0, world=int(workload["world"]))
+    chunks = sampler.chunks_per_pass
+    return {"anneal_start_epoch": round(float(asr["anneal_after_passes"]) * chunks),
+            "anneal_factor": float(asr["anneal_per_pass"]) ** (1.0 / chunks)}
 
 
 def loader(spec: dict[str, Any], workload: dict[str, Any], rank: int, world: int) -> DataLoader:

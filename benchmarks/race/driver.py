@@ -15,9 +15,23 @@ copy; the replicas are not changed) is validated on the held-out 20 %; the clock
 validation and its link bytes are subtracted. Validations are points where all ranks meet;
 ``adpsgd`` cases, whose ranks meet only at epoch ends, are validated at epoch ends only.
 
-``ddp`` runs first, for ``--epochs`` epochs; the target is its final accuracy minus 0.5 points
-(or ``--target``) and every other case's budget is 3x its time (or ``--budget``). A case stops
-at the first validation at or above the target, or when its budget is spent.
+With ``--target`` (and ``--budget`` or ``--max-samples``) every case, ``ddp`` included, races
+to that fixed target in the order given (``benchmarks/race/campaign.py`` rotates it between
+runs). Without it ``ddp`` runs first, for ``--epochs`` epochs; the target is its final metric
+0.5 points easier and every other case's budget is 3x its time (or ``--budget``). A case stops
+at the first validation at or beyond the target, or when its budget is spent.
+
+The race rules (docs/benchmarks.md, "Race rules"; ``benchmarks/rules.py``) the race
+enforces itself: every case trains at ``--lr`` times the per-learner rule's factor
+(``rules.case_lr``: sqrt(learners) under Adam for every method that runs one optimizer per
+learner between averages), or at its tuned peak (``--case-peak``), and records it; link latency
+is emulated with ``tc netem`` (``--latency-ms``, default 0.5 ms one way; where the kernel has no
+``netem`` the race refuses unless ``--latency-ms 0`` is given, and such a record says so); the
+race refuses to start above ``--max-load`` (the machine must be idle) and records the load,
+the CPU time other processes took during the run (``foreign_cpu_fraction``), the commit and
+the machine; a slow node gets one fixed handicap (``--slow-extra-s``) and every case records its
+achieved slowdown. ``on_case`` (for the campaign) sees each case's result as soon as it is
+written, so a stopped run loses at most the case in progress.
 
 Cases: ``ddp`` (Lightning ``DDPStrategy``), ``ddp_bf16`` (plus torch's ``bf16_compress_hook``),
 ``postlocal4`` (torch's post-local SGD: ``post_localSGD_hook`` with an explicit per-node
@@ -54,11 +68,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common.mlp_size import hidden_width
-from benchmarks.race import torchft_cases
+from benchmarks.race import rules, torchft_cases
 from benchmarks.race.report import markdown_table, per_sample_table, plot
 from testbed import cluster_net
 
@@ -83,8 +98,23 @@ CASES: dict[str, dict[str, Any]] = {
                         "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
     "adpsgd_hier_bf16": {"kind": "gossip", "strategy": "adpsgd",
                          "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
+    # Remedies (issue 29, deliverable 4; the library options of the remedies work, which these
+    # cases need): the node all-reduce overlapped with backward, and an outer optimizer (DiLoCo's
+    # outer settings, as the torchft_diloco peer's) on a global average every 16 steps, with
+    # the plain average every 16 steps as its control. More go here, as gossip cases with the
+    # option in "kwargs" (the per-learner rule applies by "kind" and "hierarchical").
+    **{f"{s}_hier_bf16_{tag}": {"kind": "gossip", "strategy": s,
+                                "kwargs": {"hierarchical": True, "wire_dtype": "bf16", **kw}}
+       for s in ("dpsgd", "adpsgd") for tag, kw in (
+           ("overlap", {"node_allreduce": "overlapped"}),
+           ("avg16", {"global_average_every_n_steps": 16}),
+           ("outer16", {"global_average_every_n_steps": 16, "outer_lr": 0.7,
+                        "outer_momentum": 0.9, "outer_nesterov": True}))},
 }
 """Case name -> what the worker runs."""
+
+REMEDIES = tuple(c for c in CASES if c.endswith(("_overlap", "_avg16", "_outer16")))
+"""The remedies' cases: raced only when asked for (``--cases``)."""
 
 PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16",
          "torchft_localsgd", "torchft_diloco")
@@ -113,9 +143,36 @@ def _worker_env(iface: str) -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
-    """Load average and cores now (wall times are inflated on a loaded machine)."""
+    """Load average, cores, host, kernel and CPU model now (wall times are inflated on a loaded
+    machine, and differ between machines)."""
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in
+                      Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
     return {"loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "host": os.uname().nodename, "kernel": os.uname().release, "cpu_model": model}
+
+
+def commit() -> dict[str, Any]:
+    """The code's commit and whether the tree had changes (a race is redone from its commit)."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(status)}
+
+
+def cpu_snapshot() -> tuple[int, float]:
+    """(busy jiffies of the whole machine, this process's and its reaped children's CPU s)."""
+    busy, _ = rules.busy_jiffies(Path("/proc/stat").read_text().splitlines()[0])
+    t = os.times()
+    return busy, t.user + t.system + t.children_user + t.children_system
 
 
 def node_cpus(nodes: int, cpus: list[int]) -> list[list[int]]:
@@ -146,9 +203,11 @@ def pin_prefix(cpus: list[int] | None) -> list[str]:
 
 
 def launch(cluster: cluster_net.EmulatedCluster, spec: dict[str, Any], workdir: Path,
-           timeout_s: float) -> tuple[list[dict[str, Any]], str]:
+           timeout_s: float, on_case: Callable[[dict[str, Any]], None] | None = None
+           ) -> tuple[list[dict[str, Any]], str]:
     """Run the spec's cases in one torchrun per node (on its CPUs, ``spec['node_cpus']``,
-    where set); (the cases' results, status detail)."""
+    where set); (the cases' results, status detail). ``on_case`` gets each case's result as
+    soon as the ranks wrote it."""
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     logs = [workdir / f"node{k}.log" for k in range(cluster.nodes)]
@@ -173,6 +232,8 @@ def launch(cluster: cluster_net.EmulatedCluster, spec: dict[str, Any], workdir: 
         while True:
             while seen < len(names) and (workdir / names[seen] / "result.json").exists():
                 _progress(f"  {names[seen]} done")
+                if on_case is not None:
+                    on_case(json.loads((workdir / names[seen] / "result.json").read_text()))
                 seen += 1
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -214,6 +275,20 @@ def time_to(curve: list[list[float]], target: float, higher_is_better: bool = Tr
     """
     sign = 1.0 if higher_is_better else -1.0
     return next((s for s, m in curve if sign * (m - target) >= 0), None)
+
+
+def samples_to(res: dict[str, Any], higher_is_better: bool = True) -> int | None:
+    """Samples (all ranks) at the first validation at or beyond the case's target.
+
+    >>> samples_to({"target": 40.0, "curve": [[0, 100.0], [5, 60.0], [9, 30.0]],
+    ...             "curve_samples": [0, 160, 320]}, higher_is_better=False)
+    320
+    """
+    if res.get("target") is None or not res.get("curve_samples"):
+        return None
+    sign = 1.0 if higher_is_better else -1.0
+    return next((n for (_, m), n in zip(res["curve"], res["curve_samples"])
+                 if sign * (m - res["target"]) >= 0), None)
 
 
 def ratios(results: list[dict[str, Any]]) -> None:
@@ -290,6 +365,7 @@ def summarise(results: list[dict[str, Any]], higher_is_better: bool = True,
     for r in results:
         r["time_to_target_s"] = (time_to(r["curve"], r["target"], higher_is_better)
                                  if r["target"] is not None else None)
+        r["samples_to_target"] = samples_to(r, higher_is_better)
         # the curve's own (rounded) seconds: ddp's last point is at ddp's time exactly
         r["metric_at_ddp_time"] = metric_at(r["curve"], ddp["curve"][-1][0]) if ddp else None
         check = hook_check(r, ddp, warmup)
@@ -311,13 +387,24 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr-train", type=int, default=1600, help="asr: training utterances")
     p.add_argument("--asr-dev", type=int, default=128, help="asr: held-out (dev) utterances")
     p.add_argument("--asr-corpus", type=Path, default=ASR_CORPUS, help="asr: corpus dir")
+    p.add_argument("--anneal-after", type=float, default=None, metavar="PASSES",
+                   help="asr: after this many passes over the training set the learning rate "
+                        "decays by --anneal-per-pass per pass (smoothly, per validation chunk); "
+                        "the same schedule in samples for every case (default: none)")
+    p.add_argument("--anneal-per-pass", type=float, default=0.5, help="see --anneal-after")
     p.add_argument("--epochs", type=float, default=None,
                    help="ddp's epochs (passes over the training set; a fraction is fine), "
                         "sets target/budget (digits 6, asr 1.2)")
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (16 / 4)")
     p.add_argument("--lr", type=float, default=None,
-                   help="digits: SGD momentum 0.9 (0.05); asr: AdamW peak, recipe's gossip "
-                        "rule (3e-3)")
+                   help="peak rate before the per-learner rule (--lr-rule): digits SGD "
+                        "momentum 0.9 (0.05); asr AdamW (3e-3)")
+    p.add_argument("--lr-rule", default="all", choices=["all", "none"],
+                   help="all: every case whose learners run an optimizer each between "
+                        "averages gets --lr x sqrt(learners) (Adam), the same rule for every "
+                        "method (rules.case_lr); none: --lr for every case")
+    p.add_argument("--case-peak", nargs="+", default=[], metavar="CASE=PEAK",
+                   help="a case's tuned peak rate (before the rule), e.g. ddp=6e-3")
     p.add_argument("--eval-every", type=int, default=None,
                    help="validate every N samples of all ranks (256 / 320)")
     p.add_argument("--warmup", type=int, default=None,
@@ -332,28 +419,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (namespaces)")
     p.add_argument("--procs", type=int, default=2, help="processes (ranks) per node")
     p.add_argument("--rate", type=float, default=200.0, help="link rate, Mbit/s, each way")
+    p.add_argument("--latency-ms", type=float, default=rules.DATA_CENTRE["latency_ms"],
+                   help="one-way link delay (tc netem); 0: none (the record says so, and no "
+                        "claim is made from it)")
     p.add_argument("--slow-node", type=int, default=None, metavar="K",
-                   help="node K 2x slower (its ranks sleep their calibrated step each step)")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="with --slow-node: calibrate the sleep again before every case (under "
-                        "the load of that moment), not only once before the first")
-    p.add_argument("--slow-follows-load", action="store_true",
-                   help="with --slow-node: sleep after every batch for (calibrated local step / "
-                        "calibrated forward) x this batch's own forward time (the model's "
-                        "loss, timed inside DDP's forward: no communication), so the slow node "
-                        "stays 2x slower as the load moves")
+                   help="node K slower: its ranks sleep --slow-extra-s after every step")
+    p.add_argument("--slow-extra-s", type=float, default=None, metavar="S",
+                   help="with --slow-node: the fixed handicap, seconds of sleep per step, the "
+                        "same for every case (default: the slow node's local step, calibrated "
+                        "once before the first case, about 2x slower)")
     p.add_argument("--pin-nodes", action="store_true",
                    help="run each node on CPUs of its own (taskset; nodes share CPUs only when "
                         "there are more nodes than CPUs), so that one node's compute, or its "
                         "sleep, does not change another node's speed")
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
-                   metavar="CASE", help=f"cases (ddp always first); any of {', '.join(CASES)}")
+    p.add_argument("--cases", nargs="+", default=[c for c in CASES if c not in REMEDIES],
+                   choices=list(CASES), metavar="CASE",
+                   help=f"cases (default: all but the remedies'); any of {', '.join(CASES)}")
     p.add_argument("--target", type=float, default=None,
                    help="target metric, %% (default: ddp's final, 0.5 points easier)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds per case (default: --budget-factor x ddp's time)")
     p.add_argument("--budget-factor", type=float, default=3.0, help="see --budget")
     p.add_argument("--max-steps", type=int, default=0, help="cap per case (0: none)")
+    p.add_argument("--max-samples", type=int, default=0,
+                   help="cap per case in samples of all ranks (0: none); a budget that does "
+                        "not depend on the machine's speed")
+    p.add_argument("--max-load", type=float, default=rules.DEFAULT_MAX_LOAD,
+                   help="refuse to start above this 1-minute load average")
+    p.add_argument("--allow-load", action="store_true",
+                   help="start above --max-load anyway (warned; the record says loaded)")
     p.add_argument("--quick", action="store_true",
                    help="tiny run: digits 0.25 MB model / asr 1x64, 1 ddp epoch, <= 30 steps")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole race")
@@ -371,15 +465,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model_mb, args.epochs = 0.25, 1
         args.asr_layers, args.asr_hidden, args.asr_train, args.asr_dev = 1, 64, 256, 32
         args.max_steps = args.max_steps or 30
-    if "ddp" not in args.cases and (args.target is None or args.budget is None):
-        p.error("without the ddp case, --target and --budget are needed")
-    if (args.recalibrate or args.slow_follows_load) and args.slow_node is None:
-        p.error("--recalibrate and --slow-follows-load need --slow-node")
+    fixed = args.target is not None and (args.budget is not None or args.max_samples > 0)
+    if "ddp" not in args.cases and not fixed:
+        p.error("without the ddp case, --target and --budget (or --max-samples) are needed")
+    if args.slow_extra_s is not None and args.slow_node is None:
+        p.error("--slow-extra-s needs --slow-node")
+    try:
+        args.case_peaks = {c: float(v) for c, v in (x.split("=", 1) for x in args.case_peak)}
+    except ValueError:
+        p.error(f"--case-peak takes CASE=PEAK pairs, got {args.case_peak}")
+    if set(args.case_peaks) - set(CASES):
+        p.error(f"--case-peak: unknown cases {sorted(set(args.case_peaks) - set(CASES))}")
     if args.pin_nodes and shutil.which("taskset") is None:
         p.error("--pin-nodes needs taskset (util-linux), which is not installed")
     if args.slow_node is not None and not 0 <= args.slow_node < args.nodes:
         p.error(f"--slow-node must be a node index, 0..{args.nodes - 1}")
-    args.cases = ["ddp"] * ("ddp" in args.cases) + [c for c in args.cases if c != "ddp"]
+    if not fixed:  # ddp sets the target: it runs first
+        args.cases = ["ddp"] * ("ddp" in args.cases) + [c for c in args.cases if c != "ddp"]
     args.width = hidden_width(args.model_mb)
     if args.png is None:
         tag = f"race_{args.workload}_{args.nodes}x{args.procs}_{args.rate:g}mbit"
@@ -388,18 +490,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def case_lrs(args: argparse.Namespace) -> dict[str, float]:
+    """Every case's peak rate: its tuned peak (``--case-peak``, else ``--lr``) times the
+    per-learner rule's factor (``--lr-rule all``), the same procedure for every case."""
+    optimizer = rules.OPTIMIZER[args.workload]
+    out = {}
+    for c in args.cases:
+        peak = args.case_peaks.get(c, args.lr)
+        out[c] = (rules.case_lr(CASES[c], peak, args.nodes, args.procs, optimizer)
+                  if args.lr_rule == "all" else float(peak))
+    return out
+
+
 def build_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """What every rank reads: cases, sizes, target/budget (None: set by ddp), slack."""
+    """What every rank reads: cases (with their rates), sizes, target/budget (None: set by
+    ddp), slack, handicap."""
+    lrs = case_lrs(args)
     return {
-        "cases": [{"name": c, "index": i, **CASES[c]} for i, c in enumerate(args.cases)],
+        "cases": [{"name": c, "index": i, "lr": lrs[c], **CASES[c]}
+                  for i, c in enumerate(args.cases)],
         "nodes": args.nodes,
         "procs": args.procs, "width": args.width, "epochs": args.epochs,
         "workload": args.workload, "slow_node": args.slow_node,
         "asr": {"corpus": str(args.asr_corpus), "layers": args.asr_layers,
                 "hidden": args.asr_hidden, "frame_stacking": args.asr_frame_stacking,
-                "spec_augment": False, "warmup_steps": 20},
+                "spec_augment": False, "warmup_steps": 20,
+                "anneal_after_passes": args.anneal_after,
+                "anneal_per_pass": args.anneal_per_pass},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
-        "recalibrate": args.recalibrate, "slow_follows_load": args.slow_follows_load,
+        "slow_extra_s": args.slow_extra_s, "max_samples": args.max_samples,
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
         "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,
@@ -412,8 +531,8 @@ def model_description(args: argparse.Namespace) -> str:
     """What is trained, in words."""
     if args.workload == "asr":
         return (f"recipes.asr SpeechRecognizer: BLSTM {args.asr_layers}x{args.asr_hidden} per "
-                f"direction, frame stacking {args.asr_frame_stacking}, CTC, AdamW (recipe's "
-                f"gossip lr rule), no SpecAugment; synthetic corpus {args.asr_train} train / "
+                f"direction, frame stacking {args.asr_frame_stacking}, CTC, AdamW (the race's "
+                f"per-learner lr rule), no SpecAugment; synthetic corpus {args.asr_train} train / "
                 f"{args.asr_dev} dev utterances")
     return f"MLP 64-{args.width}-{args.width}-10, SGD momentum 0.9; scikit-learn digits"
 
@@ -452,12 +571,36 @@ def skip_torchft(args: argparse.Namespace) -> str | None:
     return reason
 
 
-def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """Build the cluster, run the cases, remove everything; (the payload, launch detail)."""
+def preflight(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(why the race cannot run here, None if it can; a warning to record, or None).
+
+    Refuses without network namespaces, without ``netem`` when a latency is asked for, and
+    above ``--max-load`` unless ``--allow-load`` (then a warning)."""
+    reason = cluster_net.check_available(args.prefix)
+    if reason:
+        return reason, None
+    if args.latency_ms > 0:
+        problem = cluster_net.netem_problem(args.prefix)
+        if problem:
+            return (f"{problem}; --latency-ms 0 runs without latency (the record says so and "
+                    f"no claim is made from it)"), None
+    problem = rules.load_problem(os.getloadavg()[0], args.max_load)
+    if problem and not args.allow_load:
+        return f"{problem}; wait, or --allow-load (recorded as loaded)", None
+    return None, problem
+
+
+def run_race(args: argparse.Namespace,
+             on_case: Callable[[dict[str, Any]], None] | None = None
+             ) -> tuple[dict[str, Any], str]:
+    """Build the cluster, run the cases, remove everything; (the payload, launch detail).
+    ``on_case`` gets each case's raw result as soon as it is written."""
     workdir = Path(tempfile.mkdtemp(prefix="lg-race-"))
-    cluster = cluster_net.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix)
+    cluster = cluster_net.EmulatedCluster(args.nodes, args.rate, prefix=args.prefix,
+                                latency_ms=args.latency_ms)
     before = machine()
     t0 = time.time()
+    cpu0 = cpu_snapshot()
     lighthouse = None
     with cluster_net.signals_unwind():
         try:
@@ -467,7 +610,7 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 lighthouse = start_lighthouse(cluster, workdir)
                 spec["torchft"] = {"lighthouse": lighthouse.url,
                                    "addresses": [m.address for m in cluster.members]}
-            results, detail = launch(cluster, spec, workdir, args.timeout)
+            results, detail = launch(cluster, spec, workdir, args.timeout, on_case)
         finally:
             try:
                 if lighthouse is not None:
@@ -478,11 +621,18 @@ def run_race(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     _progress(f"logs kept in {workdir}")
                 else:
                     shutil.rmtree(workdir, ignore_errors=True)
+    cpu1, elapsed = cpu_snapshot(), time.time() - t0
     results = summarise(results, higher_is_better=args.workload != "asr", warmup=args.warmup)
     params = results[0]["params"] if results else None
+    hz = os.sysconf("SC_CLK_TCK")
     payload = {
         "benchmark": "race", "workload": args.workload, "nodes": args.nodes,
-        "procs": args.procs, "rate_mbit": args.rate, "slow_node": args.slow_node,
+        "procs": args.procs, "rate_mbit": args.rate, "latency_ms": args.latency_ms,
+        "slow_node": args.slow_node,
+        "slow_extra_s": next((r["slow_extra_s"] for r in results), args.slow_extra_s),
+        "lr_rule": args.lr_rule, "commit": commit(),
+        "foreign_cpu_fraction": rules.foreign_cpu_fraction(
+            (cpu1[0] - cpu0[0]) / hz, cpu1[1] - cpu0[1], elapsed, os.cpu_count() or 1),
         "node_cpus": spec["node_cpus"],
         "metric": "dev WER, % (lower is better)" if args.workload == "asr"
         else "validation accuracy, % (higher is better)",
@@ -505,14 +655,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"race: skipping the torchft cases: {skipped}", file=sys.stderr)
         if not args.cases:
             return 2
-    reason = cluster_net.check_available(args.prefix)
+    reason, warning = preflight(args)
     if reason:
-        print(f"race: skipped: {reason}", file=sys.stderr)
+        print(f"race: not run: {reason}", file=sys.stderr)
         return 2
+    if warning:
+        print(f"race: WARNING: {warning}", file=sys.stderr)
     prepare_corpus(args)
     _progress(f"{args.nodes}x{args.procs} at {args.rate:g} Mbit/s, {model_description(args)}, "
               f"cases {args.cases}; load {os.getloadavg()}")
     payload, detail = run_race(args)
+    payload["loaded"] = warning
     payload["markdown"] = markdown_table(payload)
     payload["markdown_per_sample"] = per_sample_table(payload)
     print(payload["markdown"] + "\n\n" + payload["markdown_per_sample"])

@@ -31,7 +31,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     slow = payload.get("slow_node")
     ax.set_title(f"race: {payload['workload']}, {payload['nodes']}x{payload['procs']} at "
                  f"{payload['rate_mbit']:g} Mbit/s"
-                 + ("" if slow is None else f", node {slow} 2x slower")
+                 + ("" if slow is None else
+                    f", node {slow} +{payload.get('slow_extra_s') or 0:.2f} s/step")
+                 + (f", {payload['latency_ms']:g} ms" if payload.get("latency_ms") else "")
                  + f" (load {load:.0f} on {payload['machine_before']['cpus']} cores)",
                  fontsize=10)
     points = [m for r in payload["cases"] for _, m in r.get("curve", [])[1:]]

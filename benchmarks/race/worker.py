@@ -38,19 +38,25 @@ meet only at epoch ends; a collective anywhere else can deadlock with its gossip
 cases are validated at epoch ends only (a coarser curve; a case can stop only there). In ``asr``
 an epoch is a chunk of ``eval_every`` utterances, and every case is validated at epoch ends.
 
-A slow node (``slow_node``: its index): its ranks sleep after every training batch for their
-calibrated local step time (forward, backward and optimizer step of the same model with no
-communication, median of a few steps run on every rank at once before the first case, and with
-``recalibrate`` again before every other case), so its steps take about twice as long. With
-``slow_follows_load`` the sleep instead follows the load: the calibrated step divided by the
-calibrated forward, times the batch's own forward time (forward has no communication), so the
-node stays about 2x slower when the load moves during a case. Rank 0 writes
+A slow node (``slow_node``: its index): its ranks sleep after every training batch for the
+race's FIXED handicap, ``slow_extra_s`` seconds, the same number for every case (the race rules:
+given by the driver, calibrated once on an idle machine; when the spec leaves it None, it is
+calibrated here once before the first case: the slow node's median local step, forward,
+backward and optimizer step of the same model with no communication, all ranks at once). Before
+every case the slow node's local step is measured again (off the clock) and the case records
+its achieved slowdown, ``(local step + extra) / local step`` (``rules.slowdown``): the
+driver rejects a run whose cases saw slowdowns more than 10 % apart. Rank 0 writes
 ``<case>/result.json``.
+
+Each case trains at its own peak rate (``case['lr']``, set by the driver by the same procedure
+for every case: ``rules.case_lr``) and records ``init_params_sha256``, a hash of the
+initial parameters, so a reader can check that every case started from the same model.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import sys
@@ -66,7 +72,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from benchmarks.common.workloads import Classifier, digits_80_20
-from benchmarks.race import asr_workload, hooks, torchft_cases
+from benchmarks.race import asr_workload, hooks, rules, torchft_cases
 from testbed.cluster_net import read_counters
 
 
@@ -105,11 +111,9 @@ class RaceMeter(Callback):
         self.averager: Any = None
         self.torchft: Any = None  # torchft_cases.TorchFTSync of a torchft case
         self.torchft_commits: int | None = None
-        self.sleep_s = float(ctx.get("sleep_s", 0.0))  # a slow node's ranks: > 0
-        # --slow-follows-load: sleep this times the batch's own forward (None: sleep_s)
-        self.step_per_forward = ctx.get("slow_step_per_forward") if self.sleep_s > 0 else None
-        self.forward_s = 0.0  # the model's own loss computation of this batch (timed_forward)
+        self.sleep_s = float(ctx.get("sleep_s", 0.0))  # a slow node's ranks: the handicap
         self.slept_s = 0.0  # slept in all (the slow node's ranks)
+        self.init_sha: str | None = None  # hash of the initial parameters (same for every case)
 
     def _tx(self) -> int:
         return read_counters(self.ctx["iface"])["tx_bytes"] if self.ctx["local_rank"] == 0 else 0
@@ -138,8 +142,7 @@ class RaceMeter(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.eval_model = copy.deepcopy(net_of(pl_module))
-        if self.step_per_forward is not None:
-            self.timed_forward(pl_module)
+        self.init_sha = params_sha256(net_of(pl_module))
         dist.barrier(group=self.ctx["group"])
         self._mark("start")
         if self.ctx["warmup"] == 0:  # (--warmup 0: no warm-up, the bytes after it = all)
@@ -147,32 +150,11 @@ class RaceMeter(Callback):
         self.evaluate(trainer, pl_module)  # the untrained model, at 0 s
         self.t_resume = time.perf_counter()
 
-    def timed_forward(self, pl_module: Any) -> None:
-        """Time the model's own loss computation (``forward_s``), the code :func:`calibrate`
-        times: inside DDP's forward, after its buffer broadcast. Timed from the batch's start,
-        the forward of a DDP case included that collective's wait for the other ranks, which
-        may be sleeping (the slow node's other rank, a fast rank waiting for the slow node):
-        the sleep fed on itself (in one idle race node 1's rank 3 slept 1.35 s per step where
-        its calibrated step was 0.67 s, and a torchft case stalled)."""
-        name = "_loss" if self.ctx["workload"] == "asr" else "training_step"
-        inner = getattr(pl_module, name)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.forward_s = time.perf_counter() - t0
-
-        setattr(pl_module, name, timed)
-
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.sleep_s > 0:
-            nap = (self.sleep_s if self.step_per_forward is None
-                   else self.step_per_forward * self.forward_s)
-            time.sleep(nap)
-            self.slept_s += nap
+            time.sleep(self.sleep_s)
+            self.slept_s += self.sleep_s
         if self.averager is not None:
             self.averager.average_parameters(pl_module.parameters())
         self.steps += 1
@@ -237,6 +219,14 @@ class RaceMeter(Callback):
         reached = self.target is not None and better_or_equal(metric, self.target, self.ctx)
         spent = self.budget_s is not None and seconds >= self.budget_s
         return bool(reached or spent or clock[2] > 0)
+
+
+def params_sha256(net: nn.Module) -> str:
+    """SHA-256 of a network's parameters (fp32 bytes, in order): the same model, the same hash."""
+    digest = hashlib.sha256()
+    for p in net.parameters():
+        digest.update(p.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def net_of(module: Any) -> nn.Module:
@@ -307,13 +297,17 @@ def bytes_between(meters: list[dict[str, Any]], start: str, end: str) -> float |
 
 def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
              target: float | None, budget_s: float | None) -> dict[str, Any]:
-    """Train ``case`` from the common seed until target/budget (ddp: ``epochs``); its record."""
-    fixed = case["name"] == "ddp"
+    """Train ``case`` from the common seed until target/budget (ddp without a given target:
+    ``epochs``, and its final metric sets the target); its record."""
+    fixed = case["name"] == "ddp" and target is None
     max_steps = round(ctx["steps_per_epoch"] * float(spec["epochs"])) if fixed else None
     if spec.get("max_steps"):
         max_steps = min(max_steps or spec["max_steps"], int(spec["max_steps"]))
+    if spec.get("max_samples"):  # a budget in samples of all ranks (load-independent)
+        cap = -(-int(spec["max_samples"]) // (int(spec["batch_size"]) * ctx["world"]))
+        max_steps = min(max_steps or cap, cap)
     L.seed_everything(0, workers=True, verbose=False)
-    model = make_model(spec, ctx)
+    model = make_model(spec, ctx, case)
     meter = RaceMeter(ctx, case, None if fixed else target, None if fixed else budget_s,
                       max_steps)
     asr = ctx["workload"] == "asr"
@@ -346,11 +340,14 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "rank": case.get("rank"), "params": sum(p.numel() for p in net_of(model).parameters()),
         "expected_hook_ratio": (
             torchft_cases.expected_ratio(meter.steps, int(case["period"]), ctx["nodes"],
-                                         ctx["procs"]) if case["kind"] in torchft_cases.KINDS
+                                        ctx["procs"]) if case["kind"] in torchft_cases.KINDS
             else hooks.expected_ratio(case, net_of(model))),
-        "torchft_commits": meter.torchft_commits,
-        "slow_node_sleep_s": ctx["slow_sleep_s"], "load_during": [ctx["load0"], load()],
-        "slow_step_per_forward": ctx.get("slow_step_per_forward"),
+        "torchft_commits": meter.torchft_commits, "lr": case_peak(spec, case),
+        "init_params_sha256": meter.init_sha,
+        "slow_extra_s": ctx["slow_extra_s"], "load_during": [ctx["load0"], load()],
+        "slow_local_step_s": ctx.get("slow_local_step_s"),
+        "slowdown": (None if ctx["slow_extra_s"] is None
+                     else rules.slowdown(ctx["slow_extra_s"], ctx["slow_local_step_s"])),
         "slow_slept_per_step_s": slept_per_step,
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
         "steps": meter.steps, "steps_per_rank": steps_per_rank, "gossip_stats": stats,
@@ -367,11 +364,19 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def make_model(spec: dict[str, Any], ctx: dict[str, Any]) -> L.LightningModule:
-    """The workload's model, from the seed set just before."""
+def case_peak(spec: dict[str, Any], case: dict[str, Any] | None) -> float:
+    """The peak learning rate of ``case`` (the driver's ``case['lr']``; else ``spec['lr']``)."""
+    if case is not None and case.get("lr") is not None:
+        return float(case["lr"])
+    return float(spec["lr"])
+
+
+def make_model(spec: dict[str, Any], ctx: dict[str, Any],
+               case: dict[str, Any] | None = None) -> L.LightningModule:
+    """The workload's model at ``case``'s peak rate, from the seed set just before."""
     if ctx["workload"] == "asr":
-        return asr_workload.make_model(spec, ctx["data"], RaceMeter)
-    return RaceClassifier(int(spec["width"]), float(spec["lr"]))
+        return asr_workload.make_model(spec, ctx["data"], RaceMeter, case_peak(spec, case))
+    return RaceClassifier(int(spec["width"]), case_peak(spec, case))
 
 
 def make_loader(spec: dict[str, Any], ctx: dict[str, Any]) -> Any:
@@ -421,7 +426,7 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         "group": group, "node_group": node_group, "workload": spec["workload"],
         "higher_is_better": spec["workload"] != "asr",
         "eval_steps": max(1, round(int(spec["eval_every"]) / (batch * world))),
-        "warmup": int(spec["warmup"]), "slow_sleep_s": None, "load0": load(),
+        "warmup": int(spec["warmup"]), "slow_extra_s": None, "load0": load(),
     }
     if spec["workload"] == "asr":
         ctx["data"] = asr_workload.load(spec, rank, world)
@@ -432,24 +437,31 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     per_rank = -(-num_train // world)
     ctx["steps_per_epoch"] = -(-per_rank // batch)
     if spec.get("slow_node") is not None:
-        calibrate_slow_node(spec, ctx)
+        set_handicap(spec, ctx)
     return ctx
 
 
-def calibrate_slow_node(spec: dict[str, Any], ctx: dict[str, Any]) -> None:
-    """Set the slow node's sleep (``ctx['sleep_s']``) to its median calibrated local step."""
+def slow_node_step(spec: dict[str, Any], ctx: dict[str, Any]) -> float:
+    """The slow node's median calibrated local step now (collective: every rank measures)."""
     world, procs = ctx["world"], ctx["procs"]
-    mine = torch.tensor(calibrate(spec, ctx), dtype=torch.float64)
-    steps = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    mine = torch.tensor(calibrate(spec, ctx)[0], dtype=torch.float64).reshape(1)
+    steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(steps, mine, group=ctx["group"])
     slow = int(spec["slow_node"])
-    # the slow node's ranks sleep their node's median calibrated step: ~2x its step time
-    node = sorted((float(t[0]), float(t[1])) for t in steps[slow * procs:(slow + 1) * procs])
-    ctx["slow_sleep_s"], forward_s = node[len(node) // 2]
-    ctx["sleep_s"] = ctx["slow_sleep_s"] if ctx["rank"] // procs == slow else 0.0
-    # --slow-follows-load: the sleep is this ratio times each batch's own forward time
-    ctx["slow_step_per_forward"] = (ctx["slow_sleep_s"] / forward_s
-                                    if spec.get("slow_follows_load") and forward_s > 0 else None)
+    node = sorted(float(t[0]) for t in steps[slow * procs:(slow + 1) * procs])
+    return node[len(node) // 2]
+
+
+def set_handicap(spec: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """The fixed handicap: ``spec['slow_extra_s']``, or (None) the slow node's local step
+    calibrated once, here, before the first case; the slow node's ranks sleep it per step."""
+    extra = spec.get("slow_extra_s")
+    if extra is None:
+        extra = slow_node_step(spec, ctx)
+        ctx["slow_local_step_s"] = extra
+    ctx["slow_extra_s"] = float(extra)
+    slow = int(spec["slow_node"])
+    ctx["sleep_s"] = ctx["slow_extra_s"] if ctx["rank"] // ctx["procs"] == slow else 0.0
 
 
 def main(spec_path: Path) -> None:
@@ -462,8 +474,9 @@ def main(spec_path: Path) -> None:
     sign = 1.0 if ctx["higher_is_better"] else -1.0
     for i, case in enumerate(spec["cases"]):
         dist.barrier(group=ctx["group"])
-        if i > 0 and spec.get("slow_node") is not None and spec.get("recalibrate"):
-            calibrate_slow_node(spec, ctx)  # under the load of now (it moves on a shared host)
+        if spec.get("slow_node") is not None and (i > 0 or "slow_local_step_s" not in ctx):
+            # the handicap stays fixed; its achieved slowdown is measured before every case
+            ctx["slow_local_step_s"] = slow_node_step(spec, ctx)
         print(f"[race rank {ctx['rank']}] case {case['name']}", flush=True)
         ctx["load0"] = load()
         res = run_case(ctx, spec, case, target, budget_s)

@@ -1,0 +1,252 @@
+"""The race's parts of the docs, generated from the records in ``benchmarks/results/race/``.
+
+Writes, between markers, the race tables of ``docs/choosing.md`` and ``docs/benchmarks.md``
+(``<!-- race-table:begin -->`` ... ``<!-- race-table:end -->``) and the README's results
+sentence (``<!-- results-sentence:begin -->`` ... ``<!-- results-sentence:end -->``), wherever
+those markers are. ``tests/test_race_docs.py`` checks that the committed docs equal this text.
+
+Fair records are the campaign records of ``benchmarks/race/campaign.py`` under
+``benchmarks/results/race/fair/``; each is scored by ``rules.score`` (claims only where
+the rules allow them: 3 accepted runs per case, ranges that do not overlap, a converged target,
+latency emulated, one clean commit). Every other race record there, from before the rules, is
+listed as withdrawn with the reasons read from the record itself.
+
+    python -m benchmarks.race.docs          # rewrite the marked parts
+    python -m benchmarks.race.docs --check  # exit 1 where the docs differ from the records
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from benchmarks.race import rules
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "race"
+FAIR = RESULTS / "fair"
+LOG = "benchmarks/results/race/LOG.md"
+
+MARKERS = {
+    "race-table": ("<!-- race-table:begin -->", "<!-- race-table:end -->"),
+    "results-sentence": ("<!-- results-sentence:begin -->", "<!-- results-sentence:end -->"),
+}
+"""Name -> (begin, end) markers of a generated part."""
+
+TARGETS = {"docs/choosing.md": ("race-table",), "docs/benchmarks.md": ("race-table",),
+           "README.md": ("results-sentence",)}
+"""Which generated parts each file may hold (a file without a part's markers is left alone)."""
+
+WITHDRAWN_SUMMARY = (
+    "The earlier races are withdrawn: the library's cases alone got the per-learner learning-rate "
+    "rule (unequal tuning), the target was ddp's WER early in training (71-80 %, the blank "
+    "phase), every race was one run with ddp always first, and the slow node's handicap "
+    "differed per case; no link latency was emulated. In the ASR races, moreover, every case "
+    "but adpsgd trained on one chunk of the training set again and again (Lightning never "
+    "advanced the race's chunk sampler; adpsgd's shared cursor did).")
+"""Why the races before the rules are withdrawn, in one paragraph."""
+
+
+def wrap(paragraph: str) -> str:
+    """A paragraph wrapped at 99 columns, as the docs' prose is."""
+    return textwrap.fill(paragraph, width=99, break_long_words=False, break_on_hyphens=False)
+
+
+def fair_records(folder: Path = FAIR) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, record) of every campaign record, by name."""
+    if not folder.is_dir():
+        return []
+    return [(p.name, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+
+
+def withdrawal_reasons(rec: dict[str, Any]) -> list[str]:
+    """Why a race record from before the rules is not evidence, read from the record.
+
+    >>> print("; ".join(withdrawal_reasons({"workload": "asr", "target": 73.15, "slow_node": 1,
+    ...     "config": {"slow_follows_load": True}, "cases": [{"kind": "gossip"}],
+    ...     "machine_before": {"loadavg_1_5_15": [0.9, 1, 1]}})))
+    learning-rate rule for the library only; target 73.2 % WER (early); only adpsgd saw all \
+the data; one run, ddp first; handicap followed each case's load; no latency
+    """
+    reasons = []
+    config = rec.get("config") or {}
+    gossip = any(c.get("kind") == "gossip" for c in rec.get("cases", []))
+    if rec.get("workload") == "asr" and gossip and "lr_rule" not in rec:
+        reasons.append("learning-rate rule for the library only")
+    target = rec.get("target")
+    if rec.get("workload") == "asr" and target is not None and target > rules.MAX_TARGET_WER:
+        reasons.append(f"target {target:.1f} % WER (early)")
+    if rec.get("workload") == "asr" and "init_params_sha256" not in (rec.get("cases") or [{}])[0]:
+        reasons.append("only adpsgd saw all the data")
+    reasons.append("one run, ddp first")
+    if rec.get("slow_node") is not None:
+        if config.get("slow_follows_load"):
+            reasons.append("handicap followed each case's load")
+        elif config.get("recalibrate"):
+            reasons.append("handicap recalibrated per case")
+        else:
+            reasons.append("achieved slowdown not recorded")
+    if not rec.get("latency_ms"):
+        reasons.append("no latency")
+    load = (rec.get("machine_before") or {}).get("loadavg_1_5_15", [0])[0]
+    if load > rules.DEFAULT_MAX_LOAD:
+        reasons.append(f"loaded (load {load:.0f})")
+    return reasons
+
+
+def withdrawn_records(folder: Path = RESULTS) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, record) of every race record from before the rules."""
+    out = []
+    for p in sorted(folder.glob("*.json")):
+        rec = json.loads(p.read_text())
+        if rec.get("benchmark") == "race":
+            out.append((p.name, rec))
+    return out
+
+
+def setting(rec: dict[str, Any]) -> str:
+    """A race's setting in words, e.g. ``asr, 2x2 at 200 Mbit/s, 0.5 ms, node 1 slower``."""
+    words = f"{rec['workload']}, {rec['nodes']}x{rec['procs']} at {rec['rate_mbit']:g} Mbit/s"
+    if rec.get("latency_ms"):
+        words += f", {rec['latency_ms']:g} ms"
+    if rec.get("slow_node") is not None:
+        words += f", node {rec['slow_node']} slower"
+    return words
+
+
+def _f(x: float | None, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def fair_table(name: str, rec: dict[str, Any]) -> str:
+    """One campaign record as a markdown section: setting, target, rules, one row per case."""
+    score = rules.score(rec)
+    handicap = rec.get("handicap") or {}
+    lines = [wrap(f"**{setting(rec)}** (`benchmarks/results/race/fair/{name}`): target "
+                  f"{rec['target']:g} % {'dev WER' if rec['workload'] == 'asr' else 'accuracy'}"
+                  f", validation every {rec.get('eval_every')} samples"
+                  + (f", handicap +{handicap['extra_s_per_step']:.3f} s per step on node "
+                     f"{rec['slow_node']}" if handicap.get("extra_s_per_step") else "") + "."),
+             "",
+             "| case | peak lr | runs | median s | min-max s | / ddp | / best peer | "
+             "vs ddp | vs best peer |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for case, row in score["cases"].items():
+        lo_hi = f"{_f(row['min'])}-{_f(row['max'])}"
+        lines.append(f"| {case} | {_f(row['lr'], '.3g')} | {row['n']} | {_f(row['median'])} | "
+                     f"{lo_hi} | {_f(row['vs_ddp'], '.2f')} | {_f(row['vs_best_peer'], '.2f')}"
+                     f" | {row['claim_vs_ddp'] or '-'} | {row['claim_vs_best_peer'] or '-'} |")
+    lines.append("")
+    if score["withheld"]:
+        lines.append(wrap("No claim from this race: " + "; ".join(score["withheld"]) + "."))
+    else:
+        lines.append(wrap(f"Best peer: {score['best_peer'] or 'none'}. 'faster'/'slower': "
+                          f"every run of the case reached the target before/after every run of "
+                          f"the other; '-': the ranges overlap, no claim."))
+    return "\n".join(lines)
+
+
+def withdrawn_table(records: list[tuple[str, dict[str, Any]]]) -> str:
+    """The races from before the rules: one row each, with its reasons."""
+    lines = ["| withdrawn record | setting | why |", "|---|---|---|"]
+    for name, rec in records:
+        lines.append(f"| `{name}` | {setting(rec)} | {', '.join(withdrawal_reasons(rec))} |")
+    return "\n".join(lines)
+
+
+def race_part(fair: list[tuple[str, dict[str, Any]]],
+              withdrawn: list[tuple[str, dict[str, Any]]]) -> str:
+    """The text between the race-table markers."""
+    parts = []
+    if fair:
+        parts += [fair_table(name, rec) for name, rec in fair]
+    else:
+        parts.append(wrap("No race has been run under the race rules yet, so no speed-up is "
+                          "claimed: ddp, one of its hooks, a periodic averager or a gossip "
+                          "strategy may win."))
+    parts.append(wrap(WITHDRAWN_SUMMARY + f" They are kept, with the reasons per record below "
+                      f"and their write-ups in `{LOG}`, and are not evidence."))
+    parts.append(withdrawn_table(withdrawn))
+    return "\n\n".join(parts)
+
+
+def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
+    """The README's one results sentence."""
+    claims = []
+    for _, rec in fair:
+        score = rules.score(rec)
+        if score["withheld"]:
+            continue
+        for case, row in score["cases"].items():
+            if row["claim_vs_ddp"] == "faster" and row["vs_ddp"] is not None:
+                claims.append(f"`{case}` {row['vs_ddp']:.2f}x ddp's median time "
+                              f"({setting(rec)})")
+    if not claims:
+        return wrap("No speed-up is claimed at present: the earlier races against DDP, its "
+                    "compression hooks, post-local SGD and torchft are withdrawn (unequal "
+                    "learning rates, an early target, single runs, a handicap that differed "
+                    "per case, a sampler that fed every case but adpsgd one chunk of the "
+                    "data), and no race has yet been run under the "
+                    "[race rules](docs/benchmarks.md#race-rules); "
+                    "[docs/choosing.md](docs/choosing.md) says how to choose meanwhile.")
+    return wrap("Under the [race rules](docs/benchmarks.md#race-rules) (equal tuning, a "
+                "converged target, 3 runs each, a claim only where the ranges do not overlap), "
+                "faster than ddp: " + "; ".join(claims) +
+                " ([docs/choosing.md](docs/choosing.md)).")
+
+
+def generated() -> dict[str, str]:
+    """Part name -> its text, from the records now in ``benchmarks/results/race/``."""
+    fair = fair_records()
+    return {"race-table": race_part(fair, withdrawn_records()),
+            "results-sentence": results_sentence(fair)}
+
+
+def replace_between(text: str, begin: str, end: str, body: str) -> str:
+    """``text`` with what lies between the markers replaced by ``body`` (on lines of its own).
+
+    >>> replace_between("a\\n<!-- b -->\\nold\\n<!-- e -->\\nz", "<!-- b -->", "<!-- e -->", "new")
+    'a\\n<!-- b -->\\nnew\\n<!-- e -->\\nz'
+    """
+    i = text.index(begin) + len(begin)
+    j = text.index(end, i)
+    return text[:i] + "\n" + body + "\n" + text[j:]
+
+
+def render(path: Path, parts: dict[str, str]) -> str | None:
+    """``path``'s text with its marked parts generated; None when it has none of them."""
+    rel = str(path.relative_to(ROOT)) if path.is_absolute() else str(path)
+    text = path.read_text()
+    new, found = text, False
+    for part in TARGETS.get(rel, ()):
+        begin, end = MARKERS[part]
+        if begin in new and end in new:
+            new, found = replace_between(new, begin, end, parts[part]), True
+    return new if found else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or with ``--check`` compare) the marked parts; 1 where ``--check`` differs."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
+    args = p.parse_args(argv)
+    parts = generated()
+    differ = []
+    for rel in TARGETS:
+        path = ROOT / rel
+        new = render(path, parts) if path.exists() else None
+        if new is None or new == path.read_text():
+            continue
+        differ.append(rel)
+        if not args.check:
+            path.write_text(new)
+    verb = "differ from the records" if args.check else "rewritten"
+    print(f"race docs: {verb}: {', '.join(differ) or 'none'}")
+    return 1 if args.check and differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

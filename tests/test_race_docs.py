@@ -1,0 +1,51 @@
+"""Records make the docs: the race parts of docs/choosing.md, docs/benchmarks.md and the
+README's results sentence are what ``benchmarks/race/docs.py`` generates from
+``benchmarks/results/race/`` (regenerate with ``python -m benchmarks.race.docs``).
+
+Also: the generated text claims no speed-up while no fair record exists, lists every withdrawn
+record, and renders a fair record's claims only where ``rules.score`` allows them.
+"""
+
+from __future__ import annotations
+
+from benchmarks.race import docs
+from testbed.launch import ROOT
+from tests.test_race_rules import fair_record
+
+
+def test_committed_docs_equal_the_generated_text() -> None:
+    parts = docs.generated()
+    rendered = {rel: docs.render(ROOT / rel, parts) for rel in docs.TARGETS}
+    assert rendered["docs/choosing.md"] is not None, "docs/choosing.md lost its race markers"
+    stale = [rel for rel, text in rendered.items()
+             if text is not None and text != (ROOT / rel).read_text()]
+    assert stale == [], f"run `python -m benchmarks.race.docs`: {stale} differ from the records"
+
+
+def test_without_fair_records_nothing_is_claimed_and_every_old_race_is_withdrawn() -> None:
+    withdrawn = docs.withdrawn_records()
+    text = " ".join(docs.race_part([], withdrawn).split())
+    assert "no speed-up is claimed" in text and "withdrawn" in text
+    for name, _ in withdrawn:
+        assert f"`{name}`" in text
+    assert "x ddp" not in text and "faster" not in text
+    sentence = " ".join(docs.results_sentence([]).split())
+    assert sentence.startswith("No speed-up is claimed") and "withdrawn" in sentence
+    asr = [rec for _, rec in withdrawn if rec["workload"] == "asr"]
+    assert asr and all("(early)" in ", ".join(docs.withdrawal_reasons(r)) for r in asr)
+
+
+def test_a_fair_record_renders_its_claims() -> None:
+    times = {"ddp": [300.0, 310.0, 305.0], "ddp_bf16": [250.0, 260.0, 240.0],
+             "adpsgd_hier_bf16": [150.0, 160.0, 170.0]}
+    fair = [("asr_2x2_200mbit_0.5ms.json", fair_record(times))]
+    table = docs.race_part(fair, [])
+    assert "| adpsgd_hier_bf16 | 0.003 | 3 | 160 | 150-170 | 0.53 | 0.64 | faster | faster |" \
+        in table
+    assert "| ddp | 0.003 | 3 | 305 | 300-310 | 1.00 | 1.22 | - | slower |" in table
+    assert "`adpsgd_hier_bf16` 0.53x ddp's median time" in " ".join(
+        docs.results_sentence(fair).split())
+    loaded = [("x.json", fair_record(times, latency_ms=0.0))]
+    assert "No claim from this race: no link latency emulated." in " ".join(
+        docs.race_part(loaded, []).split())
+    assert docs.results_sentence(loaded).startswith("No speed-up is claimed")
