@@ -67,13 +67,14 @@ def _conserving_case(rank: int, world: int, kwargs: dict) -> dict:
     in_phase = []
     for _ in range(PHASES):
         dist.barrier()  # all ranks open a phase together, as the strategy does
-        engine.begin_phase()
+        engine.before_step(0)  # opens the phase (the later steps' before_step: no-ops)
         in_phase.append(engine.in_phase)
-        for _ in range(STEPS):
-            engine.after_step()  # lr = 0: nothing changes locally between boundaries
+        for t in range(STEPS):
+            engine.before_step(t)
+            engine.after_step(t)  # lr = 0: nothing changes locally between boundaries
         engine.quiesce()
         in_phase.append(engine.in_phase)
-    engine.stop()
+    engine.close()
     assert isinstance(engine.stats, GossipStats)
     return {"x0": x0.tolist(), "x": flat.pack().tolist(), "stats": vars(engine.stats),
             "in_phase": in_phase, "threads_after_stop": _gossip_threads(rank)}
@@ -87,16 +88,16 @@ def _nan_case(rank: int, world: int) -> dict:
     engine = _engine(flat, rank, world, max_staleness=0)
     engine.start()
     dist.barrier()
-    engine.begin_phase()
+    engine.before_step(0)
     error = None
     if rank == 0:
         try:
-            for _ in range(3):
-                engine.after_step()  # waits for its exchange (max_staleness=0), then raises
+            for t in range(3):
+                engine.after_step(t)  # waits for its exchange (max_staleness=0), then raises
         except RuntimeError as e:
             error = str(e)
     dist.barrier()
-    engine.stop()  # rank 1's thread is still in a receive: stop() does not wait for it
+    engine.close()  # rank 1's thread is still in a receive: close() does not wait for it
     return {"error": error, "threads_after_stop": _gossip_threads(rank) if rank == 0 else 0}
 
 

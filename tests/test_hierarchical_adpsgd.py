@@ -368,7 +368,7 @@ class _Rank:
         self.box.post_delta(delta[self.box.lo:self.box.hi], covered)
         return covered
 
-    def end_phase(self) -> None:  # AsyncGossip.quiesce, then the next begin_phase
+    def end_phase(self) -> None:  # AsyncGossip.quiesce, then the next phase's before_step
         if self.sharded:
             self.box.take_all(self.out, self.steps)
             self._add_taken()

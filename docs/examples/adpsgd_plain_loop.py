@@ -61,18 +61,20 @@ def main() -> None:
                          data_group=data, timeout=TIMEOUT, max_staleness=4)
     engine.start()
     losses = [consensus_loss(model, flat, x_val, y_val)]
+    t = 0  # the step counter (the same verbs as SyncGossip's; AsyncGossip counts its own)
     for _ in range(EPOCHS):
         dist.barrier()  # all ranks open a gossip phase together
-        engine.begin_phase()
         for i in range(0, len(x), BATCH):
+            engine.before_step(t)  # the epoch's first step opens the phase
             loss = nn.functional.mse_loss(model(x[i:i + BATCH]), y[i:i + BATCH])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            engine.after_step()  # add the peers' deltas, leave a snapshot, bound staleness
+            engine.after_step(t)  # add the peers' deltas, leave a snapshot, bound staleness
+            t += 1
         engine.quiesce()  # every in-flight exchange finished and applied, on every rank
         losses.append(consensus_loss(model, flat, x_val, y_val))
-    engine.stop()
+    engine.close()
     stats = engine.stats
     print(json.dumps({"rank": rank, "engine": "AsyncGossip", "consensus_loss": losses,
                       "steps": stats.steps, "exchanges": stats.exchanges}), flush=True)

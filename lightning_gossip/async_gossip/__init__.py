@@ -40,12 +40,13 @@ Example (inside an initialised process group)::
     engine = AsyncGossip(FlatState(model), rank, Pairing("ring", world), control, data,
                          timeout=timedelta(minutes=5))
     engine.start()
-    engine.begin_phase()         # all ranks together, e.g. after a barrier
-    for batch in loader:
+    dist.barrier()               # all ranks open a phase together
+    for t, batch in enumerate(loader):
+        engine.before_step(t)    # opens the phase (the first time)
         train_step(batch)
-        engine.after_step()      # apply deltas, offer a snapshot, bound staleness
+        engine.after_step(t)     # apply deltas, offer a snapshot, bound staleness
     engine.quiesce()             # network quiet: evaluate, checkpoint, average...
-    engine.stop()
+    engine.close()
 """
 
 from __future__ import annotations

@@ -55,9 +55,14 @@ class AsyncGossip:
         node_gather: the node's all-gather (a collective of the training thread on the node's
             group).
 
-    Every method is called from the training thread. The state it shares with the gossip
-    thread lives in a :class:`~lightning_gossip.async_gossip.state.SharedState`; the step
-    counter ``_steps`` is the training thread's alone.
+    The verbs are :class:`~lightning_gossip.sync_gossip.SyncGossip`'s: :meth:`start` (the
+    gossip thread), :meth:`before_step` (opens a phase if none is open: all ranks together,
+    e.g. after a barrier), :meth:`after_step`, :meth:`quiesce` (ends the phase: a sync point),
+    :meth:`close`, :attr:`stats`. Every method is called from the training thread. The state it
+    shares with the gossip thread lives in a
+    :class:`~lightning_gossip.async_gossip.state.SharedState`; the step counter ``_steps`` is
+    the training thread's alone (a step number given to the verbs is not needed: the ranks'
+    steps differ anyway).
     """
 
     def __init__(self, flat: FlatState, rank: int, pairing: Pairing | ColumnPairing,
@@ -103,17 +108,20 @@ class AsyncGossip:
 
     @property
     def in_phase(self) -> bool:
-        """A phase is open: between :meth:`begin_phase` and :meth:`quiesce`."""
+        """A phase is open: between :meth:`before_step` and :meth:`quiesce`."""
         return self._shared.clock.is_open
 
     def start(self) -> None:
-        """Start the gossip thread (it idles until the first :meth:`begin_phase`)."""
+        """Start the gossip thread (it idles until the first :meth:`before_step`)."""
         self._thread = threading.Thread(target=self._run_thread, daemon=True,
                                         name=f"lightning-gossip-{self.rank}")
         self._thread.start()
 
-    def begin_phase(self) -> None:
-        """Open a new phase: from now on exchanges may start (all ranks call this together)."""
+    def before_step(self, step: int) -> None:
+        """Before forward/backward of ``step``: open a new phase if none is open (from then on
+        exchanges may start; the ranks open a phase together, e.g. after a barrier). Nothing
+        else: the step's work is in :meth:`after_step`. ``step`` is not used."""
+        del step
         shared = self._shared
         with shared.cv:
             shared.raise_if_failed()
@@ -124,8 +132,9 @@ class AsyncGossip:
             shared.handoff.to_thread()
             shared.cv.notify_all()
 
-    def after_step(self) -> None:
-        """At a step boundary: apply deltas, leave a fresh snapshot, bound the staleness.
+    def after_step(self, step: int) -> None:
+        """After the optimizer step of ``step`` (not used: the engine counts its own steps):
+        apply deltas, leave a fresh snapshot, bound the staleness.
 
         Unsharded, the replica-sized work is at most one add (the due deltas) and one copy
         (the snapshot, with any pending deltas added on the way): see
@@ -135,6 +144,7 @@ class AsyncGossip:
         none) and each adds the same full delta, before the fresh snapshot is packed (the
         deltas still pending are added to this rank's slice of it only).
         """
+        del step
         shared, box, clock = self._shared, self._shared.mailbox, self._shared.clock
         if self._gather is not None:
             with shared.cv:
@@ -195,7 +205,7 @@ class AsyncGossip:
         self._gather(self._mine, self._gathered)
         self.flat.add_(self._gathered[:self.flat.numel])
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """Stop the thread (after :meth:`quiesce`; idempotent)."""
         self._shared.request_stop()
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -218,7 +218,7 @@ class ADPSGDStrategy(GossipStrategy):
     def teardown_gossip(self) -> None:
         """Stop the gossip thread and keep its counters in :attr:`gossip_stats`."""
         if self.engine is not None:
-            self.engine.stop()
+            self.engine.close()
             self._last_stats = dict(vars(self.engine.stats))
             self.engine = None
 
@@ -263,7 +263,7 @@ class ADPSGDStrategy(GossipStrategy):
             self.node.average_buffers()
         self.step += 1
         if self.engine is not None:
-            self.engine.after_step()
+            self.engine.after_step(self.step - 1)
         return out
 
     @override

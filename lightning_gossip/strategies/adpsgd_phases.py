@@ -85,7 +85,7 @@ class Phases:
                 kwargs["device_ids"] = [strategy.root_device.index]
             strategy.watched(dist.barrier, what="waiting for every rank at the barrier that "
                              "opens a gossip phase", **kwargs)
-            engine.begin_phase()
+            engine.before_step(strategy.step)
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
