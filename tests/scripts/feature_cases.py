@@ -120,6 +120,8 @@ def run(case: str, out: Path) -> dict:
     elif feature == "val_check_interval":
         kw["val_check_interval"] = 0.5
         kw["limit_val_batches"] = 1.0
+    elif feature == "evaluate_after":
+        kw["limit_val_batches"] = 1.0
     elif feature == "lr_monitor":
         callbacks.append(LearningRateMonitor())
         kw["logger"] = L.pytorch.loggers.CSVLogger(out / case.replace(":", "_"))
@@ -154,7 +156,7 @@ def run(case: str, out: Path) -> dict:
             preds = trainer.predict(model, vloader)
             row["predict"] = float(nn.functional.mse_loss(torch.cat(preds), val.tensors[1]))
         row["end"] = held_out(model, val)
-        row["global_step"] = trainer.global_step
+        row["global_step"] = trainer.global_step  # (fit_twice, resume: of their last Trainer)
     except Exception as e:  # noqa: BLE001 - a refused feature is a result
         row["error"] = f"{type(e).__name__}: {e}"
         row["trace"] = traceback.format_exc()[-2000:]
