@@ -62,3 +62,17 @@ docs: setup
 
 bench: setup
 	$(PY) -m benchmarks.perf.step_time
+
+.PHONY: test-latest test-wheel
+
+# The library's tests on the newest torch and Lightning (torch 2.15.0, lightning 2.6.6,
+# torchvision 0.29.2; no torchaudio, so the ASR recipe's torchaudio tests skip) in .venv-latest/,
+# created once with uv (--no-config: pyproject's constraint-dependencies pin 2.9.1).
+# LATEST_PYTEST_ARGS replaces the pytest selection (default: make test's).
+test-latest:
+	@bash scripts/test_latest.sh
+
+# The wheel on its own: build it, install it into a clean venv outside the repository, run
+# `lightning-gossip --help` and a 2-rank fit under each strategy there (no PYTHONPATH).
+test-wheel:
+	@bash scripts/test_wheel.sh

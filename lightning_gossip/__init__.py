@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightning_gossip.checkpoints import newest_checkpoint
     from lightning_gossip.flat import FlatState
     from lightning_gossip.pairing import Pairing
+    from lightning_gossip.plain_loop import attach
     from lightning_gossip.strategies import ADPSGDStrategy, DPSGDStrategy, GossipStrategy
     from lightning_gossip.sync_gossip import SyncGossip
 
@@ -87,6 +88,7 @@ __all__ = [
     "PeerSilent",
     "SyncGossip",
     "Topology",
+    "attach",
     "build",
     "newest_checkpoint",
     "topology",
@@ -104,6 +106,8 @@ _LAZY = {
     "FlatState": "lightning_gossip.flat",
     "Pairing": "lightning_gossip.pairing",
     "newest_checkpoint": "lightning_gossip.checkpoints",
+    # gossip for a plain PyTorch loop in one call (no Lightning): docs/engines.md
+    "attach": "lightning_gossip.plain_loop",
 }
 _LIGHTNING = "lightning.pytorch"
 

@@ -20,10 +20,14 @@ __all__ = ["ADPSGDStrategy", "DPSGDStrategy", "GossipStrategy", "register_all"]
 def register_all(strategy_registry: Any = None) -> None:
     """Register every strategy name of the package in ``strategy_registry`` (default:
     Lightning's ``StrategyRegistry``) through the classes' ``register_strategies``.
-    Idempotent: registering again replaces the entries with the same ones."""
+    Idempotent: registering again replaces the entries with the same ones. With the default
+    registry, Fabric's names are registered too (:mod:`lightning_gossip.fabric`)."""
     if strategy_registry is None:
         from lightning.pytorch.strategies import StrategyRegistry
 
+        from lightning_gossip.fabric import register_fabric
+
+        register_fabric()
         strategy_registry = StrategyRegistry
     for cls in (DPSGDStrategy, ADPSGDStrategy):
         cls.register_strategies(strategy_registry)

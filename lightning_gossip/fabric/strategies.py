@@ -1,0 +1,257 @@
+"""Lightning Fabric strategies: D-PSGD and AD-PSGD for a Fabric loop.
+
+``Fabric(strategy="dpsgd")`` / ``"adpsgd"`` / ``"adpsgd_random"`` after ``import
+lightning_gossip``, or the classes with their options. Each strategy is Fabric's own
+``DDPStrategy`` (process group, launcher, collectives, samplers) without the DDP wrapper: the
+module is set up as it is, and every ``optimizer.step()`` of the Fabric-wrapped optimizer is a
+gossip step, driven through the same engines as the Trainer strategies
+(:class:`~lightning_gossip.plain_loop.Gossip`). The optimizer step is wrapped in the strategy,
+not hooked on the optimizer, so a step that AMP's loss scaler skips is still a gossip step on
+every rank.
+
+The loop's sync points (every rank together): ``fabric.strategy.consensus()`` (a block in which
+the model holds the exact average of the replicas, for evaluation), ``fabric.strategy.quiesce()``,
+``fabric.strategy.average()`` (every replica becomes the average) and
+``fabric.strategy.finish()`` (the same, then gossip stops: the end of training).
+``fabric.save`` writes the average too: the module's state dict is the consensus (a collective on
+every rank, which ``fabric.save`` already is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import Any, ClassVar, Literal
+
+import torch
+from lightning.fabric.accelerators import Accelerator
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment, Precision
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
+from torch import Tensor
+from torch.nn import Module
+from typing_extensions import override
+
+from lightning_gossip.plain_loop import Gossip
+from lightning_gossip.topology import Topology
+
+__all__ = ["FabricADPSGDStrategy", "FabricDPSGDStrategy", "FabricGossipStrategy"]
+
+StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+
+
+class _NothingToSync(_BackwardSyncControl):
+    """Gossip has no gradient all-reduce to skip: ``fabric.no_backward_sync`` is a no-op."""
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        """Nothing to block (each rank's gradient stays local anyway)."""
+        return nullcontext()
+
+
+class FabricGossipStrategy(DDPStrategy):
+    """Base of the Fabric gossip strategies: one replica per rank, no DDP wrapper.
+
+    Subclasses set :attr:`kind` and pass their options to :class:`Gossip` through
+    :meth:`gossip_options`. ``process_group_backend``, ``timeout`` (every gossip wait too) and
+    ``start_method`` are Fabric's ``DDPStrategy``'s.
+    """
+
+    #: the engine: ``"dpsgd"`` or ``"adpsgd"``
+    kind: ClassVar[str] = ""
+
+    def __init__(self, accelerator: Accelerator | None = None,
+                 parallel_devices: list[torch.device] | None = None,
+                 cluster_environment: ClusterEnvironment | None = None,
+                 checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
+                 process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout,
+                 start_method: StartMethod = "popen") -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision=precision, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        self._backward_sync_control = _NothingToSync()
+        #: the attached gossip (after ``fabric.setup(model, ...)``)
+        self.gossip: Gossip | None = None
+
+    def gossip_options(self) -> dict[str, Any]:
+        """The keywords of :class:`Gossip` (subclasses)."""
+        raise NotImplementedError
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        """The module as it is (no wrapper): rank 0's weights are broadcast to every replica
+        and gossip is attached to it (one model per strategy)."""
+        if self.gossip is not None:
+            raise ValueError(f"{type(self).__name__} gossips one model: fabric.setup was "
+                             "called a second time with a model")
+        timeout = self._timeout if self._timeout is not None else default_pg_timeout
+        self.gossip = Gossip(module, None, self.kind, timeout=timeout,
+                             backend=self._process_group_backend, **self.gossip_options())
+        return module
+
+    @override
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """The local step (through the precision plugin), then the gossip step."""
+        if self.gossip is not None:
+            self.gossip.before_step()
+        out = super().optimizer_step(optimizer, **kwargs)
+        if self.gossip is not None:
+            self.gossip.after_step()
+        return out
+
+    # -- sync points ---------------------------------------------------------------------------
+    def quiesce(self) -> None:
+        """Finish every exchange in flight (every rank): collectives are safe until the next
+        optimizer step."""
+        if self.gossip is not None:
+            self.gossip.quiesce()
+
+    @contextlib.contextmanager
+    def consensus(self) -> Iterator[None]:
+        """A block in which the model holds the exact average of the replicas (every rank
+        enters it together); this rank's replica is put back afterwards."""
+        if self.gossip is None:
+            yield
+            return
+        with self.gossip.consensus():
+            yield
+
+    def average(self) -> None:
+        """Every replica becomes the exact average of all replicas (every rank; e.g. at the
+        end of training)."""
+        if self.gossip is not None:
+            self.gossip.become_average()
+
+    def finish(self) -> None:
+        """The end of training: every replica becomes the exact average, gossip stops."""
+        if self.gossip is not None:
+            self.gossip.finish()
+
+    @property
+    def gossip_stats(self) -> Any:
+        """The engine's counters (``None`` before set-up or with one process)."""
+        return self.gossip.stats if self.gossip is not None else None
+
+    @override
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        """The consensus weights (a collective: ``fabric.save`` runs this on every rank)."""
+        if self.gossip is None or self.gossip.engine is None:
+            return super().get_module_state_dict(module)
+        with self.gossip.consensus():
+            return {k: v.clone() if isinstance(v, Tensor) else v
+                    for k, v in super().get_module_state_dict(module).items()}
+
+    @override
+    def teardown(self) -> None:
+        """Stop gossip, then Fabric's teardown."""
+        if self.gossip is not None:
+            self.gossip.close()
+        super().teardown()
+
+
+class FabricDPSGDStrategy(FabricGossipStrategy):
+    """D-PSGD for Fabric: ``x_{t+1} = W_t x_t - lr g_t`` with ``W_t`` of ``topology``.
+
+    Args:
+        topology: a topology name (``lightning-gossip topologies``; default ``"ring"``) or a
+            :class:`~lightning_gossip.topology.Topology`.
+        seed: the seed of random topologies.
+        overlap: post each round before the local step and add its change after it
+            (``False``: exchange the stepped weights, blocking).
+        delay_by_one: add each round's change one step later (hides it behind a whole step).
+        wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
+
+    Every rank must take the same number of optimizer steps between sync points.
+    """
+
+    kind = "dpsgd"
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``"dpsgd"`` in Fabric's strategy registry."""
+        strategy_registry.register("dpsgd", cls, override=True,
+                                   description="Decentralized parallel SGD (D-PSGD), ring")
+
+    def __init__(self, accelerator: Accelerator | None = None,
+                 parallel_devices: list[torch.device] | None = None,
+                 cluster_environment: ClusterEnvironment | None = None,
+                 checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
+                 *, topology: str | Topology = "ring", seed: int = 0, overlap: bool = True,
+                 delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout,
+                 start_method: StartMethod = "popen") -> None:
+        super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
+                         precision, process_group_backend, timeout, start_method)
+        self.topology = topology
+        self.seed = int(seed)
+        self.overlap = bool(overlap)
+        self.delay_by_one = bool(delay_by_one)
+        self.wire_dtype = wire_dtype
+
+    @override
+    def gossip_options(self) -> dict[str, Any]:
+        """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype``."""
+        return {"topology": self.topology, "seed": self.seed, "overlap": self.overlap,
+                "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype}
+
+
+class FabricADPSGDStrategy(FabricGossipStrategy):
+    """AD-PSGD for Fabric: pairwise averages in a background thread, never waiting for them
+    (except for the ``max_staleness`` bound).
+
+    Args:
+        pairing: ``"ring"`` (default) or ``"random"``.
+        seed: the seed of the random pairing.
+        max_staleness: the training thread waits while more than this many of its steps are
+            not yet gossiped (``None``: never).
+        delay_by_one: apply each exchange's delta one step later.
+        wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
+
+    Ranks may take different numbers of steps; a phase of gossip opens at the first step after
+    a sync point (after a meeting of all ranks) and ends at the next sync point.
+    """
+
+    kind = "adpsgd"
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``"adpsgd"`` (ring) and ``"adpsgd_random"`` in Fabric's registry."""
+        strategy_registry.register("adpsgd", cls, override=True,
+                                   description="Asynchronous decentralized parallel SGD "
+                                               "(AD-PSGD), ring peer choice")
+        strategy_registry.register("adpsgd_random", cls, override=True, pairing="random",
+                                   description="Asynchronous decentralized parallel SGD "
+                                               "(AD-PSGD), random peer choice")
+
+    def __init__(self, accelerator: Accelerator | None = None,
+                 parallel_devices: list[torch.device] | None = None,
+                 cluster_environment: ClusterEnvironment | None = None,
+                 checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
+                 *, pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
+                 delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout,
+                 start_method: StartMethod = "popen") -> None:
+        super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
+                         precision, process_group_backend, timeout, start_method)
+        self.pairing = pairing
+        self.seed = int(seed)
+        self.max_staleness = max_staleness
+        self.delay_by_one = bool(delay_by_one)
+        self.wire_dtype = wire_dtype
+
+    @override
+    def gossip_options(self) -> dict[str, Any]:
+        """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype``."""
+        return {"pairing": self.pairing, "seed": self.seed,
+                "max_staleness": self.max_staleness, "delay_by_one": self.delay_by_one,
+                "wire_dtype": self.wire_dtype}

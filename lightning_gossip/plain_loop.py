@@ -1,0 +1,233 @@
+"""Gossip for a plain PyTorch loop in one call: :func:`attach`.
+
+``attach(model, optimizer, strategy="adpsgd")`` builds everything the engines need (the replica
+as one vector, the engine's own process groups, the topology or pairing), broadcasts rank 0's
+weights, starts the engine and registers two hooks on the optimizer
+(``Optimizer.register_step_pre_hook`` / ``register_step_post_hook``, the way torchft's
+``LocalSGD`` attaches), so the loop itself changes by at most three lines::
+
+    gossip = lightning_gossip.attach(model, optimizer, strategy="adpsgd")   # 1: start
+    for x, y in loader:                                                      # unchanged
+        optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+    gossip.finish()                  # 2: every rank now holds the exact average of the replicas
+
+Mid-training evaluation of the average (a sync point every rank reaches)::
+
+    with gossip.consensus():         # the exact average swapped in, the replica restored after
+        evaluate(model)
+
+Every rank must call the same sequence: :func:`attach`, the same number of optimizer steps
+between two sync points for ``"dpsgd"`` (any number for ``"adpsgd"``), and the sync points
+(:meth:`Gossip.consensus`, :meth:`Gossip.quiesce`, :meth:`Gossip.finish`) together.
+
+What the hooks do: before ``optimizer.step()`` the engine's ``before_step(t)`` (D-PSGD:
+snapshot ``x_t`` and post the round; AD-PSGD: open a gossip phase after a meeting of all ranks
+if none is open), after it ``after_step(t)`` (mix / apply the peers' deltas). The gradient was
+computed at ``x_t``, so the D-PSGD round posted at the pre-step hook mixes exactly what
+``DPSGDStrategy`` mixes; only the overlap is shorter (``delay_by_one=True`` hides a round behind
+a whole step). An optimizer step that is skipped (``torch.amp.GradScaler`` after an overflow)
+runs no hook, so under ``"dpsgd"`` a skipped step on one rank only leaves the ranks a round
+apart: use the Trainer or Fabric strategies with fp16 loss scaling.
+
+This module imports no Lightning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.compression import check_wire_dtype
+from lightning_gossip.consensus import all_average
+from lightning_gossip.flat import FlatState
+from lightning_gossip.pairing import Pairing
+from lightning_gossip.sync_gossip import SyncGossip
+from lightning_gossip.topology import Topology, build
+
+__all__ = ["STRATEGIES", "Gossip", "attach"]
+
+#: the names :func:`attach` accepts
+STRATEGIES = ("dpsgd", "adpsgd")
+
+
+class Gossip:
+    """Gossip attached to one model and (optionally) its optimizer; built by :func:`attach`.
+
+    Args:
+        model: the replica (every parameter and floating buffer is gossiped).
+        optimizer: the optimizer whose steps are the gossip steps; ``None`` registers no hooks
+            (the owner calls :meth:`before_step` / :meth:`after_step` itself, as the Fabric
+            strategies do).
+        strategy: ``"dpsgd"`` (synchronous, every rank steps the same number of times) or
+            ``"adpsgd"`` (asynchronous pairwise averages in a background thread).
+        topology: ``"dpsgd"``: a topology name (``lightning-gossip topologies``) or a
+            :class:`~lightning_gossip.topology.Topology`.
+        pairing: ``"adpsgd"``: ``"ring"`` or ``"random"``.
+        seed: the seed of random topologies and pairings (the same on every rank).
+        max_staleness: ``"adpsgd"``: the training thread waits while more than this many of its
+            steps are not yet gossiped (``None``: never).
+        overlap: ``"dpsgd"``: post the round at the pre-step hook and add its change after the
+            step (``False``: exchange the stepped weights, blocking).
+        delay_by_one: apply each round's (exchange's) change one step later, so it hides behind
+            a whole step.
+        wire_dtype: what is sent: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        timeout: limit of every blocking wait (seconds or a ``timedelta``).
+        backend: the backend of the engine's data group; default ``"nccl"`` for CUDA models,
+            ``"gloo"`` otherwise.
+        broadcast: start every replica from rank 0's weights (one broadcast now).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 strategy: str = "adpsgd", *, topology: str | Topology = "ring",
+                 pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
+                 overlap: bool = True, delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 timeout: timedelta | float = 60.0, backend: str | None = None,
+                 broadcast: bool = True) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("lightning_gossip.attach needs an initialised default process "
+                               "group: call torch.distributed.init_process_group() first "
+                               "(torchrun sets its environment)")
+        self.model = model
+        self.strategy = strategy
+        self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.flat = FlatState(model)
+        device = self.flat.device
+        if backend is None:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+        wire = check_wire_dtype(wire_dtype)
+        #: optimizer steps seen so far (the ``t`` of ``W_t``)
+        self.step = 0
+        self._handles: list[Any] = []
+        if broadcast and self.world_size > 1:
+            start = self.flat.pack()
+            dist.broadcast(start, src=0)
+            self.flat.copy_(start)
+        # The engine's groups, created on every rank in the same order. ``meet`` (gloo) is the
+        # training thread's: the meeting before an AD-PSGD phase and the exact averages.
+        self._meet = dist.new_group(backend="gloo", timeout=self.timeout)
+        #: the engine (``None`` with a single process: the loop then trains locally)
+        self.engine: SyncGossip | AsyncGossip | None = None
+        if self.world_size == 1:
+            pass
+        elif strategy == "dpsgd":
+            topo = (topology if isinstance(topology, Topology)
+                    else build(topology, self.world_size, seed=seed))
+            group = dist.new_group(backend=backend, timeout=self.timeout)
+            self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
+                                     overlap=overlap, delay_by_one=delay_by_one,
+                                     wire_dtype=wire)
+        else:
+            control = dist.new_group(backend="gloo", timeout=self.timeout)
+            data = dist.new_group(backend=backend, timeout=self.timeout)
+            self.engine = AsyncGossip(self.flat, self.rank,
+                                      Pairing(pairing, self.world_size, seed),
+                                      control_group=control, data_group=data,
+                                      timeout=self.timeout, max_staleness=max_staleness,
+                                      delay_by_one=delay_by_one, wire_dtype=wire)
+        self._average_group = self._meet if device.type == "cpu" else None
+        if self.engine is not None:
+            self.engine.start()
+        self._closed = False
+        if optimizer is not None:
+            self._handles = [optimizer.register_step_pre_hook(self._pre_hook),
+                             optimizer.register_step_post_hook(self._post_hook)]
+
+    # -- the step: called by the optimizer's hooks (or by an owner that drives it) ------------
+    def before_step(self) -> None:
+        """Before ``optimizer.step()`` (after backward): start step :attr:`step`'s gossip."""
+        if isinstance(self.engine, AsyncGossip) and not self.engine.in_phase:
+            dist.barrier(group=self._meet)  # every rank opens the phase together
+        if self.engine is not None:
+            self.engine.before_step(self.step)
+
+    def after_step(self) -> None:
+        """After ``optimizer.step()``: mix (D-PSGD) or apply the peers' deltas (AD-PSGD)."""
+        if self.engine is not None:
+            self.engine.after_step(self.step)
+        self.step += 1
+
+    def _pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.before_step()
+
+    def _post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.after_step()
+
+    # -- sync points ---------------------------------------------------------------------------
+    @property
+    def stats(self) -> Any:
+        """The engine's counters (``SyncStats`` or ``GossipStats``; ``None`` without one)."""
+        return self.engine.stats if self.engine is not None else None
+
+    def quiesce(self) -> None:
+        """A sync point on every rank: finish every exchange in flight and apply it; until the
+        next optimizer step nothing is sent, so collectives of the loop are safe."""
+        if self.engine is not None:
+            self.engine.quiesce()
+
+    def average(self) -> torch.Tensor:
+        """:meth:`quiesce`, then the exact average of all replicas as one fp32 vector (a
+        collective: every rank calls it); the replicas are left as they are."""
+        self.quiesce()
+        return all_average(self.flat.pack(), self._average_group, timeout=self.timeout,
+                           what="averaging the replicas")
+
+    @contextlib.contextmanager
+    def consensus(self) -> Iterator[None]:
+        """Inside the block the model holds the exact average of the replicas (every rank
+        enters it together); this rank's replica is put back afterwards."""
+        self.quiesce()  # the deltas in flight belong to this rank's replica
+        mine = self.flat.pack().clone()
+        self.flat.copy_(self.average())
+        try:
+            yield
+        finally:
+            self.flat.copy_(mine)
+
+    def become_average(self) -> None:
+        """Every replica becomes the exact average of all replicas (a sync point; gossip goes
+        on at the next optimizer step)."""
+        self.flat.copy_(self.average())
+
+    def finish(self) -> None:
+        """The end of training: every replica becomes the exact average of all replicas, the
+        hooks are removed and the engine stops (:meth:`close`)."""
+        self.become_average()
+        self.close()
+
+    def close(self) -> None:
+        """Remove the optimizer hooks and stop the engine (idempotent; no average)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if not self._closed:
+            self._closed = True
+            if self.engine is not None:
+                self.engine.close()
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "adpsgd",
+           **options: Any) -> Gossip:
+    """Attach gossip to ``model`` and ``optimizer`` of a plain PyTorch loop (every rank calls it,
+    inside an initialised process group); returns the :class:`Gossip`.
+
+    From then on every ``optimizer.step()`` is a gossip step; :meth:`Gossip.finish` at the end
+    leaves the exact average of the replicas on every rank. ``options`` are
+    :class:`Gossip`'s keywords (``topology``, ``pairing``, ``seed``, ``max_staleness``,
+    ``overlap``, ``delay_by_one``, ``wire_dtype``, ``timeout``, ``backend``, ``broadcast``).
+
+    >>> attach(None, None, strategy="ddp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: strategy must be one of ('dpsgd', 'adpsgd'), got 'ddp'
+    """
+    return Gossip(model, optimizer, strategy, **options)
