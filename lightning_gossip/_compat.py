@@ -140,6 +140,16 @@ def optimizers_to_device(optimizers: Any, device: torch.device) -> None:
     _optimizers_to_device(optimizers, device)
 
 
+def backward_sync_control_base() -> type:
+    """The base class of a Fabric strategy's ``no_backward_sync`` control.
+
+    lightning 2.6.6: ``lightning.fabric.strategies.strategy._BackwardSyncControl``.
+    """
+    from lightning.fabric.strategies.strategy import _BackwardSyncControl
+
+    return _BackwardSyncControl
+
+
 def subprocess_script_launcher() -> type:
     """Lightning's default launcher class (re-runs ``sys.argv`` once per local rank).
 

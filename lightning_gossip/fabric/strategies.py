@@ -30,11 +30,11 @@ from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment, Precision
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies import DDPStrategy
-from lightning.fabric.strategies.strategy import _BackwardSyncControl
 from torch import Tensor
 from torch.nn import Module
 from typing_extensions import override
 
+from lightning_gossip import _compat
 from lightning_gossip.plain_loop import Gossip
 from lightning_gossip.topology import Topology
 
@@ -43,7 +43,7 @@ __all__ = ["FabricADPSGDStrategy", "FabricDPSGDStrategy", "FabricGossipStrategy"
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 
 
-class _NothingToSync(_BackwardSyncControl):
+class _NothingToSync(_compat.backward_sync_control_base()):  # type: ignore[misc]
     """Gossip has no gradient all-reduce to skip: ``fabric.no_backward_sync`` is a no-op."""
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
