@@ -70,7 +70,7 @@ def test_trainer_feature(rows: dict[str, list[dict]], feature: str) -> None:
         assert a["end"] == b["end"], (strategy, a, b)  # every rank holds the same average
         assert a["end"] < 0.2 * a["start"], (strategy, a)  # it trained the right way
         assert a["end"] <= TOLERANCE * ddp["end"], (strategy, a["end"], ddp["end"])
-        for key in ("validate", "test"):
+        for key in ("validate", "test", "predict"):
             if key in ddp:
                 assert a[key] <= TOLERANCE * ddp[key], (strategy, key, a[key], ddp[key])
         if "predict_rows" in ddp:

@@ -6,6 +6,7 @@ Trainer's names), and the classes :class:`FabricDPSGDStrategy` and
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from lightning_gossip.fabric.strategies import (
@@ -27,3 +28,9 @@ def register_fabric(strategy_registry: Any = None) -> None:
         strategy_registry = STRATEGY_REGISTRY
     for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
         cls.register_strategies(strategy_registry)
+
+
+if "lightning.pytorch" in sys.modules:
+    # The Trainer's names are registered once lightning.pytorch is imported; Fabric's follow
+    # them here when this package was the one importing Lightning (see strategies.register_all).
+    register_fabric()

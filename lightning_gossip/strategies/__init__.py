@@ -23,11 +23,17 @@ def register_all(strategy_registry: Any = None) -> None:
     Idempotent: registering again replaces the entries with the same ones. With the default
     registry, Fabric's names are registered too (:mod:`lightning_gossip.fabric`)."""
     if strategy_registry is None:
+        import sys
+
         from lightning.pytorch.strategies import StrategyRegistry
 
-        from lightning_gossip.fabric import register_fabric
+        fabric = sys.modules.get("lightning_gossip.fabric")
+        if fabric is None or not getattr(fabric.__spec__, "_initializing", False):
+            # While lightning_gossip.fabric is itself being imported (its import of Lightning
+            # fired the registering hook), it registers its names when it has finished.
+            from lightning_gossip.fabric import register_fabric
 
-        register_fabric()
+            register_fabric()
         strategy_registry = StrategyRegistry
     for cls in (DPSGDStrategy, ADPSGDStrategy):
         cls.register_strategies(strategy_registry)

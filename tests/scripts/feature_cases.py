@@ -155,6 +155,10 @@ def run(case: str, out: Path) -> dict:
             row["test"] = trainer.test(model, vloader, verbose=False)[0]["test_loss"]
             preds = trainer.predict(model, vloader)
             row["predict_rows"] = int(torch.cat(preds).shape[0])  # this rank's shard
+            # Each rank predicts its shard (Lightning's DistributedSampler, no shuffling).
+            shard = list(trainer.predict_dataloaders.sampler)
+            row["predict"] = float(nn.functional.mse_loss(torch.cat(preds),
+                                                          val.tensors[1][shard]))
         row["end"] = held_out(model, val)
         row["global_step"] = trainer.global_step  # (fit_twice, resume: of their last Trainer)
     except Exception as e:  # noqa: BLE001 - a refused feature is a result
