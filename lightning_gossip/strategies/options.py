@@ -5,14 +5,20 @@ is constructed, so bad input fails before any process starts."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
-__all__ = ["EVALUATE_CHOICES", "check_max_staleness", "check_options"]
+__all__ = ["EVALUATE_CHOICES", "Backend", "Evaluate", "check_max_staleness", "check_options"]
 
-EVALUATE_CHOICES = ("consensus", "local")
+#: ``evaluate=``: validation and test on the average of the replicas, or on each rank's own
+Evaluate = Literal["consensus", "local"]
+#: ``process_group_backend=`` (``None``: from the device)
+Backend = Literal["gloo", "nccl"]
+
+EVALUATE_CHOICES: tuple[Evaluate, ...] = ("consensus", "local")
 
 
-def check_options(*, evaluate: str, consensus_every_n_steps: int | None,
-                  process_group_backend: str | None, timeout: timedelta | float,
+def check_options(*, evaluate: Evaluate | str, consensus_every_n_steps: int | None,
+                  process_group_backend: Backend | str | None, timeout: timedelta | float,
                   heartbeat_timeout: float | None) -> timedelta:
     """Raise ``ValueError`` naming the first bad option; return ``timeout`` as a
     ``timedelta``.
