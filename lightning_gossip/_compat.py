@@ -16,7 +16,6 @@ Checked against: lightning 2.6.6, torch 2.9.1.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -49,12 +48,6 @@ def version_mismatches() -> list[str]:
                 "versions in lightning_gossip/_compat.py"
             )
     return out
-
-
-def warn_on_version_mismatch() -> None:
-    """Emit a ``UserWarning`` for each mismatch reported by :func:`version_mismatches`."""
-    for message in version_mismatches():
-        warnings.warn(message, UserWarning, stacklevel=2)
 
 
 # -- torch ----------------------------------------------------------------------------------------

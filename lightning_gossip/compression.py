@@ -1,4 +1,5 @@
-"""Wire dtypes for synchronous gossip: what a rank sends, and how it is mixed without bias.
+"""Wire dtypes for gossip: what a rank sends, and how it is mixed without bias
+(:func:`pairwise_delta`, the one mean-preserving delta of both engines).
 
 ``DPSGDStrategy(wire_dtype="bf16")`` sends ``q_i = Q(x_i)``, the replica rounded to bf16 (half
 the bytes of fp32), and mixes in the mean-preserving form
@@ -11,6 +12,10 @@ replicas is untouched up to fp32 rounding, however coarse ``Q`` is. Only differe
 quantized values move a replica, so replicas closer than about one rounding step of the wire
 dtype stop moving towards each other: consensus reaches a floor of about ``(2^-9)^2`` (bf16)
 in relative consensus distance rather than zero.
+
+AD-PSGD's pairwise average is the same step with one peer and ``W_ij = 1/2``: each partner adds
+``(q_j - q_i) / 2`` with the ``q`` it sent (``q = x`` in fp32), and the two changes cancel
+exactly (``fl(a - b) = -fl(b - a)``).
 
 Example::
 
@@ -27,24 +32,31 @@ Example::
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
-__all__ = ["WIRE_DTYPES", "check_wire_dtype", "pairwise_delta", "quantize", "wire_bytes"]
+__all__ = ["WIRE_DTYPES", "WireDtype", "check_wire_dtype", "pairwise_delta", "quantize",
+           "wire_bytes"]
+
+#: a ``wire_dtype=`` name
+WireDtype = Literal["fp32", "bf16", "fp16"]
 
 #: the names ``wire_dtype=`` accepts, and the dtype each sends
-WIRE_DTYPES: dict[str, torch.dtype] = {
+WIRE_DTYPES: dict[WireDtype, torch.dtype] = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
 }
 
 
-def check_wire_dtype(name: str) -> torch.dtype:
+def check_wire_dtype(name: WireDtype | str) -> torch.dtype:
     """The torch dtype of a ``wire_dtype`` name; ``ValueError`` naming the choices otherwise."""
-    if name not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype must be one of {tuple(WIRE_DTYPES)}, got {name!r}")
-    return WIRE_DTYPES[name]
+    for known, dtype in WIRE_DTYPES.items():
+        if name == known:
+            return dtype
+    raise ValueError(f"wire_dtype must be one of {tuple(WIRE_DTYPES)}, got {name!r}")
 
 
 def quantize(x: Tensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
@@ -61,15 +73,18 @@ def pairwise_delta(mine: Tensor, theirs: list[tuple[Tensor, float]], out: Tensor
     """``sum_j w_j (theirs_j - mine)`` in fp32 into ``out``: the mean-preserving mixing step.
 
     ``mine`` is what this rank sent (the same values its peers mix in), each ``theirs_j`` what
-    peer ``j`` sent, with weight ``w_j = W_ij``.
+    peer ``j`` sent, with weight ``w_j = W_ij``. Both engines mix with it: ``SyncGossip``'s
+    sharded rounds, and ``AsyncGossip``'s pairwise average (one peer, ``w = 1/2``; there
+    ``out`` is written in place, with no scratch buffer).
     """
-    out.zero_()
     if not theirs:
-        return out
-    mine32 = mine if mine.dtype == out.dtype else mine.to(out.dtype)
-    scratch = torch.empty_like(out)
-    for buf, w in theirs:
-        scratch.copy_(buf).sub_(mine32)  # exact: a difference of two bf16/fp16 values fits fp32
+        return out.zero_()
+    # exact: a difference of two bf16/fp16 values fits fp32; in fp32 fl(a - b) = -fl(b - a)
+    (first, w), rest = theirs[0], theirs[1:]
+    out.copy_(first).sub_(mine).mul_(w)
+    scratch = torch.empty_like(out) if rest else out
+    for buf, w in rest:
+        scratch.copy_(buf).sub_(mine)
         out.add_(scratch, alpha=w)
     return out
 

@@ -1,4 +1,4 @@
-"""Nodes as super-learners: the rank layout, its process groups, and sharded inter-node gossip.
+"""Nodes as super-learners: the rank layout and its process groups.
 
 With ``DPSGDStrategy(hierarchical=True)`` the ranks of a node (the same ``node_rank``) act as
 one learner: gradients are averaged inside the node every step, so the node's ranks hold
@@ -8,25 +8,23 @@ bit-identical weights, and gossip runs between nodes only. Lightning numbers ran
 The inter-node exchange is sharded: the flat replica is cut into ``devices`` equal slices
 (zero-padded), local rank ``l`` exchanges slice ``l`` with local rank ``l`` of the peer nodes
 on its *column* group (the ranks with local rank ``l`` on every node), and the node then
-all-gathers the mixed slices. Every inter-node link carries ``1/devices`` of the replica.
+all-gathers the mixed slices (:class:`~lightning_gossip.sync_gossip.sharded.ShardedExchange`).
+Every inter-node link carries ``1/devices`` of the replica.
 ``DPSGDStrategy`` finishes these rounds on its communication thread, which all-gathers on a
 second group per node (:attr:`NodeGroups.node_gossip`) so that the training thread's
 collectives on the node group (gradients, buffers) never meet another thread's.
 
 ``ADPSGDStrategy(hierarchical=True)`` uses the same layout and groups: local rank ``l`` runs
 AD-PSGD's gossip thread on its column for slice ``l``, with the pairing over nodes
-(:class:`ColumnPairing` translates node indices into the column's global ranks).
+(:class:`~lightning_gossip.pairing.ColumnPairing` translates node indices into the column's
+global ranks).
 
 Example::
 
     >>> layout = NodeLayout(num_nodes=2, devices=2, node=1, local=0)
     >>> layout.rank, layout.node_ranks(1), layout.column_ranks(0)
     (2, [2, 3], [0, 2])
-    >>> from lightning_gossip.pairing import Pairing
     >>> three = NodeLayout(num_nodes=3, devices=2, node=0, local=0)
-    >>> column = ColumnPairing(Pairing("ring", 3), three)  # local rank 0's column: 0, 2, 4
-    >>> column.is_active(0), column.candidates(0), column.contacted_by(2)
-    (True, (4, 2), (0,))
     >>> three.shard_bounds(5)  # local rank 0 owns values 0..2 of 5
     (0, 3)
     >>> layout.shard_size(5)  # 5 values in 2 slices of 3 (one padding value)
@@ -43,18 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
-from torch import Tensor
 
-from lightning_gossip.compression import pairwise_delta, quantize
-from lightning_gossip.exchange import NeighborExchange, wait_all
-from lightning_gossip.liveness import keep_alive_at_exit
-from lightning_gossip.pairing import Pairing
 from lightning_gossip.topology import Peers
 
-__all__ = ["ColumnPairing", "NodeGroups", "NodeLayout", "ShardedExchange", "check_layout",
-           "make_async_groups", "make_node_groups"]
+__all__ = ["NodeGroups", "NodeLayout", "check_layout", "make_async_groups", "make_node_groups"]
 
 
 @dataclass(frozen=True)
@@ -100,51 +91,6 @@ class NodeLayout:
             recv_from=tuple((j * self.devices + col, w) for j, w in node_peers.recv_from),
             send_to=tuple(r * self.devices + col for r in node_peers.send_to),
         )
-
-
-class ColumnPairing:
-    """AD-PSGD's pairing over nodes, seen by one column: the same roles and partner choice as
-    ``pairing`` (built for ``num_nodes``), in the global ranks of local rank ``layout.local``.
-
-    Node ``n`` is rank ``n * devices + local`` here, so every column runs the same pairing of
-    nodes, independently, on its own slice of the replica; messages and errors name global
-    ranks. It has the methods of :class:`~lightning_gossip.pairing.Pairing` the gossip thread
-    uses.
-
-    Args:
-        pairing: the pairing over nodes.
-        layout: this rank's place in the nodes.
-    """
-
-    def __init__(self, pairing: Pairing, layout: NodeLayout) -> None:
-        if pairing.world_size != layout.num_nodes:
-            raise ValueError(f"the pairing is over {pairing.world_size} ranks, but there are "
-                             f"{layout.num_nodes} nodes")
-        self.pairing = pairing
-        self.layout = layout
-
-    def _node(self, rank: int) -> int:
-        return rank // self.layout.devices
-
-    def _rank(self, node: int) -> int:
-        return node * self.layout.devices + self.layout.local
-
-    def is_active(self, rank: int) -> bool:
-        """Whether the node of global ``rank`` starts exchanges."""
-        return self.pairing.is_active(self._node(rank))
-
-    def candidates(self, rank: int) -> tuple[int, ...]:
-        """The column's ranks on the passive nodes an active ``rank`` may contact."""
-        return tuple(map(self._rank, self.pairing.candidates(self._node(rank))))
-
-    def contacted_by(self, rank: int) -> tuple[int, ...]:
-        """The column's ranks on the active nodes that may contact a passive ``rank``."""
-        return tuple(map(self._rank, self.pairing.contacted_by(self._node(rank))))
-
-    def partner(self, rank: int, k: int) -> int:
-        """The column's rank on the node that ``rank``'s node exchanges with in its ``k``-th
-        exchange."""
-        return self._rank(self.pairing.partner(self._node(rank), k))
 
 
 def check_layout(entries: list[tuple[int, int, int]], num_nodes: int, devices: int) -> None:
@@ -245,90 +191,3 @@ def make_async_groups(layout: NodeLayout | None, backend: str | None,
         if k == layout.local:
             groups.control = g
     return groups
-
-
-class ShardedExchange:
-    """One round of gossip between nodes: this rank's slice with its column, then the node's
-    all-gather of the mixing change.
-
-    Args:
-        snapshot: the node replica ``x_t`` (fp32, ``devices * shard`` long, zero-padded); must
-            not change until :meth:`delta` returns.
-        layout: the node layout.
-        node_peers: this node's peers at this step, in the topology over nodes.
-        groups: this rank's node and column groups (the all-gather uses
-            :attr:`NodeGroups.gossip_node`).
-        wire_dtype: what is sent (``torch.float32``, ``bfloat16`` or ``float16``).
-        buffers: reusable wire buffers (``[send, recv...]``) of an earlier round, or ``None``.
-    """
-
-    def __init__(self, snapshot: Tensor, layout: NodeLayout, node_peers: Peers,
-                 groups: NodeGroups, wire_dtype: torch.dtype,
-                 buffers: list[Tensor] | None = None) -> None:
-        self.snapshot = snapshot
-        self.layout = layout
-        self.groups = groups
-        size = snapshot.numel() // layout.devices
-        self.shard = snapshot[layout.local * size:(layout.local + 1) * size]
-        bufs = list(buffers or [])
-        send = bufs.pop(0) if bufs else torch.empty(size, dtype=wire_dtype,
-                                                    device=snapshot.device)
-        if wire_dtype == torch.float32:
-            send.copy_(self.shard)
-        else:
-            quantize(self.shard, wire_dtype, out=send)
-        self.exchange = NeighborExchange(send, layout.column_peers(node_peers), groups.column,
-                                         recv_buffers=bufs)
-
-    @property
-    def buffers(self) -> list[Tensor]:
-        """The wire buffers ``[send, recv...]``, for reuse by a later round."""
-        return [self.exchange.send] + [b for _, b in self.exchange.recv]
-
-    @property
-    def mates(self) -> list[int]:
-        """The other ranks of this rank's node (the all-gather's)."""
-        return [r for r in self.layout.node_ranks(self.layout.node) if r != self.layout.rank]
-
-    @property
-    def others(self) -> list[int]:
-        """Every rank this round depends on: its column peers and its node's other ranks."""
-        return sorted(set(self.exchange.others) | set(self.mates))
-
-    def describe(self, step: int | None = None) -> str:
-        """What this round is, for error messages (names the ranks)."""
-        at = f" at step {step}" if step is not None else ""
-        return (f"sharded gossip exchange of rank {self.layout.rank} with ranks "
-                f"{self.exchange.others} and all-gather in node {self.layout.node} (ranks "
-                f"{self.layout.node_ranks(self.layout.node)}){at}")
-
-    def delta(self, timeout: timedelta, step: int, out: Tensor, watch_peers: bool = True,
-              gather: bool = True) -> Tensor:
-        """Wait, then ``out`` (like ``snapshot``) = ``sum_j W_ij (x_j - x_i)`` for the whole node
-        replica (each slice computed by its local rank and all-gathered on
-        :attr:`NodeGroups.gossip_node`; with ``gather=False`` only this rank's slice of
-        ``out`` is written, the caller all-gathers).
-
-        ``out`` may be the snapshot itself: it is not read once the constructor copied this
-        rank's slice onto the wire. ``watch_peers=False`` waits plainly (up to ``timeout``):
-        for a :class:`~lightning_gossip.exchange.CommWorker`, whose job is watched instead.
-        """
-        ex = self.exchange
-        ex.wait(timeout, step=step, watch_peers=watch_peers)
-        size = self.shard.numel()
-        slices = list(out.split(size))
-        mine = slices[self.layout.local]
-        theirs = [(buf, w) for (_, buf), (_, w) in zip(ex.recv, ex.peers.recv_from)]
-        pairwise_delta(ex.send, theirs, out=mine)
-        if gather and self.layout.devices > 1:
-            group = self.groups.gossip_node
-            work = dist.all_gather(slices, mine.clone(), group=group, async_op=True)
-            what = (f"all-gather of the mixing change of rank {self.layout.rank} in node "
-                    f"{self.layout.node} (ranks {self.layout.node_ranks(self.layout.node)}) "
-                    f"at step {step}")
-            try:
-                wait_all([work], timeout, what, peers=self.mates if watch_peers else ())
-            except BaseException:
-                keep_alive_at_exit(group)  # an abandoned gloo collective: exit at once
-                raise
-        return out

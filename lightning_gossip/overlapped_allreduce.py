@@ -35,12 +35,16 @@ Torch only: the collective is ``launch`` (returns a waitable work) and ``wait``;
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "OverlappedAllReduce", "plan_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "NodeAllreduce", "OverlappedAllReduce", "plan_buckets"]
+
+#: ``node_allreduce=`` of the strategies: after backward (one flat all-reduce), or in buckets
+#: started from gradient hooks during backward (:class:`OverlappedAllReduce`)
+NodeAllreduce = Literal["after_backward", "overlapped"]
 
 #: the default bucket size (fp32 bytes): small enough that several buckets hide behind the
 #: backward of a model of a few MB, large enough that each message is not latency-bound

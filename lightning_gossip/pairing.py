@@ -17,17 +17,35 @@ Example::
     (4, 1)
     >>> [p.partner(0, k) for k in range(4)]
     [4, 1, 4, 1]
+
+Hierarchical AD-PSGD pairs nodes; each local rank's column sees that pairing in its global
+ranks (:class:`ColumnPairing`)::
+
+    >>> from lightning_gossip.hierarchy import NodeLayout
+    >>> three = NodeLayout(num_nodes=3, devices=2, node=0, local=0)
+    >>> column = ColumnPairing(Pairing("ring", 3), three)  # local rank 0's column: 0, 2, 4
+    >>> column.is_active(0), column.candidates(0), column.contacted_by(2)
+    (True, (4, 2), (0,))
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from lightning_gossip.topology import check_world_size
 
-__all__ = ["PAIRINGS", "Pairing", "check_pairing_name", "is_active"]
+if TYPE_CHECKING:
+    from lightning_gossip.hierarchy import NodeLayout
 
-PAIRINGS = ("ring", "random")
+__all__ = ["PAIRINGS", "ColumnPairing", "Pairing", "PairingName", "check_pairing_name",
+           "is_active"]
+
+#: the name of an AD-PSGD pairing (``pairing=``)
+PairingName = Literal["ring", "random"]
+
+PAIRINGS: tuple[PairingName, ...] = ("ring", "random")
 """The AD-PSGD pairings: ``"ring"`` (alternate ring neighbours) and ``"random"``."""
 
 
@@ -59,7 +77,7 @@ class Pairing:
         seed: seeds the random choice; all ranks pass the same.
     """
 
-    def __init__(self, name: str, world_size: int, seed: int = 0) -> None:
+    def __init__(self, name: PairingName, world_size: int, seed: int = 0) -> None:
         check_pairing_name(name)
         self.name = name
         self.world_size = check_world_size(world_size, minimum=2)
@@ -96,3 +114,48 @@ class Pairing:
             return cands[k % len(cands)]
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, rank, k]))
         return cands[int(rng.integers(len(cands)))]
+
+
+class ColumnPairing:
+    """AD-PSGD's pairing over nodes, seen by one column: the same roles and partner choice as
+    ``pairing`` (built for ``num_nodes``), in the global ranks of local rank ``layout.local``.
+
+    Node ``n`` is rank ``n * devices + local`` here, so every column runs the same pairing of
+    nodes, independently, on its own slice of the replica; messages and errors name global
+    ranks. It has the methods of :class:`~lightning_gossip.pairing.Pairing` the gossip thread
+    uses.
+
+    Args:
+        pairing: the pairing over nodes.
+        layout: this rank's place in the nodes.
+    """
+
+    def __init__(self, pairing: Pairing, layout: NodeLayout) -> None:
+        if pairing.world_size != layout.num_nodes:
+            raise ValueError(f"the pairing is over {pairing.world_size} ranks, but there are "
+                             f"{layout.num_nodes} nodes")
+        self.pairing = pairing
+        self.layout = layout
+
+    def _node(self, rank: int) -> int:
+        return rank // self.layout.devices
+
+    def _rank(self, node: int) -> int:
+        return node * self.layout.devices + self.layout.local
+
+    def is_active(self, rank: int) -> bool:
+        """Whether the node of global ``rank`` starts exchanges."""
+        return self.pairing.is_active(self._node(rank))
+
+    def candidates(self, rank: int) -> tuple[int, ...]:
+        """The column's ranks on the passive nodes an active ``rank`` may contact."""
+        return tuple(map(self._rank, self.pairing.candidates(self._node(rank))))
+
+    def contacted_by(self, rank: int) -> tuple[int, ...]:
+        """The column's ranks on the active nodes that may contact a passive ``rank``."""
+        return tuple(map(self._rank, self.pairing.contacted_by(self._node(rank))))
+
+    def partner(self, rank: int, k: int) -> int:
+        """The column's rank on the node that ``rank``'s node exchanges with in its ``k``-th
+        exchange."""
+        return self._rank(self.pairing.partner(self._node(rank), k))

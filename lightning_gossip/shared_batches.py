@@ -20,8 +20,9 @@ per epoch. The rank's own sharding (``num_replicas``/``rank``) stays in ``__iter
 synchronous strategies, which need equal batch counts. Under ``ADPSGDStrategy`` (with
 ``shared_cursor=True``, the default) a training loader whose batch sampler implements the
 protocol gets a :class:`SharedBatchSampler` automatically; see
-:func:`~lightning_gossip.shared_cursor.shared_cursor_loader`. Every rank writes a digest of its
-list to the store, and the first rank whose list differs stops with an error that names it.
+:func:`~lightning_gossip.strategies.shared_loader.shared_cursor_loader`. Every rank writes a
+digest of its list to the store, and the first rank whose list differs stops with an error that
+names it.
 
 >>> import torch.distributed as dist
 >>> class Pairs:

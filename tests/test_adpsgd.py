@@ -93,4 +93,4 @@ def test_bad_arguments_and_unsupported_trainer_settings():
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, val_check_interval=0.5,
                         logger=False)
     with pytest.raises(ValueError, match="validates at epoch ends only"):
-        strategy.phases.check_trainer(trainer)
+        strategy.phases.check_trainer(trainer, sync_batchnorm=False)

@@ -67,7 +67,7 @@ def test_the_table_has_rows_that_each_name_code():
 
 def test_the_table_covers_what_the_issue_asked_for():
     """Hierarchical AD-PSGD, liveness and the wire (issue 21), by the names that do them."""
-    for name in ("lightning_gossip.hierarchy.ColumnPairing",
+    for name in ("lightning_gossip.pairing.ColumnPairing",
                  "lightning_gossip.liveness.heartbeat.Heartbeat.silent",
                  "lightning_gossip.liveness.waits.blame",
                  "lightning_gossip.compression.quantize",

@@ -24,8 +24,8 @@ import torch
 
 from lightning_gossip.async_gossip import DeltaMailbox
 from lightning_gossip.flat import FlatState, flatten_module_
-from lightning_gossip.hierarchy import ColumnPairing, NodeLayout
-from lightning_gossip.pairing import Pairing
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.pairing import ColumnPairing, Pairing
 from lightning_gossip.strategies import ADPSGDStrategy
 from testbed.launch import ROOT, base_env, read_rank_results
 from tests.cases import Case, assert_conserved_and_contracting, consensus_by_epoch

@@ -196,7 +196,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gossip.flat import FlatState
-from lightning_gossip.hierarchy import ShardedExchange
+from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.strategies import DPSGDStrategy
 
 CALLS = []  # [what, thread name, group label or gather flag]

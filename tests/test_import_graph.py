@@ -14,12 +14,18 @@
   standard library, and every exception class of the package is defined there (the CLI's
   usage error aside).
 * ``benchmarks/`` and the package import nothing from ``tests/``.
+* Lightning only in the adapters: no module of the package outside ``strategies/`` (the
+  Lightning strategies), ``fabric/`` (the Fabric strategies) and ``_compat.py`` (every private
+  Lightning name) imports ``lightning``, ``pytorch_lightning`` or ``lightning_fabric``, anywhere
+  in the module (function bodies and ``TYPE_CHECKING`` blocks included), nor names one to
+  ``importlib.import_module`` / ``__import__``.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,9 +137,9 @@ def test_the_graph_is_read_from_the_source():
     assert f"{PACKAGE}.liveness.waits" in graph[f"{PACKAGE}.liveness.heartbeat"]
     # a TYPE_CHECKING import is no edge: waits.py names Heartbeat for annotations only
     assert f"{PACKAGE}.liveness.heartbeat" not in every[f"{PACKAGE}.liveness.waits"]
-    # a function-level import is an edge of the full graph only (make_sigterm_check_local's)
-    assert f"{PACKAGE}._compat" in every[f"{PACKAGE}.liveness.waits"]
-    assert f"{PACKAGE}._compat" not in graph[f"{PACKAGE}.liveness.waits"]
+    # a function-level import is an edge of the full graph only (plan.blocks's of analysis)
+    assert f"{PACKAGE}.analysis" in every[f"{PACKAGE}.plan.blocks"]
+    assert f"{PACKAGE}.analysis" not in graph[f"{PACKAGE}.plan.blocks"]
 
 
 def test_find_cycle_finds_a_cycle():
@@ -195,3 +201,67 @@ def test_benchmarks_and_the_library_import_nothing_from_tests():
             offenders += [f"{path.relative_to(repo)}:{node.lineno} imports {name}"
                           for name in names if name == "tests" or name.startswith("tests.")]
     assert offenders == []
+
+
+# -- Lightning only in the adapters ----------------------------------------------------------
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+#: the modules that may import Lightning: the adapters and the accessor of its private names
+ADAPTERS = (f"{PACKAGE}.strategies", f"{PACKAGE}.fabric", f"{PACKAGE}._compat")
+
+
+def lightning_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, name)`` of every import of a Lightning package anywhere under ``tree``
+    (function bodies and ``TYPE_CHECKING`` blocks included), and of every call of
+    ``import_module`` / ``__import__`` with such a name as a string constant."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+        elif (isinstance(node, ast.Call) and node.args
+              and ast.unparse(node.func).rpartition(".")[2] in ("import_module", "__import__")
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in LIGHTNING]
+    return found
+
+
+def _is_adapter(module: str) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in ADAPTERS)
+
+
+def test_only_the_adapters_import_lightning():
+    offenders = [f"{name}:{line} imports {what}" for name, path in MODULES.items()
+                 if not _is_adapter(name)
+                 for line, what in lightning_imports(ast.parse(path.read_text()))]
+    assert offenders == [], offenders
+    # the scan sees the adapters' imports, at module level and in functions
+    adapters = {name: lightning_imports(ast.parse(path.read_text()))
+                for name, path in MODULES.items() if _is_adapter(name)}
+    assert adapters[f"{PACKAGE}.strategies.gossip"]
+    assert any(what == "lightning.pytorch.utilities.data"
+               for _, what in adapters[f"{PACKAGE}._compat"])  # inside a function
+
+
+def test_the_lightning_scan_finds_planted_imports():
+    planted = ast.parse(textwrap.dedent("""
+        import os
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            import lightning.pytorch as pl
+
+        def later():
+            from pytorch_lightning.utilities import rank_zero_warn
+            import importlib
+            return importlib.import_module("lightning_fabric.plugins")
+
+        from lightning_gossip import errors
+    """))
+    assert [what for _, what in lightning_imports(planted)] == [
+        "lightning.pytorch", "pytorch_lightning.utilities", "lightning_fabric.plugins"]
+    assert _is_adapter(f"{PACKAGE}.fabric.strategy") and _is_adapter(f"{PACKAGE}._compat")
+    assert not _is_adapter(f"{PACKAGE}.liveness.waits")
+    assert not _is_adapter(f"{PACKAGE}.strategies_extra")

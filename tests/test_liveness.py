@@ -122,7 +122,7 @@ def test_left_rank_is_seen_at_once_and_counts_move():
     b.start()
     assert b.running and a.silent([1]) == []
     time.sleep(0.5)
-    assert a.silent([1]) == [] and a.seconds_since_beat(1) < 1.0
+    assert a.silent([1]) == []
     b.leave(failed=True)
     assert not b.running
     assert a.silent([1]) == [1]  # no need to wait for the 30 s timeout

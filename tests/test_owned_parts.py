@@ -10,6 +10,12 @@ library's) from theirs (``inspect.getsource``) and ``dir()``. A **read** is ``se
 load context anywhere in the class body (nested functions and lambdas included). A mixin that
 reads what its host declares (``self.step`` in a class without a base that has it) fails here;
 so does a planted violation (:func:`test_the_check_finds_a_planted_violation`).
+
+**No back-pointer to the owner**: the parts are built from values and small callables, as
+``Replicas`` and ``NodeAverager`` are. No module of the package reads through a back-pointer
+(``self.strategy.x``, ``self.owner.x``, ...: 0 reads), no function or method outside the
+strategy classes takes a strategy (a parameter named ``strategy`` or annotated with a strategy
+class), and no part stores one.
 """
 
 from __future__ import annotations
@@ -239,3 +245,122 @@ def test_replicas_swap_in_and_out_with_one_replica() -> None:
     assert not replicas.holds_consensus and torch.equal(flat.pack(), local)
     replicas.restore_local()  # nothing backed up: nothing changes
     assert torch.equal(flat.pack(), local) and calls == []
+
+
+# -- no back-pointer to the owner ---------------------------------------------------------------
+#: the names a back-pointer to the owning strategy goes by
+OWNER_NAMES = {"strategy", "owner", "host", "parent", "dpsgd", "adpsgd", "gossip"}
+#: the strategy classes (the package's and Lightning's)
+STRATEGY_TYPES = {"GossipStrategy", "DPSGDStrategy", "ADPSGDStrategy", "ProcessGroupStrategy",
+                  "Strategy", "ParallelStrategy"}
+LIBRARY = PACKAGE.parent
+
+
+def back_pointer_reads(tree: ast.AST) -> list[str]:
+    """``self.<owner>.<x>`` under ``tree`` for every back-pointer name ``<owner>``."""
+    return sorted(f"self.{node.value.attr}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                  and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
+                  and node.value.attr in OWNER_NAMES)
+
+
+def _names_a_strategy(annotation: ast.expr | None) -> bool:
+    return annotation is not None and any(
+        isinstance(n, (ast.Name, ast.Attribute, ast.Constant))
+        and (getattr(n, "id", None) or getattr(n, "attr", None) or str(getattr(n, "value", "")))
+        .rpartition(".")[2] in STRATEGY_TYPES for n in ast.walk(annotation))
+
+
+def strategy_parameters(tree: ast.Module) -> list[str]:
+    """``function(parameter)`` for every function or method under ``tree`` outside the
+    strategy classes that takes a strategy (named ``strategy`` or annotated as one), and
+    ``Class.attribute`` for every part that stores a value named like a back-pointer."""
+    found = []
+    stack: list[tuple[ast.AST, str]] = [(tree, "")]
+    while stack:
+        node, where = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                if child.name.endswith("Strategy"):
+                    continue  # the owner itself
+                found += [f"{child.name}.{a}" for a in
+                          _self_attributes(child, ast.Store) & OWNER_NAMES]
+                stack.append((child, f"{child.name}."))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                found += [f"{where}{child.name}({a.arg})" for a in params
+                          if a.arg == "strategy" or _names_a_strategy(a.annotation)]
+                stack.append((child, f"{where}{child.name}."))
+            else:
+                stack.append((child, where))
+    return found
+
+
+def library_trees() -> dict[str, ast.Module]:
+    """Every module of the package, parsed."""
+    return {str(p.relative_to(LIBRARY.parent)): ast.parse(p.read_text())
+            for p in sorted(LIBRARY.rglob("*.py"))}
+
+
+def test_no_part_reads_through_a_back_pointer() -> None:
+    trees = library_trees()
+    assert "lightning_gossip/strategies/adpsgd_phases.py" in trees  # the walk sees the parts
+    reads = {path: back_pointer_reads(tree) for path, tree in trees.items()}
+    reads = {path: found for path, found in reads.items() if found}
+    assert sum(map(len, reads.values())) == 0, reads
+
+
+def test_no_part_takes_or_keeps_the_strategy() -> None:
+    offenders = {path: found for path, tree in library_trees().items()
+                 if (found := strategy_parameters(tree))}
+    # _compat's accessors of Lightning's private attributes take a Lightning strategy: allowed
+    offenders.pop("lightning_gossip/_compat.py", None)
+    assert offenders == {}, offenders
+
+
+def test_the_back_pointer_checks_find_planted_violations() -> None:
+    planted = ast.parse(textwrap.dedent("""
+        class Phases:
+            def __init__(self, strategy: ADPSGDStrategy, steps: int) -> None:
+                self.strategy = strategy
+                self.dpsgd = strategy
+
+            def meet(self):
+                return self.strategy.step + self.strategy.engine.in_phase + self.dpsgd.rank
+
+        def write(owner: "GossipStrategy", flat) -> None:
+            pass
+
+        def save(strategy, trainer) -> None:
+            pass
+
+        class DPSGDStrategy:
+            def method(self, strategy: GossipStrategy) -> None:  # the owner: not checked
+                return self.strategy.x
+    """))
+    assert back_pointer_reads(planted.body[0]) == [
+        "self.dpsgd.rank", "self.strategy.engine", "self.strategy.step"]
+    assert sorted(strategy_parameters(planted)) == [
+        "Phases.__init__(strategy)", "Phases.dpsgd", "Phases.strategy", "save(strategy)",
+        "write(owner)"]
+
+
+def test_the_parts_are_built_without_a_strategy() -> None:
+    """``Phases`` and ``Resilience`` from values and callables: no strategy, no trainer."""
+    from lightning_gossip.strategies.adpsgd_phases import Phases
+    from lightning_gossip.strategies.resilience import Resilience
+
+    calls: list[str] = []
+    phases = Phases(shared_cursor=True, global_average_every_n_steps=None, step=lambda: 3,
+                    watched=lambda *a, what, **k: calls.append(what),
+                    requeue_together=lambda: calls.append("requeue"), log_consensus=None)
+    assert not phases.in_phase and phases.engine is None  # no fit yet
+    phases.begin()  # no engine: nothing to open, no barrier
+    phases.end_fit()
+    resilience = Resilience(step=lambda: 3, watched=lambda *a, what, **k: calls.append(what),
+                            stop_gossip=lambda: calls.append("stop gossip"),
+                            stop_heartbeat=lambda failed: calls.append(f"leave {failed}"),
+                            restart_position=dict)
+    resilience.on_exception(RuntimeError("outside a fit"))
+    assert calls == ["stop gossip", "leave True"] and resilience.fit is None

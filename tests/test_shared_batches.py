@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, TensorDataset
 
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
-from lightning_gossip.shared_cursor import SharedCursorSampler, shared_cursor_loader
+from lightning_gossip.shared_cursor import SharedCursorSampler
+from lightning_gossip.strategies.shared_loader import shared_cursor_loader
 
 
 class Listed(Sampler[list[int]]):

@@ -19,7 +19,7 @@ from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
-    from lightning_gossip.hierarchy import ColumnPairing
+    from lightning_gossip.pairing import ColumnPairing
 
 #: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
 #: ``devices`` slices of ``mine``'s length, in local-rank order)

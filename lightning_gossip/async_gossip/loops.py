@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from lightning_gossip._compat import work_source_rank
 from lightning_gossip.async_gossip.state import SharedState
-from lightning_gossip.compression import quantize
+from lightning_gossip.compression import pairwise_delta, quantize
 from lightning_gossip.exchange import pairwise_exchange, post, wait_all
 from lightning_gossip.liveness import Heartbeat, wait_for_peers
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
-    from lightning_gossip.hierarchy import ColumnPairing
+    from lightning_gossip.pairing import ColumnPairing
 
 __all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
 
@@ -46,7 +46,7 @@ class GossipLoop:
         shared: the rank's :class:`~lightning_gossip.async_gossip.state.SharedState`.
         rank: this rank (global).
         pairing: roles and partner choice (a
-            :class:`~lightning_gossip.hierarchy.ColumnPairing` for hierarchical gossip).
+            :class:`~lightning_gossip.pairing.ColumnPairing` for hierarchical gossip).
         control_group: a gloo group for the control messages.
         data_group: the group that carries snapshots.
         timeout: limit for every blocking wait.
@@ -99,11 +99,8 @@ class GossipLoop:
         pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout, self.rank,
                           heartbeat=self.heartbeat)
         shared.waiting_on = "nothing (idle)"
-        if self._send is None:
-            torch.sub(self._theirs, mine, out=self._delta)
-        else:  # in fp32: fl(a - b) = -fl(b - a), so the partner's delta is the exact negative
-            self._delta.copy_(self._theirs).sub_(send)
-        self._delta.mul_(0.5)
+        # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
+        pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
         mine.add_(self._delta)
         with shared.cv:
             # order after the training thread's latest reads of acc / writes of fresh (CUDA)

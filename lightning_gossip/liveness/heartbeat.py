@@ -163,7 +163,8 @@ class Heartbeat:
     def store_unreachable(self) -> bool:
         """Whether a bounded store call of this rank failed (:meth:`store_call`): the store's
         host is gone or frozen, so :meth:`leave` neither writes the failure mark nor waits for
-        the beating thread."""
+        the beating thread, and the survivors' emergency meeting (which goes through the store)
+        is not tried."""
         return self._unreachable
 
     @property
@@ -326,12 +327,6 @@ class Heartbeat:
             parts.append(f"rank(s) {_ranks(quiet)} sent no heartbeat for more than "
                          f"{limit:g} s (frozen, killed or cut off)")
         return "; ".join(parts)
-
-    def seconds_since_beat(self, rank: int) -> float | None:
-        """Seconds since this reader last saw ``rank``'s counter move (None if never read)."""
-        with self._seen_lock:
-            last = self._seen.get(rank)
-        return None if last is None else time.monotonic() - last[1]
 
 
 def store_call(operation: Callable[[], Any], what: str) -> Any:

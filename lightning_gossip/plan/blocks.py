@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from lightning_gossip import topology as _topology
-from lightning_gossip.plan.model import MODES, Cluster, _check
+from lightning_gossip.plan.model import MODES, Cluster, Mode, _check
 
 
 def link_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
@@ -70,7 +70,7 @@ def hierarchical_allreduce_time(
 
 
 def step_time(compute_s: float, gossip_s: float, fixed_s: float = 0.0,
-              mode: str = "overlap", overlap: float = 1.0) -> float:
+              mode: Mode = "overlap", overlap: float = 1.0) -> float:
     """Time of one step: ``compute_s`` of compute, ``gossip_s`` of communication that can be
     scheduled against it, ``fixed_s`` that cannot (a blocking all-reduce inside the node), and
     ``overlap`` the fraction of the schedulable part that really runs hidden

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 
 #: how gossip is scheduled against compute: ``overlap`` (posted before forward/backward, the
 #: strategy's default), ``delay_by_one`` (applied a step later), ``blocking`` (neither)
-MODES = ("overlap", "delay_by_one", "blocking")
+Mode = Literal["overlap", "delay_by_one", "blocking"]
+MODES: tuple[Mode, ...] = ("overlap", "delay_by_one", "blocking")
 
 
 def _check(name: str, value: float, minimum: float = 0.0, strict: bool = True) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lightning_gossip import topology as _topology
+from lightning_gossip.pairing import PairingName
 from lightning_gossip.plan.blocks import (
     _consensus,
     cross_node_sends,
@@ -19,7 +20,7 @@ from lightning_gossip.plan.blocks import (
     step_time,
     tree_allreduce_time,
 )
-from lightning_gossip.plan.model import MODES, Cluster, Prediction, Workload
+from lightning_gossip.plan.model import MODES, Cluster, Mode, Prediction, Workload
 
 
 def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
@@ -69,7 +70,7 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
 
 
 def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_ring",
-                  hierarchical: bool = False, mode: str = "overlap", seed: int = 0,
+                  hierarchical: bool = False, mode: Mode = "overlap", seed: int = 0,
                   stragglers: Sequence[float] | None = None,
                   tolerance: float | None = 1e-3) -> Prediction:
     """Synchronous gossip (D-PSGD) with ``topology`` and the scheduling ``mode``
@@ -145,7 +146,7 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
                       _consensus(topo, tolerance), f"{peers} peers/step")
 
 
-def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: str = "ring",
+def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
                          hierarchical: bool = False) -> tuple[float, float]:
     """``(seconds, cross)`` of one exchange round of AD-PSGD, ``cross`` the fraction of the
     ranks' exchanges that cross nodes. An exchange swaps replicas with one partner (each side
@@ -200,7 +201,7 @@ def _adpsgd_rank_step(compute: np.ndarray, t_x: float, unhidden: float) -> np.nd
     return np.minimum(compute / (1.0 - unhidden / t_x), compute + unhidden)
 
 
-def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
+def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
                    hierarchical: bool = False, max_staleness: int | None = 4,
                    stragglers: Sequence[float] | None = None) -> Prediction:
     """Asynchronous gossip (AD-PSGD): the compute step never waits for gossip unless the
@@ -275,9 +276,9 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: str = "ring",
 
 
 def predict_all(cluster: Cluster, workload: Workload, topology: str = "random_ring",
-                mode: str = "overlap", pairing: str = "ring", max_staleness: int | None = 4,
-                stragglers: Sequence[float] | None = None, seed: int = 0,
-                tolerance: float | None = 1e-3) -> list[Prediction]:
+                mode: Mode = "overlap", pairing: PairingName = "ring",
+                max_staleness: int | None = 4, stragglers: Sequence[float] | None = None,
+                seed: int = 0, tolerance: float | None = 1e-3) -> list[Prediction]:
     """Every strategy on one cluster: ddp (ring, tree, hierarchical), dpsgd and adpsgd (flat
     and hierarchical).
 

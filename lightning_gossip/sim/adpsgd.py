@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_gossip.pairing import Pairing
+from lightning_gossip.pairing import Pairing, PairingName
 from lightning_gossip.sim.base import Simulator
 from lightning_gossip.sim.workloads import ComputeModel, LossFn
 
@@ -67,7 +67,7 @@ class ADPSGDSimulator(Simulator):
         lr: float = 0.1,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
-        pairing: str = "ring",
+        pairing: PairingName = "ring",
         compute: ComputeModel | None = None,
         overlap: bool = True,
         delay_by_one: bool = False,

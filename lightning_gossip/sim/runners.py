@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lightning_gossip.pairing import PairingName
 from lightning_gossip.sim.adpsgd import ADPSGDSimulator
 from lightning_gossip.sim.dpsgd import DPSGDSimulator
 from lightning_gossip.sim.workloads import ComputeModel, DataShards, LossFn
@@ -130,7 +131,7 @@ def run_adpsgd(
     loss_fn: LossFn,
     shards: DataShards,
     eval_data: tuple[torch.Tensor, torch.Tensor],
-    pairing: str,
+    pairing: PairingName,
     duration: float,
     lr: float,
     momentum: float = 0.0,

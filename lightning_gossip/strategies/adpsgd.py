@@ -11,6 +11,7 @@ nodes, each local rank gossiping its slice of the replica.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,18 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
-from lightning_gossip.hierarchy import ColumnPairing, NodeGroups, NodeLayout, make_async_groups
+from lightning_gossip.compression import WireDtype
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import NodeShare
-from lightning_gossip.pairing import Pairing, check_pairing_name
+from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, check_pairing_name
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import check_max_staleness
+from lightning_gossip.strategies.options import Backend, Evaluate, check_max_staleness
 
 __all__ = ["ADPSGDStrategy"]
 
@@ -116,20 +121,20 @@ class ADPSGDStrategy(GossipStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         *,
-        pairing: str = "ring",
+        pairing: PairingName = "ring",
         seed: int = 0,
         max_staleness: int | None = 4,
         delay_by_one: bool = False,
         shared_cursor: bool = True,
         final_average: bool = True,
-        evaluate: str = "consensus",
+        evaluate: Evaluate = "consensus",
         consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None,
         hierarchical: bool = False,
-        wire_dtype: str = "fp32",
+        wire_dtype: WireDtype = "fp32",
         outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
-        node_allreduce: str = "after_backward",
-        process_group_backend: str | None = None,
+        node_allreduce: NodeAllreduce = "after_backward",
+        process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
@@ -160,7 +165,13 @@ class ADPSGDStrategy(GossipStrategy):
         self._run_id: int | None = None
         self._last_stats: dict[str, float] = {}
         #: the gossip phases: trainer checks, phase start, epoch-end meeting
-        self.phases = Phases(self)
+        self.phases = Phases(
+            shared_cursor=self.shared_cursor, step=lambda: self.step, watched=self.watched,
+            global_average_every_n_steps=self.global_average_every_n_steps,
+            requeue_together=self.resilience.requeue_together,
+            log_consensus=None if consensus_every_n_steps is None else self.log_consensus_distance)
+        # a rank that takes the requeue signal meets the ranks at their epoch end first
+        self.resilience.before_requeue = self.phases.before_requeue
         #: the shared cursor's position in the requeue checkpoint
         self.cursor = CursorResume()
 
@@ -172,7 +183,7 @@ class ADPSGDStrategy(GossipStrategy):
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Check the node layout (``hierarchical``), build :attr:`pairing` (over ranks, or over
         nodes), the groups, and start the gossip thread. Bad input fails here on every rank."""
-        self.phases.check_trainer(trainer)
+        self.phases.check_trainer(trainer, sync_batchnorm=_compat.layer_sync(self) is not None)
         self._run_id = next(_run_ids)
         nodes, devices = self.num_nodes, self.num_processes
         if self.hierarchical:
@@ -195,28 +206,32 @@ class ADPSGDStrategy(GossipStrategy):
                                    self.seed)
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
-        self.phases.install_callback(trainer)
+
+    @override
+    def begin_fit(self, fit: Fit) -> None:
+        """The base's, with the engine (``None`` on one node: nothing to gossip with); the
+        phases get the fit too (their callback joins the trainer's)."""
+        fit = replace(fit, engine=self.engine)
+        super().begin_fit(fit)
+        self.phases.begin_fit(fit)
 
     def _make_engine(self, pairing: Pairing) -> AsyncGossip:
         """The gossip engine: over ranks, or (sharded) over nodes on this rank's column."""
         assert self._flat is not None and self._groups is not None
-        kwargs: dict[str, Any] = {}
-        engine_pairing: Pairing | ColumnPairing = pairing
-        if self._sharded:
-            assert self.layout is not None
-            engine_pairing = ColumnPairing(pairing, self.layout)
-            kwargs = {"shard": (self.layout.local, self.layout.devices),
-                      "node_gather": self.node.all_gather if self.node else None}
+        layout = self.layout if self._sharded else None
         return AsyncGossip(
-            self._flat, self.global_rank, engine_pairing,
+            self._flat, self.global_rank, ColumnPairing(pairing, layout) if layout else pairing,
             control_group=self._groups.control, data_group=self._groups.column,
             timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
-            heartbeat=self.heartbeat, wire_dtype=self._wire, **kwargs,
-        )
+            heartbeat=self.heartbeat, wire_dtype=self._wire,
+            shard=(layout.local, layout.devices) if layout else (0, 1),
+            node_gather=self.node.all_gather if layout and self.node else None)
 
     @override
     def teardown_gossip(self) -> None:
-        """Stop the gossip thread and keep its counters in :attr:`gossip_stats`."""
+        """Stop the gossip thread and keep its counters in :attr:`gossip_stats`; the phases
+        forget the fit (no phase is open any more)."""
+        self.phases.end_fit()
         if self.engine is not None:
             self.engine.close()
             self._last_stats = dict(vars(self.engine.stats))
@@ -224,11 +239,8 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Training loaders draw from the shared cursor (samples, or whole listed batches).
-
-        See :func:`~lightning_gossip.shared_cursor.shared_cursor_loader` for which loaders are
-        rebuilt and how; evaluation loaders are never touched.
-        """
+        """Training loaders draw from the shared cursor (samples, or whole listed batches: see
+        :func:`~.shared_loader.shared_cursor_loader`); evaluation loaders are never touched."""
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING):
@@ -239,9 +251,6 @@ class ADPSGDStrategy(GossipStrategy):
                                          node=node,
                                          epoch=trainer.fit_loop.epoch_progress.current.processed)
 
-    # ------------------------------------------------------------------------------------------
-    # Steps and phases
-    # ------------------------------------------------------------------------------------------
     @override
     def optimizer_step(
         self,
@@ -278,13 +287,6 @@ class ADPSGDStrategy(GossipStrategy):
         ``exchanges``, ``steps``, ``staleness_waits``, ``staleness_wait_s`` and ``sent_bytes``
         (the snapshot payload sent: its shard, in the wire dtype)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
-
-    # -- the phases (strategy.phases) and the requeue checkpoint's cursor (strategy.cursor) --
-    @override
-    def before_requeue(self) -> None:
-        """Meet every rank in the epoch-end meeting's collective before the requeue checkpoint
-        (:meth:`Phases.before_requeue <.adpsgd_phases.Phases.before_requeue>`)."""
-        self.phases.before_requeue()
 
     @override
     def reduce(self, tensor: Tensor, group: Any | None = None,

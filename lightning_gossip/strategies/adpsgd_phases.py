@@ -1,11 +1,13 @@
 """The gossip phases of :class:`~lightning_gossip.strategies.ADPSGDStrategy`, owned by it as
-``strategy.phases`` (:class:`Phases`): the trainer settings a phase cannot support, the barrier
-that opens a phase, what Lightning's collectives do mid-phase (values stay local), and the
-epoch-end meeting that closes it (agreeing on stopping, the periodic global average, consensus
-logging); :class:`_PhaseCallback` opens and closes the phases at the epoch boundaries."""
+``strategy.phases`` (:class:`Phases`, built from values and callables): the trainer settings a
+phase cannot support, the barrier that opens a phase, what Lightning's collectives do mid-phase
+(values stay local), and the epoch-end meeting that closes it (agreeing on stopping, the
+periodic global average, consensus logging); :class:`_PhaseCallback` opens and closes the
+phases at the epoch boundaries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -17,10 +19,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_gossip import _compat
+from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.errors import NonFiniteReplica
+from lightning_gossip.strategies.collectives import Watched
 
 if TYPE_CHECKING:
-    from lightning_gossip.strategies.adpsgd import ADPSGDStrategy
+    from lightning_gossip.strategies.fit import Fit
 
 __all__ = ["Phases"]
 
@@ -28,33 +32,67 @@ __all__ = ["Phases"]
 class Phases:
     """Trainer checks, phase start and epoch-end meeting of :class:`ADPSGDStrategy`.
 
+    Built from the owner's option values and small callables; each fit's values (its engine,
+    replicas, rank, device, trainer) come with :meth:`begin_fit`.
+
     Args:
-        strategy: the owner: its engine (rebuilt every fit), replicas, step and trainer are
-            what a phase opens and closes, read when it happens.
+        shared_cursor: the training batches come from the shared cursor (validation only at
+            epoch ends).
+        global_average_every_n_steps: the periodic global average (``None``: never).
+        step: the current optimizer step.
+        watched: the owner's watched wait
+            (:meth:`~lightning_gossip.strategies.parallel.ProcessGroupStrategy.watched`).
+        requeue_together: writes the requeue checkpoint with every rank, then stops
+            (:meth:`~.resilience.Resilience.requeue_together`).
+        log_consensus: measures and logs the consensus distance at every epoch end (``None``:
+            not measured).
     """
 
-    def __init__(self, strategy: ADPSGDStrategy) -> None:
-        self.strategy = strategy
+    def __init__(self, *, shared_cursor: bool, global_average_every_n_steps: int | None,
+                 step: Callable[[], int], watched: Watched, requeue_together: Callable[[], None],
+                 log_consensus: Callable[[], object] | None) -> None:
+        self.shared_cursor = shared_cursor
+        self.global_average_every_n_steps = global_average_every_n_steps
+        self._step = step
+        self.watched = watched
+        self.requeue_together = requeue_together
+        self.log_consensus = log_consensus
+        #: the current fit's values (``None`` outside a fit)
+        self.fit: Fit | None = None
         #: multiples of ``global_average_every_n_steps`` averaged so far
         self.global_averages = 0
         #: the warning that mid-phase values stay local was given
         self.warned_local_reduce = False
 
-    @property
-    def in_phase(self) -> bool:
-        """A gossip phase is open (mid-epoch: the ranks are at different steps)."""
-        engine = self.strategy.engine
-        return engine is not None and engine.in_phase
-
-    def install_callback(self, trainer: pl.Trainer) -> None:
-        """Insert :class:`_PhaseCallback` first in ``trainer``'s callbacks (once)."""
+    def begin_fit(self, fit: Fit) -> None:
+        """A new fit: its engine (``None``: nothing to gossip with), replicas and trainer, and
+        :class:`_PhaseCallback` first in the trainer's callbacks (once)."""
+        self.fit = fit
+        trainer = fit.trainer
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback(self))
 
-    def check_trainer(self, trainer: pl.Trainer) -> None:
-        """Raise ``ValueError`` for trainer settings that a phase cannot support."""
-        strategy = self.strategy
-        if _compat.layer_sync(strategy) is not None:
+    def end_fit(self) -> None:
+        """The fit's gossip stopped: forget its values (no phase is open any more)."""
+        self.fit = None
+
+    @property
+    def engine(self) -> AsyncGossip | None:
+        """The fit's engine (``None`` outside a fit or with nothing to gossip with)."""
+        engine = self.fit.engine if self.fit is not None else None
+        assert engine is None or isinstance(engine, AsyncGossip)
+        return engine
+
+    @property
+    def in_phase(self) -> bool:
+        """A gossip phase is open (mid-epoch: the ranks are at different steps)."""
+        engine = self.engine
+        return engine is not None and engine.in_phase
+
+    def check_trainer(self, trainer: pl.Trainer, sync_batchnorm: bool) -> None:
+        """Raise ``ValueError`` for trainer settings that a phase cannot support
+        (``sync_batchnorm``: the strategy has Lightning's ``LayerSync`` plugin)."""
+        if sync_batchnorm:
             raise ValueError(
                 "adpsgd does not support sync_batchnorm: ranks run different numbers of steps, "
                 "so a per-step collective would deadlock. BatchNorm statistics are gossiped "
@@ -67,7 +105,7 @@ class Phases:
                     "there); ModelCheckpoint(every_n_train_steps / train_time_interval) is not "
                     "supported."
                 )
-        if strategy.shared_cursor and trainer.val_check_interval != 1.0:
+        if self.shared_cursor and trainer.val_check_interval != 1.0:
             raise ValueError(
                 "adpsgd with shared_cursor=True validates at epoch ends only (ranks run "
                 "different numbers of batches); got "
@@ -77,24 +115,26 @@ class Phases:
 
     def begin(self) -> None:
         """All ranks start training together (a barrier), then gossip may flow."""
-        strategy = self.strategy
-        engine = strategy.engine
+        engine = self.engine
         if engine is not None and not engine.in_phase:
+            assert self.fit is not None
+            device = self.fit.device
             kwargs: dict[str, Any] = {}
-            if dist.get_backend() == "nccl" and strategy.root_device.type == "cuda":
-                kwargs["device_ids"] = [strategy.root_device.index]
-            strategy.watched(dist.barrier, what="waiting for every rank at the barrier that "
-                             "opens a gossip phase", **kwargs)
-            engine.before_step(strategy.step)
+            if dist.get_backend() == "nccl" and device.type == "cuda":
+                kwargs["device_ids"] = [device.index]
+            self.watched(dist.barrier, what="waiting for every rank at the barrier that "
+                         "opens a gossip phase", **kwargs)
+            engine.before_step(self._step())
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
         epoch-end meeting's collective first, so that a rank already at its epoch end (at the
         validation or the meeting, waiting there for the others) joins the requeue checkpoint
         instead of meeting it in another collective."""
-        if self.strategy.engine is None:
+        engine = self.engine
+        if engine is None:
             return
-        self.strategy.quiesce()
+        engine.quiesce()
         self._log_requeue_steps(self.meet(stop=False, requeue=True))
 
     def warn_local_reduce(self) -> None:
@@ -107,7 +147,9 @@ class Phases:
                 "validation values are.")
 
     def _log_requeue_steps(self, met: torch.Tensor) -> None:
-        steps = [int(x) for x in met[3 + self.strategy.world_size:].tolist()]
+        assert self.fit is not None
+        world = self.fit.world_size
+        steps = [int(x) for x in met[3 + world:].tolist()]
         rank_zero_info(f"adpsgd requeue: the ranks' steps at the requeue checkpoint: {steps} "
                        f"(sum {sum(steps)})")
 
@@ -115,16 +157,16 @@ class Phases:
         """The meeting of every rank (epoch end, or a requeue): one all-reduce (max) of
         ``[stop?, steps, requeue?, non-finite replica on rank r..., steps of rank r...]``;
         raises :class:`NonFiniteReplica` on every rank when a replica holds NaN/Inf."""
-        strategy = self.strategy
-        assert strategy.replicas is not None
-        world, rank, step = strategy.world_size, strategy.global_rank, strategy.step
-        met = torch.zeros(3 + 2 * world, device=strategy.root_device)
+        assert self.fit is not None
+        fit = self.fit
+        world, rank, step = fit.world_size, fit.rank, self._step()
+        met = torch.zeros(3 + 2 * world, device=fit.device)
         met[0], met[1], met[2] = float(stop), float(step), float(requeue)
         met[3 + world + rank] = float(step)
-        met[3 + rank] = float(not bool(torch.isfinite(strategy.replicas.flat.pack().sum())))
-        strategy.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
-                         what="waiting for every rank at the epoch-end meeting (agreeing on "
-                         "whether to stop or requeue)")
+        met[3 + rank] = float(not bool(torch.isfinite(fit.replicas.flat.pack().sum())))
+        self.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
+                     what="waiting for every rank at the epoch-end meeting (agreeing on "
+                     "whether to stop or requeue)")
         bad = [r for r in range(world) if met[3 + r].item() > 0]
         if bad:
             raise NonFiniteReplica(
@@ -139,18 +181,20 @@ class Phases:
         with every rank and stop (Lightning's ``SIGTERMException``, exit 0)."""
         if met[2].item() > 0:
             self._log_requeue_steps(met)
-            self.strategy.resilience.requeue_together()
+            self.requeue_together()
             raise SIGTERMException()
 
     def before_validation(self) -> None:
         """A validation during ``fit`` (at the epoch end, before :meth:`end_epoch`): every rank
         meets first, so that a requeue begun by ranks at their batch start is joined here
         (:meth:`before_requeue`)."""
-        strategy = self.strategy
-        trainer = strategy.lightning_module.trainer
-        fitting = trainer.state.fn == "fit" and not trainer.sanity_checking
-        if strategy.engine is not None and fitting:
-            strategy.quiesce()
+        engine = self.engine
+        if engine is None:
+            return
+        assert self.fit is not None
+        trainer = self.fit.trainer
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            engine.quiesce()
             self.join_requeue(self.meet(stop=False, requeue=False))
 
     def end_epoch(self, trainer: pl.Trainer) -> None:
@@ -160,25 +204,26 @@ class Phases:
         this one here (:meth:`before_requeue`; or at the validation before, when there is one):
         this rank then writes the requeue checkpoint with every rank and stops.
         """
-        strategy = self.strategy
-        if strategy.engine is None:
+        engine = self.engine
+        if engine is None:
             return
-        strategy.quiesce()
+        assert self.fit is not None
+        engine.quiesce()
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         stop = self.meet(stop=bool(local_stop), requeue=False)
         self.join_requeue(stop)
         if stop[0].item() > 0:
             trainer.should_stop = True
-        n = strategy.global_average_every_n_steps
+        n = self.global_average_every_n_steps
         if n is not None and int(stop[1].item()) // n > self.global_averages:
             # Gossip-PGA at the next meeting: some rank passed a multiple of n since the last
             # global average, so every replica becomes the exact average (one all-reduce).
             self.global_averages = int(stop[1].item()) // n
-            assert strategy.replicas is not None
-            strategy.replicas.become_average("for the periodic global average", strategy.outer)
-        if strategy.consensus_every_n_steps is not None:
-            strategy.log_consensus_distance()
+            self.fit.replicas.become_average("for the periodic global average",
+                                              self.fit.outer)
+        if self.log_consensus is not None:
+            self.log_consensus()
 
 
 class _PhaseCallback(Callback):

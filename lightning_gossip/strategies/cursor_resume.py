@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_gossip.node_claims import Claims, NodeShare
-from lightning_gossip.shared_cursor import shared_cursor_loader
+from lightning_gossip.strategies.shared_loader import shared_cursor_loader
 
 __all__ = ["CURSOR_KEY", "CursorResume"]
 
@@ -48,7 +48,7 @@ class CursorResume:
     def shared_loader(self, dataloader: object, *, key: str, seed: int,
                       node: NodeShare | None, epoch: int = 0) -> object:
         """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
-        :func:`~lightning_gossip.shared_cursor.shared_cursor_loader`), its claims tracked.
+        :func:`~.shared_loader.shared_cursor_loader`), its claims tracked.
 
         Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
         checkpoint's epoch if that is later: Lightning sets the sampler's epoch only at the

@@ -9,6 +9,7 @@ replicas converge to consensus about as fast as with a fully connected graph.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -22,9 +23,13 @@ from lightning.pytorch.plugins.precision import Precision
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
+from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
+from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
+from lightning_gossip.strategies.options import Backend, Evaluate
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
@@ -127,16 +132,16 @@ class DPSGDStrategy(GossipStrategy):
         overlap: bool = True,
         delay_by_one: bool = False,
         hierarchical: bool = False,
-        wire_dtype: str = "fp32",
+        wire_dtype: WireDtype = "fp32",
         outer_lr: float | None = None,
         outer_momentum: float = 0.0,
         outer_nesterov: bool = True,
-        node_allreduce: str = "after_backward",
+        node_allreduce: NodeAllreduce = "after_backward",
         final_average: bool = True,
-        evaluate: str = "consensus",
+        evaluate: Evaluate = "consensus",
         consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None,
-        process_group_backend: str | None = None,
+        process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
@@ -182,7 +187,12 @@ class DPSGDStrategy(GossipStrategy):
     @override
     def _make_resilience(self) -> AgreedStops:
         """Stops and requeues agreed through the gossip messages (:mod:`.dpsgd_stop`)."""
-        return AgreedStops(self)
+        return AgreedStops(**self._resilience_callables())
+
+    @override
+    def begin_fit(self, fit: Fit) -> None:
+        """The base's, with the engine and the gossip group (the agreed stops' all-reduce)."""
+        super().begin_fit(replace(fit, engine=self.engine, group=self.gossip_group))
 
     # ------------------------------------------------------------------------------------------
     @override
@@ -250,12 +260,6 @@ class DPSGDStrategy(GossipStrategy):
                 f"{e}"
             ) from e
 
-    @property
-    def sharded(self) -> bool:
-        """Whether the exchange goes through :class:`~lightning_gossip.hierarchy.ShardedExchange`
-        (``hierarchical`` with several processes per node, or a compressed ``wire_dtype``)."""
-        return self.node is not None or self._wire != torch.float32
-
     @override
     def teardown_gossip(self) -> None:
         """Drop in-flight exchanges and buffers, and stop the communication thread."""
@@ -306,11 +310,6 @@ class DPSGDStrategy(GossipStrategy):
             self.global_average()
         self.maybe_log_consensus()
         return out
-
-    def sigterm_stop_now(self, received: bool) -> bool:
-        """Before every training batch: whether every rank stops here (SIGTERM, agreed:
-        :meth:`AgreedStops.sigterm_stop_now <.dpsgd_stop.AgreedStops.sigterm_stop_now>`)."""
-        return self.resilience.sigterm_stop_now(received)
 
     def global_average(self) -> None:
         """Replace this rank's replica by the exact average of all replicas (a collective on

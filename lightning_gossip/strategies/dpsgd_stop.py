@@ -20,16 +20,19 @@ hung, three ranks in the checkpoint's average and one waiting for its gossip rou
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from lightning_gossip.liveness.waits import make_sigterm_check_local
+from lightning_gossip.strategies.collectives import Watched
 from lightning_gossip.strategies.resilience import Resilience
+from lightning_gossip.strategies.sigterm import make_sigterm_check_local
+from lightning_gossip.sync_gossip import SyncGossip
 
 if TYPE_CHECKING:
-    from lightning_gossip.strategies.dpsgd import DPSGDStrategy
+    from lightning_gossip.strategies.fit import Fit
 
 __all__ = ["AgreedStops"]
 
@@ -39,51 +42,56 @@ log = logging.getLogger(__name__)
 class AgreedStops(Resilience):
     """:class:`~lightning_gossip.strategies.resilience.Resilience` of
     :class:`~lightning_gossip.strategies.DPSGDStrategy`: the per-batch stop and requeue checks
-    (SIGTERM, SLURM requeue) agreed through the engine's
-    :class:`~lightning_gossip.sync_gossip.StopAgreement`.
-
-    Args:
-        strategy: the owner: its engine (``None`` with nothing to gossip with: the flags are
-            then all-reduced on its gossip group), step, rank and device.
+    (SIGTERM, SLURM requeue) agreed through the fit's engine's
+    :class:`~lightning_gossip.sync_gossip.StopAgreement` (``fit.engine``; ``None`` with nothing
+    to gossip with: the flags are then all-reduced on ``fit.group``, the gossip group). Built
+    as :class:`~lightning_gossip.strategies.resilience.Resilience` is.
     """
 
-    def __init__(self, strategy: DPSGDStrategy) -> None:
-        super().__init__(strategy)
-        self.dpsgd = strategy
+    def __init__(self, *, step: Callable[[], int], watched: Watched,
+                 stop_gossip: Callable[[], None], stop_heartbeat: Callable[[bool], None],
+                 restart_position: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        super().__init__(step=step, watched=watched, stop_gossip=stop_gossip,
+                         stop_heartbeat=stop_heartbeat, restart_position=restart_position)
         #: this rank proposed a stop / a requeue in this fit
         self.stop_proposed = False
         self.requeue_proposed = False
 
-    def begin_fit(self) -> None:
+    @property
+    def engine(self) -> SyncGossip | None:
+        """The fit's engine (``None`` outside a fit or with nothing to gossip with)."""
+        engine = self.fit.engine if self.fit is not None else None
+        assert engine is None or isinstance(engine, SyncGossip)
+        return engine
+
+    def begin_fit(self, fit: Fit) -> None:
         """A new fit: forget the last one's proposals too (the engine's agreement as well)."""
         self.stop_proposed = self.requeue_proposed = False
-        super().begin_fit()
-        if self.dpsgd.engine is not None:
-            self.dpsgd.engine.agreement.reset()
+        super().begin_fit(fit)
+        if self.engine is not None:
+            self.engine.agreement.reset()
 
     def install_sigterm_check(self, trainer: Any) -> None:
         """Replace Lightning's per-batch SIGTERM broadcast by :meth:`sigterm_stop_now`, and
         defer Lightning's SLURM auto-requeue handler to :meth:`requeue_now`."""
-        self.begin_fit()
         make_sigterm_check_local(trainer, stop_now=self.sigterm_stop_now,
                                  requeue_now=self.requeue_now)
 
     def _propose(self, kind: str) -> None:
         """Propose to stop (``kind="stop"``) or requeue at the first step every rank can know."""
-        strategy = self.dpsgd
-        assert strategy.engine is not None
-        proposal = strategy.engine.propose_stop(kind, strategy.step)
+        engine, step = self.engine, self._step()
+        assert engine is not None
+        proposal = engine.propose_stop(kind, step)
         log.info("rank %d received the %s signal at step %d: proposes that every rank acts at "
-                 "step %d", strategy.global_rank, kind, strategy.step, proposal)
+                 "step %d", engine.rank, kind, step, proposal)
 
     def _flags_all_reduce(self, received: bool, what: str) -> bool:
         """One node of several ranks (nothing to gossip): combine the flags by an all-reduce
         on the gossip group (every rank calls it before every batch)."""
-        strategy = self.dpsgd
-        flag = torch.tensor([1 if received else 0], device=strategy.root_device)
-        strategy.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX,
-                         group=strategy.gossip_group,
-                         what=f"agreeing whether to {what} at step {strategy.step}")
+        fit = self._current()
+        flag = torch.tensor([1 if received else 0], device=fit.device)
+        self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=fit.group,
+                     what=f"agreeing whether to {what} at step {self._step()}")
         return bool(flag.item())
 
     def sigterm_stop_now(self, received: bool) -> bool:
@@ -96,14 +104,14 @@ class AgreedStops(Resilience):
         batch on every rank. With ``hierarchical=True`` on a single node (nothing to gossip)
         the flags are combined by an all-reduce on the gossip group instead.
         """
-        engine = self.dpsgd.engine
+        engine = self.engine
         if engine is None:
             stop = self._flags_all_reduce(received, "stop (SIGTERM)")
         else:
             if received and not self.stop_proposed:
                 self.stop_proposed = True
                 self._propose("stop")
-            stop = engine.agreement.stop_due(self.dpsgd.step)
+            stop = engine.agreement.stop_due(self._step())
         if stop:
             self.stopping_together = True
         return stop
@@ -119,14 +127,14 @@ class AgreedStops(Resilience):
         """
         if self.requeue_done:
             return False
-        engine = self.dpsgd.engine
+        engine = self.engine
         if engine is None:
             due = self._flags_all_reduce(received, "requeue (SLURM)")
         else:
             if received and not self.requeue_proposed:
                 self.requeue_proposed = True
                 self._propose("requeue")
-            due = engine.agreement.requeue_due(self.dpsgd.step)
+            due = engine.agreement.requeue_due(self._step())
         if not due:
             return False
         self.requeue_done = True

@@ -21,9 +21,12 @@ A rank whose wait failed on a lost peer (:class:`~lightning_gossip.errors.PeerSi
    temporary file, then renamed): a full Lightning checkpoint (the writer's optimizer and loop
    state) that ``trainer.fit(ckpt_path=...)`` resumes from;
    :func:`~lightning_gossip.checkpoints.newest_checkpoint` picks it when it is the newest.
-   Where the survivors met through the store, it also holds
-   :meth:`~lightning_gossip.strategies.GossipStrategy.with_restart_position` (``adpsgd``: the
+   Where the survivors met through the store, it also holds the restart position
+   (:meth:`~lightning_gossip.strategies.GossipStrategy.with_restart_position`; ``adpsgd``: the
    shared cursor's position, so the restart goes on with the epoch's unclaimed batches).
+
+The functions take values (the fit's :class:`~lightning_gossip.strategies.fit.Fit`, the step)
+and small callables, never the strategy.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,10 +47,12 @@ from lightning_gossip.checkpoints import checkpoint_dir
 from lightning_gossip.errors import GossipTimeout
 
 if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
     from lightning_gossip.flat import FlatState
-    from lightning_gossip.strategies.gossip import GossipStrategy
+    from lightning_gossip.liveness import Heartbeat
+    from lightning_gossip.strategies.fit import Fit
+
+#: ``restart_position(checkpoint)``: ``checkpoint`` plus the data position a restart needs
+RestartPosition = Callable[[dict[str, Any]], dict[str, Any]]
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +68,16 @@ def run_key(fit_index: int) -> str:
     return f"lightning-gossip/emergency/{restart}.{fit_index}"
 
 
-def meet_survivors(strategy: GossipStrategy, lost: set[int], key: str) -> list[int] | None:
-    """The survivors (this rank included), agreed through the store as the module docstring
-    says; ``None`` when the store cannot be reached."""
-    beat = strategy.heartbeat
-    rank = strategy.global_rank
+def meet_survivors(beat: Heartbeat, rank: int, world_size: int, step: int, lost: set[int],
+                   key: str) -> list[int] | None:
+    """The survivors (``rank`` included), agreed through the store (``beat``'s) as the module
+    docstring says; ``None`` when the store cannot be reached (also at once when ``beat``
+    already found its host unreachable: the meeting goes through that store). ``step``: what
+    ``rank`` announces."""
+    if beat.store_unreachable:
+        return None
     try:
-        beat.store_call(lambda: beat.store.set(f"{key}/{rank}", str(strategy.step)),
+        beat.store_call(lambda: beat.store.set(f"{key}/{rank}", str(step)),
                         "announcing a survivor")
     except GossipTimeout:
         return None
@@ -77,7 +86,7 @@ def meet_survivors(strategy: GossipStrategy, lost: set[int], key: str) -> list[i
     deadline = time.monotonic() + beat.timeout + EXTRA_WAIT_S
     try:
         while True:
-            unknown = [r for r in range(strategy.world_size) if r != rank and r not in posted]
+            unknown = [r for r in range(world_size) if r != rank and r not in posted]
             if unknown:
                 silent = set(beat.silent(unknown))
                 found = beat.store_call(
@@ -112,25 +121,32 @@ def survivors_average(flat_state: FlatState, members: list[int]) -> torch.Tensor
     return flat.div_(len(members))
 
 
-def write_emergency_checkpoint(strategy: GossipStrategy, error: GossipTimeout,
-                               flat_state: FlatState | None, fit_index: int) -> Path | None:
+def write_emergency_checkpoint(error: GossipTimeout, fit: Fit, step: int, fit_index: int, *,
+                               stop_gossip: Callable[[], None],
+                               restart_position: RestartPosition) -> Path | None:
     """Meet the other survivors and write the emergency checkpoint (see the module); the path
-    on the rank that wrote it, else ``None``. ``flat_state``: the strategy's replica as a
-    :class:`~lightning_gossip.flat.FlatState`; ``fit_index``: which fit of the strategy this is
-    (each has its own meeting)."""
-    trainer = strategy.lightning_module.trainer
-    if (strategy.heartbeat is None or flat_state is None or trainer.state.fn != "fit"
+    on the rank that wrote it, else ``None``.
+
+    Args:
+        error: the failed wait, naming the lost ranks.
+        fit: the fit's values (trainer, rank, replicas, heartbeat, checkpoint writer).
+        step: the strategy's optimizer step (announced, and stored in the checkpoint).
+        fit_index: which fit of the strategy this is (each has its own meeting).
+        stop_gossip: stops the engine's communication threads (nothing more is mixed in).
+        restart_position: adds the data position a restart needs.
+    """
+    trainer, beat, rank = fit.trainer, fit.heartbeat, fit.rank
+    if (beat is None or trainer.state.fn != "fit"
             or trainer.checkpoint_callback is None):  # no checkpoints asked for
         return None
     started = time.monotonic()
     lost = set(error.ranks)
-    strategy.teardown_gossip()  # the communication threads: nothing more is mixed in
-    members = meet_survivors(strategy, lost, run_key(fit_index))
-    rank = strategy.global_rank
+    stop_gossip()
+    members = meet_survivors(beat, rank, fit.world_size, step, lost, run_key(fit_index))
     average = None
     if members is not None and len(members) >= 2:
         try:
-            average = survivors_average(flat_state, members)
+            average = survivors_average(fit.replicas.flat, members)
         except Exception as e:  # noqa: BLE001 - fall back to this rank's replica
             log.warning("rank %d: the survivors %s could not average (%s): writing a replica",
                         rank, members, e)
@@ -139,33 +155,32 @@ def write_emergency_checkpoint(strategy: GossipStrategy, error: GossipTimeout,
         writer = members[0]
     else:
         known = set(members or ())
-        writer = min(set(range(strategy.world_size)) - (lost - known - {rank}))
+        writer = min(set(range(fit.world_size)) - (lost - known - {rank}))
     if rank != writer:
         return None
     path = checkpoint_dir(trainer) / (f"emergency-step={trainer.global_step}-rank={rank}.ckpt")
-    _save(strategy, trainer, path, average, members)
+    _save(fit, path, average, members, step, restart_position)
     log.warning("rank %d: wrote the emergency checkpoint %s (%s) %.1f s after the error", rank,
                 path, "the average of survivors " + str(members) if average is not None
                 else "this rank's replica", time.monotonic() - started)
     return path
 
 
-def _save(strategy: GossipStrategy, trainer: pl.Trainer, path: Path, average: torch.Tensor | None,
-          members: list[int] | None) -> None:
+def _save(fit: Fit, path: Path, average: torch.Tensor | None, members: list[int] | None,
+          step: int, restart_position: RestartPosition) -> None:
     """A full Lightning checkpoint of the current state with ``average`` as the weights (or
     the local replica), without any collective; written whole."""
     tmp = path.with_name(path.name + ".part")
-    with strategy.weights_as_is(average):  # no collective: not every rank is there
-        ckpt = strategy.with_part_states(dump_checkpoint(trainer))  # e.g. the outer optimizer
+    with fit.replicas.weights_as_is(average):  # no collective: not every rank is there
+        ckpt = fit.part_states(dump_checkpoint(fit.trainer))  # e.g. the outer optimizer
         if members is not None:  # the store answers, and every survivor stopped claiming
             try:
-                ckpt = strategy.with_restart_position(ckpt)
+                ckpt = restart_position(ckpt)
             except Exception as e:  # noqa: BLE001 - the weights matter more than the position
                 log.warning("rank %d: the emergency checkpoint has no cursor position: %s",
-                            strategy.global_rank, e)
+                            fit.rank, e)
         ckpt["lightning_gossip_emergency"] = {
-            "survivors": members, "averaged": average is not None,
-            "strategy_step": strategy.step}
+            "survivors": members, "averaged": average is not None, "strategy_step": step}
         path.parent.mkdir(parents=True, exist_ok=True)
-        strategy.checkpoint_io.save_checkpoint(ckpt, tmp)  # the state dict views the weights
+        fit.checkpoint_io.save_checkpoint(ckpt, tmp)  # the state dict views the weights
     os.replace(tmp, path)

@@ -10,9 +10,7 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -29,13 +27,15 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement, plain_repr
-from lightning_gossip.compression import check_wire_dtype
+from lightning_gossip.compression import WireDtype, check_wire_dtype
 from lightning_gossip.consensus import check_every
 from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
+from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
-from lightning_gossip.strategies.options import check_options, check_remedies
+from lightning_gossip.strategies.options import Backend, Evaluate, check_options, check_remedies
 from lightning_gossip.strategies.parallel import ProcessGroupStrategy
 from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
 from lightning_gossip.strategies.replicas import Replicas
@@ -91,13 +91,13 @@ class GossipStrategy(ProcessGroupStrategy):
         delay_by_one: bool = False,
         hierarchical: bool = False,
         global_average_every_n_steps: int | None = None,
-        wire_dtype: str = "fp32",
+        wire_dtype: WireDtype = "fp32",
         outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
-        node_allreduce: str = "after_backward",
+        node_allreduce: NodeAllreduce = "after_backward",
         final_average: bool = True,
-        evaluate: str = "consensus",
+        evaluate: Evaluate = "consensus",
         consensus_every_n_steps: int | None = 100,
-        process_group_backend: str | None = None,
+        process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
@@ -112,8 +112,7 @@ class GossipStrategy(ProcessGroupStrategy):
         self.hierarchical = bool(hierarchical)
         self.global_average_every_n_steps = check_every(
             "global_average_every_n_steps", global_average_every_n_steps)
-        self._wire = check_wire_dtype(wire_dtype)
-        self.wire_dtype = wire_dtype
+        self._wire, self.wire_dtype = check_wire_dtype(wire_dtype), wire_dtype
         #: the outer optimizer of the periodic global average (:mod:`lightning_gossip.outer`)
         self.outer = check_remedies(outer_lr, outer_momentum, outer_nesterov, node_allreduce,
                                     self.global_average_every_n_steps, self.hierarchical)
@@ -192,24 +191,39 @@ class GossipStrategy(ProcessGroupStrategy):
         check_agreement(self.gossip_config(), self.global_rank, self.world_size)
         self.replicas.check_match()
         if fitting:
-            self.resilience.install_sigterm_check(trainer)  # no per-batch collective
             self.replicas.broadcast_initial()
             if self.outer is not None:  # the anchor: where every replica starts (or resumed)
                 self.outer.start(self._flat.pack())
             self.setup_gossip(trainer)
+            self.begin_fit(Fit(trainer, self.global_rank, self.world_size, self.root_device,
+                               self.replicas, self.heartbeat, self.checkpoint_io, node=self.node,
+                               outer=self.outer, part_states=self.with_part_states))
+
+    def begin_fit(self, fit: Fit) -> None:
+        """Give the parts this fit's values (after :meth:`setup_gossip`; subclasses add their
+        engine): the resilience also puts the SIGTERM check of its own in place (no per-batch
+        collective)."""
+        self.resilience.begin_fit(fit)
 
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Create the subclass's process groups, buffers and threads (once per fit)."""
 
     @override
     def teardown(self) -> None:
-        """Stop gossip and the heartbeat, then Lightning's own teardown."""
+        """Stop gossip and the heartbeat, end the fit's parts, then Lightning's own teardown."""
         self.teardown_gossip()
         self.stop_heartbeat()
+        self.resilience.end_fit()
         super().teardown()
 
     def _make_resilience(self) -> Resilience:  # DPSGDStrategy: AgreedStops
-        return Resilience(self)
+        return Resilience(**self._resilience_callables())
+
+    def _resilience_callables(self) -> dict[str, Any]:
+        """What :class:`~.resilience.Resilience` is built from: small callables."""
+        return {"step": lambda: self.step, "watched": self.watched,
+                "stop_gossip": self.teardown_gossip, "stop_heartbeat": self.stop_heartbeat,
+                "restart_position": self.with_restart_position}
 
     def teardown_gossip(self) -> None:
         """Stop the subclass's background work (idempotent)."""
@@ -232,10 +246,6 @@ class GossipStrategy(ProcessGroupStrategy):
 
     def quiesce(self) -> None:
         """Finish all in-flight gossip so the replicas are stable (subclasses override)."""
-
-    def before_requeue(self) -> None:
-        """Called on a rank that takes the requeue signal at its batch start, before the
-        checkpoint; ``adpsgd`` meets the ranks that are at their epoch end here."""
 
     # -- stops and requeues: strategy.resilience (resilience.py) --
     @override
@@ -295,16 +305,6 @@ class GossipStrategy(ProcessGroupStrategy):
         if self.evaluate == "consensus":
             self.replicas.swap_in_consensus()
 
-    @contextlib.contextmanager
-    def weights_as_is(self, weights: Tensor | None = None) -> Iterator[None]:
-        """Within the block the replica holds ``weights`` (the local replica when ``None``) and
-        :meth:`lightning_module_state_dict` returns them as they are, without averaging (no
-        collective: the emergency checkpoint's survivors cannot meet every rank); the local
-        replica is back afterwards."""
-        assert self.replicas is not None
-        with self.replicas.weights_as_is(weights):
-            yield
-
     def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """``checkpoint`` plus the data position a restart needs (``adpsgd``: its cursor)."""
         return checkpoint
@@ -326,7 +326,7 @@ class GossipStrategy(ProcessGroupStrategy):
         state = module.state_dict()
         replicas = self.replicas
         if not self.gossip_enabled or replicas is None or replicas.holds_consensus:
-            return state  # held: evaluation, or weights_as_is, already swapped them in
+            return state  # held: evaluation, or Replicas.weights_as_is, already swapped them in
         self.quiesce()
         return replicas.consensus_state_dict(module, state)
 

@@ -5,17 +5,24 @@ is constructed, so bad input fails before any process starts."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from lightning_gossip.outer import OuterOptimizer
+from lightning_gossip.overlapped_allreduce import NodeAllreduce
 
-__all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "check_max_staleness", "check_options",
-           "check_remedies"]
+__all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "Backend", "Evaluate",
+           "check_max_staleness", "check_options", "check_remedies"]
 
-EVALUATE_CHOICES = ("consensus", "local")
+#: ``evaluate=``: validation and test on the average of the replicas, or on each rank's own
+Evaluate = Literal["consensus", "local"]
+#: ``process_group_backend=`` (``None``: from the device)
+Backend = Literal["gloo", "nccl"]
+
+EVALUATE_CHOICES: tuple[Evaluate, ...] = ("consensus", "local")
 
 
-def check_options(*, evaluate: str, consensus_every_n_steps: int | None,
-                  process_group_backend: str | None, timeout: timedelta | float,
+def check_options(*, evaluate: Evaluate | str, consensus_every_n_steps: int | None,
+                  process_group_backend: Backend | str | None, timeout: timedelta | float,
                   heartbeat_timeout: float | None) -> timedelta:
     """Raise ``ValueError`` naming the first bad option; return ``timeout`` as a
     ``timedelta``.
@@ -57,7 +64,7 @@ def check_max_staleness(max_staleness: int | None) -> None:
 
 
 #: ``node_allreduce``: when the node's gradient all-reduce runs (hierarchical gossip)
-NODE_ALLREDUCE_CHOICES = ("after_backward", "overlapped")
+NODE_ALLREDUCE_CHOICES: tuple[NodeAllreduce, ...] = ("after_backward", "overlapped")
 
 
 def check_remedies(outer_lr: float | None, outer_momentum: float, outer_nesterov: bool,

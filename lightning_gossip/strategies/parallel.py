@@ -28,6 +28,7 @@ import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
 from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.strategies.node_averaging import check_node_layout
+from lightning_gossip.strategies.options import Backend
 
 __all__ = ["ProcessGroupStrategy"]
 
@@ -53,7 +54,7 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         checkpoint_io: CheckpointIO | None,
         precision_plugin: Precision | None,
         *,
-        process_group_backend: str | None,
+        process_group_backend: Backend | None,
         timeout: timedelta,
         heartbeat_timeout: float | None,
     ) -> None:

@@ -7,14 +7,14 @@ agreed on, and the emergency checkpoint of the survivors of a lost rank.
 ``#SBATCH --signal=SIGUSR1@N``) writes ``hpc_ckpt_<n>.ckpt`` from inside the handler, wherever
 each rank is; under the gossip strategies that checkpoint is a collective (the consensus
 average), entered from different places on different ranks. The strategies record the signal
-instead (:func:`~lightning_gossip.liveness.waits.make_sigterm_check_local`) and act at a batch
-start: ``dpsgd`` at a step agreed through its gossip messages (:mod:`.dpsgd_stop`), ``adpsgd``
-(whose ranks never share a step) at each rank's next batch start, where the ranks of a node
-first agree (an all-reduce of the flag on the node group, ``hierarchical``), then meet every
-rank in the epoch-end meeting's collective (a rank already at its epoch end joins the requeue
-from there, :meth:`~lightning_gossip.strategies.GossipStrategy.before_requeue`). Every rank then
-writes the checkpoint (:meth:`Resilience.save_and_requeue`), rank 0 runs ``scontrol
-requeue``, and every rank stops (quietly, as after an agreed SIGTERM).
+instead (:func:`~lightning_gossip.strategies.sigterm.make_sigterm_check_local`) and act at a
+batch start: ``dpsgd`` at a step agreed through its gossip messages (:mod:`.dpsgd_stop`),
+``adpsgd`` (whose ranks never share a step) at each rank's next batch start, where the ranks of
+a node first agree (an all-reduce of the flag on the node group, ``hierarchical``), then meet
+every rank in the epoch-end meeting's collective (a rank already at its epoch end joins the
+requeue from there, :meth:`~lightning_gossip.strategies.adpsgd_phases.Phases.before_requeue`).
+Every rank then writes the checkpoint (:meth:`Resilience.save_and_requeue`), rank 0 runs
+``scontrol requeue``, and every rank stops (quietly, as after an agreed SIGTERM).
 
 **Emergency checkpoint.** A rank that fails because a peer was lost (a
 :class:`~lightning_gossip.errors.GossipError` naming it) first meets the other survivors
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -34,10 +35,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import GossipTimeout
-from lightning_gossip.liveness import make_sigterm_check_local
+from lightning_gossip.strategies.collectives import Watched, broadcast_object
+from lightning_gossip.strategies.sigterm import make_sigterm_check_local
 
 if TYPE_CHECKING:
-    from lightning_gossip.strategies.gossip import GossipStrategy
+    from lightning_gossip.strategies.fit import Fit
 
 __all__ = ["Resilience", "lost_peer", "requeue_slurm_job"]
 
@@ -83,13 +85,31 @@ def lost_peer(exception: BaseException) -> GossipTimeout | None:
 class Resilience:
     """Requeue at a batch boundary, quiet agreed stops, emergency checkpoints.
 
+    Built from the owner's small callables; each fit's values come with :meth:`begin_fit`.
+
     Args:
-        strategy: the owner: its trainer, step, node, heartbeat and gossip are what a stop
-            or a requeue acts on (read when it happens, as they change from fit to fit).
+        step: the current optimizer step.
+        watched: the owner's watched wait (:meth:`~.parallel.ProcessGroupStrategy.watched`),
+            for the broadcast of the requeue's outcome.
+        stop_gossip: stops the engine's background work (idempotent).
+        stop_heartbeat: ``stop_heartbeat(failed)``: tells the peers this rank leaves.
+        restart_position: ``checkpoint`` plus the data position a restart needs (the emergency
+            checkpoint's).
     """
 
-    def __init__(self, strategy: GossipStrategy) -> None:
-        self.strategy = strategy
+    def __init__(self, *, step: Callable[[], int], watched: Watched,
+                 stop_gossip: Callable[[], None], stop_heartbeat: Callable[[bool], None],
+                 restart_position: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._step = step
+        self.watched = watched
+        self.stop_gossip = stop_gossip
+        self.stop_heartbeat = stop_heartbeat
+        self.restart_position = restart_position
+        #: run on a rank that takes the requeue signal, before the checkpoint (``adpsgd``:
+        #: :meth:`~.adpsgd_phases.Phases.before_requeue`, meeting the ranks at their epoch end)
+        self.before_requeue: Callable[[], None] = _nothing
+        #: the current fit's values (``None`` outside a fit)
+        self.fit: Fit | None = None
         #: every rank stops at this point, agreed (SIGTERM, requeue): the exception is quiet
         self.stopping_together = False
         #: the requeue checkpoint of this fit is written (once per fit)
@@ -97,20 +117,30 @@ class Resilience:
         #: fits of this strategy object (the same on every rank)
         self.fit_index = -1
 
-    def install_sigterm_check(self, trainer: Any) -> None:
-        """Replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a
-        check of the strategy's own: here a rank that received SIGTERM stops on its own at its
-        next batch and its peers fail naming it (``liveness.make_sigterm_check_local``);
-        ``DPSGDStrategy`` stops every rank at the same step. Lightning's SLURM auto-requeue
-        handler is deferred to :meth:`requeue_now`."""
-        self.begin_fit()
-        make_sigterm_check_local(trainer, requeue_now=self.requeue_now)
-
-    def begin_fit(self) -> None:
-        """A new fit: forget the last one's stop and requeue, count it."""
+    def begin_fit(self, fit: Fit) -> None:
+        """A new fit: forget the last one's stop and requeue, count it, keep its values, and
+        replace Lightning's per-batch SIGTERM broadcast (a world-group collective) by a check
+        of the strategy's own (:meth:`install_sigterm_check`)."""
         self.stopping_together = False
         self.requeue_done = False
         self.fit_index += 1
+        self.fit = fit
+        self.install_sigterm_check(fit.trainer)
+
+    def end_fit(self) -> None:
+        """The fit is over: forget its values."""
+        self.fit = None
+
+    def install_sigterm_check(self, trainer: Any) -> None:
+        """Here a rank that received SIGTERM stops on its own at its next batch and its peers
+        fail naming it (:func:`~.sigterm.make_sigterm_check_local`); ``AgreedStops`` stops
+        every rank at the same step. Lightning's SLURM auto-requeue handler is deferred to
+        :meth:`requeue_now`."""
+        make_sigterm_check_local(trainer, requeue_now=self.requeue_now)
+
+    def _current(self) -> Fit:
+        assert self.fit is not None, "only during a fit"
+        return self.fit
 
     def requeue_now(self, received: bool) -> bool:
         """Before every batch while Lightning's SLURM auto-requeue is on: write the requeue
@@ -123,16 +153,16 @@ class Resilience:
         """
         if self.requeue_done:
             return False
-        strategy = self.strategy
-        if strategy.node:  # hierarchical: the node's ranks step together
+        fit = self._current()
+        if fit.node:  # hierarchical: the node's ranks step together
             import torch
 
-            flag = torch.tensor([1.0 if received else 0.0], device=strategy.root_device)
-            strategy.node.all_reduce(flag, "agreeing on the requeue (SLURM)")
+            flag = torch.tensor([1.0 if received else 0.0], device=fit.device)
+            fit.node.all_reduce(flag, "agreeing on the requeue (SLURM)")
             received = bool(flag.item() > 0)
         if not received:
             return False
-        strategy.before_requeue()
+        self.before_requeue()
         self.requeue_together()
         return True
 
@@ -144,8 +174,8 @@ class Resilience:
         self.requeue_done = True
         if not self.save_and_requeue():
             raise RuntimeError(
-                f"rank {self.strategy.global_rank}: the requeue checkpoint was written at step "
-                f"{self.strategy.step} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
+                f"rank {self._current().rank}: the requeue checkpoint was written at step "
+                f"{self._step()} but `scontrol requeue` failed: resume with ckpt_path='hpc'")
         self.stopping_together = True
 
     def save_and_requeue(self) -> bool:
@@ -153,34 +183,38 @@ class Resilience:
         ``hpc_ckpt_<n>.ckpt`` into ``default_root_dir`` (the consensus weights, a collective),
         ``scontrol requeue`` on rank 0; whether the job was requeued (rank 0's answer,
         broadcast)."""
-        strategy = self.strategy
-        trainer = strategy.lightning_module.trainer
-        rank_zero_info(f"Handling auto-requeue signal at step {strategy.step}: every rank writes "
+        fit = self._current()
+        trainer = fit.trainer
+        rank_zero_info(f"Handling auto-requeue signal at step {self._step()}: every rank writes "
                        "the requeue checkpoint here")
         for logger in trainer.loggers:
             logger.finalize("finished")
         trainer.save_checkpoint(_compat.hpc_save_path(trainer))
-        ok = requeue_slurm_job() if strategy.global_rank == 0 else False
-        return bool(strategy.broadcast(ok, src=0))
+        ok = requeue_slurm_job() if fit.rank == 0 else False
+        return bool(broadcast_object(ok, 0, None, fit.rank, fit.device, self.watched))
 
     def on_exception(self, exception: BaseException) -> None:
         """This rank failed: after a stop every rank agreed on (SIGTERM, requeue), stop gossip
         and leave quietly (the peers stop at the same point); after a lost peer, write the
         emergency checkpoint with the other survivors first; else stop gossip and tell the
         peers at once (heartbeat ``leave``)."""
-        strategy = self.strategy
         if isinstance(exception, SIGTERMException) and self.stopping_together:
-            strategy.teardown_gossip()
-            strategy.stop_heartbeat(failed=False)
+            self.stop_gossip()
+            self.stop_heartbeat(False)
             return
         lost = lost_peer(exception)
-        if lost is not None:
+        if lost is not None and self.fit is not None:
             from lightning_gossip.strategies.emergency import write_emergency_checkpoint
 
             try:
-                flat = strategy.replicas.flat if strategy.replicas is not None else None
-                write_emergency_checkpoint(strategy, lost, flat, self.fit_index)
+                write_emergency_checkpoint(lost, self.fit, self._step(), self.fit_index,
+                                           stop_gossip=self.stop_gossip,
+                                           restart_position=self.restart_position)
             except Exception as e:  # noqa: BLE001 - never hide the lost rank's error
-                log.warning("rank %d: no emergency checkpoint: %s", strategy.global_rank, e)
-        strategy.teardown_gossip()
-        strategy.stop_heartbeat(failed=True)
+                log.warning("rank %d: no emergency checkpoint: %s", self.fit.rank, e)
+        self.stop_gossip()
+        self.stop_heartbeat(True)
+
+
+def _nothing() -> None:
+    """The default :attr:`Resilience.before_requeue`."""

@@ -12,13 +12,13 @@ the optimizer step, on every rank and for every step ``t`` (see ``docs/engines.m
 * A :class:`~lightning_gossip.exchange.CommWorker` thread waits on each round's messages,
   checks them (a peer's NaN is named) and mixes them into the round's own buffer while the
   loop computes; the training thread's share is one snapshot copy and one add.
-* **Sharded rounds** (:class:`~lightning_gossip.hierarchy.ShardedExchange`): over nodes
-  (hierarchical gossip, a :class:`~lightning_gossip.hierarchy.NodeLayout` with several ranks per
-  node) each local rank exchanges its slice of the replica with the same local rank of the peer
-  nodes and the node all-gathers the mixed slices; a compressed ``wire_dtype`` uses the same
-  path (mean-preserving: ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))``). The all-gather runs on the
-  worker's own node group (:attr:`~lightning_gossip.hierarchy.NodeGroups.node_gossip`), or,
-  without one (NCCL), on the training thread through ``node_gather``.
+* **Sharded rounds** (:class:`~lightning_gossip.sync_gossip.sharded.ShardedExchange`): over
+  nodes (hierarchical gossip, a :class:`~lightning_gossip.hierarchy.NodeLayout` with several
+  ranks per node) each local rank exchanges its slice of the replica with the same local rank
+  of the peer nodes and the node all-gathers the mixed slices; a compressed ``wire_dtype`` uses
+  the same path (mean-preserving: ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))``). The all-gather runs
+  on the worker's own node group (:attr:`~lightning_gossip.hierarchy.NodeGroups.node_gossip`),
+  or, without one (NCCL), on the training thread through ``node_gather``.
 * **Agreed stop**: every round carries a two-value side message, the smallest "stop at step s"
   and "requeue at step s" this rank knows of (:class:`StopAgreement`), so every rank can stop at
   the same step without a collective.
@@ -29,6 +29,7 @@ The parts, one module each:
 * :mod:`~lightning_gossip.sync_gossip.rounds`: :class:`Round`, one round in flight;
   :class:`SyncStats`, what was sent.
 * :mod:`~lightning_gossip.sync_gossip.stop`: :class:`StopAgreement`, the agreed stop step.
+* :mod:`~lightning_gossip.sync_gossip.sharded`: :class:`ShardedExchange`, a sharded round.
 
 Example (inside an initialised process group)::
 
@@ -48,6 +49,8 @@ from __future__ import annotations
 
 from lightning_gossip.sync_gossip.engine import SyncGossip
 from lightning_gossip.sync_gossip.rounds import Round, SyncStats
+from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.sync_gossip.stop import NO_STOP, StopAgreement, StopMessages
 
-__all__ = ["NO_STOP", "Round", "StopAgreement", "StopMessages", "SyncGossip", "SyncStats"]
+__all__ = ["NO_STOP", "Round", "ShardedExchange", "StopAgreement", "StopMessages", "SyncGossip",
+           "SyncStats"]

@@ -12,9 +12,10 @@ from torch import Tensor
 
 from lightning_gossip.exchange import CommWorker, NeighborExchange
 from lightning_gossip.flat import FlatState
-from lightning_gossip.hierarchy import NodeGroups, NodeLayout, ShardedExchange
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.sync_gossip.rounds import Round, SyncStats
+from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.sync_gossip.stop import StopAgreement
 from lightning_gossip.topology import Topology
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lightning_gossip.exchange import Job, NeighborExchange
-from lightning_gossip.hierarchy import ShardedExchange
+from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.sync_gossip.stop import StopMessages
 
 __all__ = ["Round", "SyncStats"]
