@@ -97,7 +97,7 @@ class Gossip:
                                "group: call torch.distributed.init_process_group() first "
                                "(torchrun sets its environment)")
         self.model = model
-        self.strategy = strategy
+        self.algorithm = strategy  #: "dpsgd" or "adpsgd"
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.flat = FlatState(model)

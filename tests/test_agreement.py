@@ -11,7 +11,8 @@ from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
 # Constructor arguments that are Lightning plugins or compared under another key.
 NOT_OPTIONS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
                "precision_plugin", "process_group_backend", "timeout", "kwargs"}
-ATTRIBUTE_OF = {"topology": "topology_spec", "pairing": "pairing_name"}
+ATTRIBUTE_OF = {"topology": "topology_spec", "pairing": "pairing_name", "outer_lr": "outer",
+                "outer_momentum": "outer", "outer_nesterov": "outer"}  # one OuterOptimizer
 ALWAYS = {"strategy", "world_size", "num_nodes", "processes_per_node", "process_group_backend",
           "timeout_s"}
 

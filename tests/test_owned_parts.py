@@ -257,11 +257,20 @@ LIBRARY = PACKAGE.parent
 
 
 def back_pointer_reads(tree: ast.AST) -> list[str]:
-    """``self.<owner>.<x>`` under ``tree`` for every back-pointer name ``<owner>``."""
-    return sorted(f"self.{node.value.attr}.{node.attr}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                  and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
-                  and node.value.attr in OWNER_NAMES)
+    """``self.<owner>.<x>`` under ``tree`` for every back-pointer name ``<owner>``, outside the
+    strategy classes (a strategy reading its own part, e.g. a Fabric strategy's ``self.gossip``,
+    is the owner, not a back-pointer)."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Strategy"):
+            continue
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
+                and node.value.attr in OWNER_NAMES):
+            found.append(f"self.{node.value.attr}.{node.attr}")
+        stack.extend(ast.iter_child_nodes(node))
+    return sorted(found)
 
 
 def _names_a_strategy(annotation: ast.expr | None) -> bool:
@@ -269,6 +278,12 @@ def _names_a_strategy(annotation: ast.expr | None) -> bool:
         isinstance(n, (ast.Name, ast.Attribute, ast.Constant))
         and (getattr(n, "id", None) or getattr(n, "attr", None) or str(getattr(n, "value", "")))
         .rpartition(".")[2] in STRATEGY_TYPES for n in ast.walk(annotation))
+
+
+def _names_a_string(annotation: ast.expr | None) -> bool:
+    """``strategy: str`` (a strategy's name, as ``attach(strategy="adpsgd")`` takes) is not a
+    strategy object."""
+    return isinstance(annotation, ast.Name) and annotation.id == "str"
 
 
 def strategy_parameters(tree: ast.Module) -> list[str]:
@@ -290,7 +305,8 @@ def strategy_parameters(tree: ast.Module) -> list[str]:
                 args = child.args
                 params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
                 found += [f"{where}{child.name}({a.arg})" for a in params
-                          if a.arg == "strategy" or _names_a_strategy(a.annotation)]
+                          if (a.arg == "strategy" and not _names_a_string(a.annotation))
+                          or _names_a_strategy(a.annotation)]
                 stack.append((child, f"{where}{child.name}."))
             else:
                 stack.append((child, where))

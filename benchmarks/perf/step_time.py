@@ -17,7 +17,7 @@ rank) and times, back to back in the same processes, every case below on the sam
 * ``dpsgd_delay1``   DPSGDStrategy(delay_by_one=True): each exchange has a whole step to hide;
 * ``adpsgd``         ADPSGDStrategy() (asynchronous pairwise gossip on a background thread);
 * ``dpsgd_overlap_bf16`` DPSGDStrategy(wire_dtype="bf16"): overlapped, a compressed wire (the
-                     sharded rounds of ``lightning_gossip.hierarchy.ShardedExchange``).
+                     sharded rounds of ``lightning_gossip.sync_gossip.sharded.ShardedExchange``).
 
 Gossip on the training thread: ``time.perf_counter`` around the strategy methods the training
 thread runs for gossip in a step (``SyncGossip._start``, ``_apply_delta``,

@@ -28,7 +28,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("adpsgd: add the gathered delta", ("AsyncGossip._apply_gathered",)),
     ("adpsgd: staleness wait", ("SharedState.wait_for",)),
     ("adpsgd: rest of after_step", ("AsyncGossip.after_step",)),
-    ("adpsgd: phase begin", ("AsyncGossip.begin_phase",)),
+    ("adpsgd: phase begin", ("AsyncGossip.before_step",)),
     ("dpsgd: gossip (waits and mixing)", ("SyncGossip", "lightning_gossip/sync_gossip")),
     ("node gradient all-reduce", ("NodeAverager.average_gradients",)),
     ("node buffer all-reduce", ("NodeAverager.average_buffers",)),
