@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["PAIRINGS", "ColumnPairing", "Pairing", "PairingName", "check_pairing_name",
            "is_active"]
 
-#: the name of an AD-PSGD pairing (``pairing=``)
 PairingName = Literal["ring", "random"]
+"""The name of an AD-PSGD pairing (``pairing=``): ring neighbours in turn, or random."""
 
 PAIRINGS: tuple[PairingName, ...] = ("ring", "random")
 """The AD-PSGD pairings: ``"ring"`` (alternate ring neighbours) and ``"random"``."""

@@ -29,15 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "race"
 FAIR = RESULTS / "fair"
 LOG = "benchmarks/results/race/LOG.md"
+WITHDRAWN = "benchmarks/results/race/WITHDRAWN.md"
 
 MARKERS = {
     "race-table": ("<!-- race-table:begin -->", "<!-- race-table:end -->"),
     "results-sentence": ("<!-- results-sentence:begin -->", "<!-- results-sentence:end -->"),
+    "withdrawn-table": ("<!-- withdrawn-table:begin -->", "<!-- withdrawn-table:end -->"),
 }
 """Name -> (begin, end) markers of a generated part."""
 
 TARGETS = {"docs/choosing.md": ("race-table",), "docs/benchmarks.md": ("race-table",),
-           "README.md": ("results-sentence",)}
+           "README.md": ("results-sentence",), WITHDRAWN: ("withdrawn-table",)}
 """Which generated parts each file may hold (a file without a part's markers is left alone)."""
 
 WITHDRAWN_SUMMARY = (
@@ -167,9 +169,9 @@ def race_part(fair: list[tuple[str, dict[str, Any]]],
         parts.append(wrap("No race has been run under the race rules yet, so no speed-up is "
                           "claimed: ddp, one of its hooks, a periodic averager or a gossip "
                           "strategy may win."))
-    parts.append(wrap(WITHDRAWN_SUMMARY + f" They are kept, with the reasons per record below "
-                      f"and their write-ups in `{LOG}`, and are not evidence."))
-    parts.append(withdrawn_table(withdrawn))
+    parts.append(wrap(WITHDRAWN_SUMMARY + f" They are kept, {len(withdrawn)} records with the "
+                      f"reasons per record in `{WITHDRAWN}` and their write-ups in `{LOG}`, "
+                      "and are not evidence."))
     return "\n\n".join(parts)
 
 
@@ -201,7 +203,8 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
 def generated() -> dict[str, str]:
     """Part name -> its text, from the records now in ``benchmarks/results/race/``."""
     fair = fair_records()
-    return {"race-table": race_part(fair, withdrawn_records()),
+    withdrawn = withdrawn_records()
+    return {"race-table": race_part(fair, withdrawn), "withdrawn-table": withdrawn_table(withdrawn),
             "results-sentence": results_sentence(fair)}
 
 
