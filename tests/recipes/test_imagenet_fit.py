@@ -65,7 +65,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                       "dpsgd", "adpsgd"])  # own strategy: make test-slow
 def test_two_rank_fit_on_digits(strategy: str, digits: Path, tmp_path: Path) -> None:
     run = run_lightning(
-        "-m", "recipes.imagenet", "fit", f"--config={CONFIG}",  # `python -m recipes.imagenet`
+        "recipes.imagenet", "fit", f"--config={CONFIG}",  # `python -m recipes.imagenet`
         f"--data.root={digits}", "--data.batch_size=32",
         f"--trainer.strategy={strategy}", "--trainer.devices=2", "--trainer.max_epochs=1",
         "--trainer.num_sanity_val_steps=0",

@@ -40,7 +40,7 @@ def test_imagenet_cli_resumes_from_last(tmp_path_factory: pytest.TempPathFactory
 
     def fit(epochs: int) -> str:
         return check(run_lightning(
-            "-m", "recipes.imagenet", "fit", f"--config={DIGITS}", f"--data.root={digits}",
+            "recipes.imagenet", "fit", f"--config={DIGITS}", f"--data.root={digits}",
             "--trainer.strategy=dpsgd", "--trainer.devices=2", f"--trainer.max_epochs={epochs}",
             "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=2",
             "--trainer.num_sanity_val_steps=0", "--trainer.logger=false",
