@@ -53,10 +53,9 @@ WIRE_DTYPES: dict[WireDtype, torch.dtype] = {
 
 def check_wire_dtype(name: WireDtype | str) -> torch.dtype:
     """The torch dtype of a ``wire_dtype`` name; ``ValueError`` naming the choices otherwise."""
-    for known, dtype in WIRE_DTYPES.items():
-        if name == known:
-            return dtype
-    raise ValueError(f"wire_dtype must be one of {tuple(WIRE_DTYPES)}, got {name!r}")
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {tuple(WIRE_DTYPES)}, got {name!r}")
+    return WIRE_DTYPES[name]  # type: ignore[index]  # a WireDtype once checked
 
 
 def quantize(x: Tensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
@@ -81,11 +80,16 @@ def pairwise_delta(mine: Tensor, theirs: list[tuple[Tensor, float]], out: Tensor
         return out.zero_()
     # exact: a difference of two bf16/fp16 values fits fp32; in fp32 fl(a - b) = -fl(b - a)
     (first, w), rest = theirs[0], theirs[1:]
-    out.copy_(first).sub_(mine).mul_(w)
-    scratch = torch.empty_like(out) if rest else out
-    for buf, w in rest:
-        scratch.copy_(buf).sub_(mine)
-        out.add_(scratch, alpha=w)
+    if first.dtype == mine.dtype == out.dtype:
+        torch.sub(first, mine, out=out)  # one pass (AD-PSGD's fp32 exchange, every time)
+    else:  # widen first: a bf16 - bf16 subtraction would round to bf16
+        out.copy_(first).sub_(mine)
+    out.mul_(w)
+    if rest:
+        scratch = torch.empty_like(out)
+        for buf, w in rest:
+            scratch.copy_(buf).sub_(mine)
+            out.add_(scratch, alpha=w)
     return out
 
 

@@ -117,16 +117,14 @@ class Gossip:
         self._meet = dist.new_group(backend="gloo", timeout=self.timeout)
         #: the engine (``None`` with a single process: the loop then trains locally)
         self.engine: SyncGossip | AsyncGossip | None = None
-        if self.world_size == 1:
-            pass
-        elif strategy == "dpsgd":
+        if self.world_size > 1 and strategy == "dpsgd":
             topo = (topology if isinstance(topology, Topology)
                     else build(topology, self.world_size, seed=seed))
             group = dist.new_group(backend=backend, timeout=self.timeout)
             self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
                                      overlap=overlap, delay_by_one=delay_by_one,
                                      wire_dtype=wire)
-        else:
+        elif self.world_size > 1:
             control = dist.new_group(backend="gloo", timeout=self.timeout)
             data = dist.new_group(backend=backend, timeout=self.timeout)
             self.engine = AsyncGossip(self.flat, self.rank,
@@ -185,9 +183,9 @@ class Gossip:
     def consensus(self) -> Iterator[None]:
         """Inside the block the model holds the exact average of the replicas (every rank
         enters it together); this rank's replica is put back afterwards."""
-        self.quiesce()  # the deltas in flight belong to this rank's replica
+        average = self.average()  # after quiesce: the deltas in flight are in the replica
         mine = self.flat.pack().clone()
-        self.flat.copy_(self.average())
+        self.flat.copy_(average)
         try:
             yield
         finally:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_import_graph import find_cycle
+
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = ("benchmarks", "testbed")
 FIRST_PARTY = ("benchmarks", "testbed", "tests", "lightning_gossip", "recipes")
@@ -97,29 +99,6 @@ def test_the_packages_are_found() -> None:
     edges = {(module_name(p), named) for p in MODULES.values() for _, named in imports(p)}
     assert ("benchmarks.gpu.check", "benchmarks.gpu.cases") in edges  # a function-level import
     assert ("benchmarks.common.harness", "testbed.launch") in edges
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` (its nodes in order, the first repeated at the end), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
 
 
 def test_find_cycle_finds_one() -> None:
