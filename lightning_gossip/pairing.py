@@ -39,8 +39,8 @@ from lightning_gossip.topology import check_world_size
 if TYPE_CHECKING:
     from lightning_gossip.hierarchy import NodeLayout
 
-__all__ = ["PAIRINGS", "ColumnPairing", "Pairing", "PairingName", "check_pairing_name",
-           "is_active"]
+__all__ = ["PAIRINGS", "ColumnPairing", "Pairing", "PairingName", "RankPairing",
+           "check_pairing_name", "is_active"]
 
 PairingName = Literal["ring", "random"]
 """The name of an AD-PSGD pairing (``pairing=``): ring neighbours in turn, or random."""
@@ -116,14 +116,55 @@ class Pairing:
         return cands[int(rng.integers(len(cands)))]
 
 
-class ColumnPairing:
+class RankPairing:
+    """A pairing over positions ``0..n-1`` seen in global ranks: position ``i`` is
+    ``ranks[i]``. It has the methods of :class:`Pairing` the gossip thread uses, so messages
+    and errors name global ranks. The survivors of an elastic fit pair this way over the live
+    ranks (:mod:`~lightning_gossip.membership`)::
+
+        >>> survivors = RankPairing(Pairing("ring", 3), (0, 1, 3))  # rank 2 was lost
+        >>> survivors.is_active(0), survivors.candidates(0), survivors.contacted_by(3)
+        (True, (3, 1), (0,))
+
+    Args:
+        pairing: the pairing over positions.
+        ranks: the global rank of each position.
+    """
+
+    def __init__(self, pairing: Pairing, ranks: tuple[int, ...]) -> None:
+        if pairing.world_size != len(ranks):
+            raise ValueError(f"the pairing is over {pairing.world_size} positions, but "
+                             f"{len(ranks)} ranks were given")
+        self.pairing = pairing
+        self.ranks = tuple(ranks)
+        self._position = {r: i for i, r in enumerate(self.ranks)}
+
+    def _ranks(self, positions: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(self.ranks[p] for p in positions)
+
+    def is_active(self, rank: int) -> bool:
+        """Whether global ``rank``'s position starts exchanges."""
+        return self.pairing.is_active(self._position[rank])
+
+    def candidates(self, rank: int) -> tuple[int, ...]:
+        """The passive ranks an active ``rank`` may contact."""
+        return self._ranks(self.pairing.candidates(self._position[rank]))
+
+    def contacted_by(self, rank: int) -> tuple[int, ...]:
+        """The active ranks that may contact a passive ``rank``."""
+        return self._ranks(self.pairing.contacted_by(self._position[rank]))
+
+    def partner(self, rank: int, k: int) -> int:
+        """The rank that active ``rank`` exchanges with in its ``k``-th exchange."""
+        return self.ranks[self.pairing.partner(self._position[rank], k)]
+
+
+class ColumnPairing(RankPairing):
     """AD-PSGD's pairing over nodes, seen by one column: the same roles and partner choice as
     ``pairing`` (built for ``num_nodes``), in the global ranks of local rank ``layout.local``.
 
     Node ``n`` is rank ``n * devices + local`` here, so every column runs the same pairing of
-    nodes, independently, on its own slice of the replica; messages and errors name global
-    ranks. It has the methods of :class:`~lightning_gossip.pairing.Pairing` the gossip thread
-    uses.
+    nodes, independently, on its own slice of the replica.
 
     Args:
         pairing: the pairing over nodes.
@@ -134,28 +175,6 @@ class ColumnPairing:
         if pairing.world_size != layout.num_nodes:
             raise ValueError(f"the pairing is over {pairing.world_size} ranks, but there are "
                              f"{layout.num_nodes} nodes")
-        self.pairing = pairing
+        super().__init__(pairing, tuple(n * layout.devices + layout.local
+                                        for n in range(layout.num_nodes)))
         self.layout = layout
-
-    def _node(self, rank: int) -> int:
-        return rank // self.layout.devices
-
-    def _rank(self, node: int) -> int:
-        return node * self.layout.devices + self.layout.local
-
-    def is_active(self, rank: int) -> bool:
-        """Whether the node of global ``rank`` starts exchanges."""
-        return self.pairing.is_active(self._node(rank))
-
-    def candidates(self, rank: int) -> tuple[int, ...]:
-        """The column's ranks on the passive nodes an active ``rank`` may contact."""
-        return tuple(map(self._rank, self.pairing.candidates(self._node(rank))))
-
-    def contacted_by(self, rank: int) -> tuple[int, ...]:
-        """The column's ranks on the active nodes that may contact a passive ``rank``."""
-        return tuple(map(self._rank, self.pairing.contacted_by(self._node(rank))))
-
-    def partner(self, rank: int, k: int) -> int:
-        """The column's rank on the node that ``rank``'s node exchanges with in its ``k``-th
-        exchange."""
-        return self._rank(self.pairing.partner(self._node(rank), k))

@@ -308,13 +308,10 @@ def run_torchrun(
     return _finish(launch_processes(commands, timeout))
 
 
-def run_fake_slurm(
-    script: str | Path, *args: str, ntasks: int, timeout: float = 240
-) -> subprocess.CompletedProcess:
-    """Start ``ntasks`` processes the way ``srun`` would on one node (SLURM_* variables set).
-
-    Lightning's SLURM environment then provides the ranks, as on a real cluster.
-    """
+def fake_slurm_commands(script: str | Path, *args: str, ntasks: int
+                        ) -> list[tuple[list[str], dict[str, str]]]:
+    """The ``(argv, env)`` of ``ntasks`` processes started the way ``srun`` would on one node
+    (``SLURM_*`` variables set): Lightning's SLURM environment then provides the ranks."""
     port = str(free_port())
     commands = []
     for task in range(ntasks):
@@ -325,7 +322,26 @@ def run_fake_slurm(
             SLURM_NODELIST="127.0.0.1", MASTER_PORT=port,
         )
         commands.append(([sys.executable, *program(script), *args], env))
-    return _finish(launch_processes(commands, timeout))
+    return commands
+
+
+def run_fake_slurm(
+    script: str | Path, *args: str, ntasks: int, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Start ``ntasks`` processes the way ``srun`` would on one node (SLURM_* variables set).
+
+    Lightning's SLURM environment then provides the ranks, as on a real cluster.
+    """
+    return _finish(launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks), timeout))
+
+
+def run_fake_slurm_each(script: str | Path, *args: str, ntasks: int,
+                        timeout: float = 240) -> Launched:
+    """:func:`run_fake_slurm` with each task's exit code (``returncodes``: a test that kills
+    a task checks the others); a timeout raises ``AssertionError`` with the stacks."""
+    launched = launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks), timeout)
+    _finish(launched)
+    return launched
 
 
 def run_lightning(

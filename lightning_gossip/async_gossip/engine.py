@@ -213,6 +213,19 @@ class AsyncGossip:
             self._thread.join(timeout=min(5.0, self.timeout.total_seconds()))
         self._thread = None
 
+    def abandon(self) -> None:
+        """A peer was lost (elastic fit): stop the thread without ending the phase (no BYE:
+        peers are gone) and apply every delta already received (flat). The engine is not used
+        again; the survivors start a new one over the live ranks."""
+        self.close()
+        shared = self._shared
+        with shared.cv:
+            shared.handoff.wait_for_thread()
+            if self._gather is None:
+                shared.mailbox.apply_all(self._steps)
+            if shared.clock.is_open:
+                shared.clock.close()
+
     def _run_thread(self) -> None:
         """The gossip thread: run the loop on the side stream; hand any error over."""
         try:

@@ -91,6 +91,8 @@ class Heartbeat:
         # the liveness monitor's finding: (ranks, why), written once per start by its thread
         self._found: tuple[tuple[int, ...], str] | None = None
         self._generation = 0  # a monitor thread of an earlier start() ends when this moves on
+        #: ranks no longer watched (lost from an elastic fit: :meth:`forget`)
+        self.forgotten: set[int] = set()
 
     @classmethod
     def connect(cls, rank: int, world_size: int, timeout: float = 60.0,
@@ -123,9 +125,21 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"lightning-gossip-heartbeat-{self.rank}")
         self._thread.start()
+        self._start_monitor()
+
+    def _start_monitor(self) -> None:
         if self.monitor and self.world_size > 1:
             threading.Thread(target=self._watch, args=(self._generation,), daemon=True,
                              name=f"lightning-gossip-monitor-{self.rank}").start()
+
+    def forget(self, ranks: Iterable[int]) -> None:
+        """Stop watching ``ranks`` (lost from an elastic fit): the finding is cleared and the
+        liveness monitor starts again over the other ranks."""
+        self.forgotten |= set(ranks)
+        self._generation += 1
+        self._found = None
+        if self._thread is not None:
+            self._start_monitor()
 
     def stop(self) -> None:
         """Stop beating (idempotent). Peers that still wait on this rank will see it silent."""
@@ -213,7 +227,7 @@ class Heartbeat:
         named a silent rank, which this reader is about to find silent too (its clock for
         that rank started up to one read later), and the silent rank is the one to name.
         """
-        peers = [r for r in range(self.world_size) if r != self.rank]
+        peers = [r for r in range(self.world_size) if r != self.rank and r not in self.forgotten]
         down_since: dict[int, float] = {}
         while not self._stop.wait(self.interval):
             if generation != self._generation:

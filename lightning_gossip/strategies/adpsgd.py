@@ -23,6 +23,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
 from torch import Tensor
+from torch.distributed import PrefixStore
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -32,9 +33,16 @@ from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
-from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, check_pairing_name
+from lightning_gossip.pairing import (
+    ColumnPairing,
+    Pairing,
+    PairingName,
+    RankPairing,
+    check_pairing_name,
+)
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_max_staleness
@@ -54,35 +62,24 @@ class ADPSGDStrategy(GossipStrategy):
     (:class:`~.adpsgd_phases.Phases`) and :attr:`cursor` (:class:`~.cursor_resume.CursorResume`).
 
     Args:
-        pairing: which passive peers an active rank contacts (see
-            :class:`~lightning_gossip.pairing.Pairing`). ``"ring"`` (default) alternates
-            between its two ring neighbours; ``"random"`` picks any passive rank uniformly
-            (the paper's randomized choice; also registered as ``"adpsgd_random"``).
+        pairing: ``"ring"`` (default: an active rank alternates between its ring neighbours)
+            or ``"random"`` (any passive rank; ``"adpsgd_random"``): :class:`~.pairing.Pairing`.
         seed: seeds the random peer choice and the shared data permutation.
         max_staleness: the training thread waits when more than this many of its steps have
             not yet been gossiped (``None``: never wait).
         delay_by_one: apply each exchange's result one step boundary later, so every exchange
             has a whole step of computation to hide behind.
-        shared_cursor: draw training batches from one shared seeded permutation through an
-            atomic counter, so faster ranks process more batches and every sample is used once
-            per epoch. Needs a map-style dataset and a ``batch_size``; validation then runs at
-            epoch ends only, and the training loader has no fixed length.
-        global_average_every_n_steps: replace every replica by the exact average of all
-            replicas (one all-reduce) at the first epoch end (the next point where all ranks
-            meet) after any rank passed a multiple of this many optimizer steps; ``None``
-            (default) never.
-        hierarchical: treat the ranks of a node (same ``node_rank``) as one learner: average
-            gradients (and floating buffers) inside the node every step, so its ranks hold
-            bit-identical weights, and run AD-PSGD between nodes with the pairing over nodes,
-            local rank ``l`` gossiping slice ``l`` of the replica with local rank ``l`` of the
-            partner node; the node all-gathers the slices' deltas at every step boundary. The
-            shared cursor is then claimed per node. One process per node: the same as
-            ``False``; one node: plain data parallelism (with a warning). See
-            ``docs/strategies.md`` (Multi-node).
-        wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half the
-            bytes): ``q = Q(snapshot)``, and the delta is ``(q_peer - q) / 2`` with the very
-            ``q`` sent, so the two deltas of an exchange cancel exactly and the sum of the
-            replicas is kept to fp32 rounding.
+        shared_cursor: draw training batches through one shared counter, so faster ranks take
+            more and every sample is used once per epoch (validation at epoch ends only).
+        global_average_every_n_steps: the exact average of all replicas at the first epoch end
+            after any rank passed a multiple of this many steps; ``None`` (default) never.
+        hierarchical: a node's ranks are one learner (gradients averaged inside the node) and
+            AD-PSGD runs between nodes, local rank ``l`` gossiping slice ``l`` of the replica
+            (``docs/strategies.md``, Multi-node).
+        wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``; the two
+            deltas of an exchange still cancel exactly (:mod:`~lightning_gossip.compression`).
+        elastic: survive lost ranks (not rank 0, which hosts the store): the survivors drop
+            them from the pairing and go on (:mod:`~.elastic`, ``docs/faults.md``). Flat only.
         outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for
             :class:`~lightning_gossip.strategies.DPSGDStrategy`; here the outer step is taken at
             the epoch-end meeting that takes the global average.
@@ -99,7 +96,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     strategy_name = "adpsgd"
     AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "max_staleness",
-                      "shared_cursor")
+                      "shared_cursor", "elastic")
 
     @classmethod
     @override
@@ -134,10 +131,14 @@ class ADPSGDStrategy(GossipStrategy):
         wire_dtype: WireDtype = "fp32",
         outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
         node_allreduce: NodeAllreduce = "after_backward",
+        elastic: bool = False,
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
+        if elastic and (hierarchical or heartbeat_timeout is None):
+            raise ValueError("ADPSGDStrategy(elastic=True) needs hierarchical=False and a "
+                             "heartbeat_timeout (lost ranks are found by their heartbeat)")
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -155,6 +156,10 @@ class ADPSGDStrategy(GossipStrategy):
         self.pairing: Pairing | None = None
         self.max_staleness = max_staleness
         self.shared_cursor = bool(shared_cursor)
+        self.elastic = bool(elastic)
+        #: recovery from lost ranks (``elastic=True``, from the set-up of a fit of several
+        #: ranks; after the fit it still knows the survivors' group)
+        self.survivors: Survivors | None = None
         #: this rank's place in the nodes (``hierarchical`` with several processes per node;
         #: after set-up)
         self.layout: NodeLayout | None = None
@@ -206,6 +211,7 @@ class ADPSGDStrategy(GossipStrategy):
                                    self.seed)
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
+            self.survivors = self._make_survivors(trainer) if self.elastic else None
 
     @override
     def begin_fit(self, fit: Fit) -> None:
@@ -215,17 +221,37 @@ class ADPSGDStrategy(GossipStrategy):
         super().begin_fit(fit)
         self.phases.begin_fit(fit)
 
-    def _make_engine(self, pairing: Pairing) -> AsyncGossip:
-        """The gossip engine: over ranks, or (sharded) over nodes on this rank's column."""
+    def _make_engine(self, pairing: Pairing | RankPairing, control: Any = None,
+                     data: Any = None) -> AsyncGossip:
+        """The gossip engine: over ranks, or (sharded) over nodes on this rank's column;
+        ``control``/``data``: the survivors' groups (default: the fit's)."""
         assert self._flat is not None and self._groups is not None
         layout = self.layout if self._sharded else None
         return AsyncGossip(
             self._flat, self.global_rank, ColumnPairing(pairing, layout) if layout else pairing,
-            control_group=self._groups.control, data_group=self._groups.column,
+            control_group=control or self._groups.control, data_group=data or self._groups.column,
             timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
             heartbeat=self.heartbeat, wire_dtype=self._wire,
             shard=(layout.local, layout.devices) if layout else (0, 1),
             node_gather=self.node.all_gather if layout and self.node else None)
+
+    def _make_survivors(self, trainer: pl.Trainer) -> Survivors:
+        """The fit's recovery from lost ranks (``elastic``): see :mod:`~.elastic`."""
+        assert self.process_group_backend is not None
+        survivors = Survivors(
+            PrefixStore(f"lightning_gossip/elastic/run{self._run_id}/", _compat.default_store()),
+            self.global_rank, self.world_size, self.timeout, heartbeat=self.heartbeat,
+            backend=self.process_group_backend, pairing=(self.pairing_name, self.seed),
+            make_engine=self._make_engine, set_engine=self._set_engine,
+            step=lambda: self.step, epoch=lambda: trainer.current_epoch,
+            loggers=trainer.loggers if self.is_global_zero else [])
+        self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
+        return survivors
+
+    def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:
+        old, self.engine = self.engine, engine
+        self.phases.fit = replace(self.phases.fit, engine=engine) if self.phases.fit else None
+        return old
 
     @override
     def teardown_gossip(self) -> None:
@@ -248,7 +274,8 @@ class ADPSGDStrategy(GossipStrategy):
         node = (NodeShare(self.node_rank, self.local_rank, self.num_processes)
                 if self._sharded else None)  # the node's ranks step together: it claims
         return self.cursor.shared_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
-                                         node=node,
+                                         node=node, ledger=self.survivors and self.survivors.ledger(
+                                             f"run{self._run_id}/ledger"),
                                          epoch=trainer.fit_loop.epoch_progress.current.processed)
 
     @override
@@ -262,7 +289,7 @@ class ADPSGDStrategy(GossipStrategy):
         """The local optimizer step, then signal the gossip thread (never waits for gossip,
         except for the ``max_staleness`` bound). First, a rank that the liveness monitor found
         silent or departed is raised as ``PeerSilent`` (``docs/faults.md``)."""
-        self.check_liveness(self.step)
+        self.phases.survive(lambda: self.check_liveness(self.step))
         if self.engine is not None and not self.engine.in_phase:
             self.phases.begin()  # e.g. manual optimization outside the usual epoch hooks
         if self.node:
@@ -271,15 +298,18 @@ class ADPSGDStrategy(GossipStrategy):
         if self.node:
             self.node.average_buffers()
         self.step += 1
-        if self.engine is not None:
-            self.engine.after_step(self.step - 1)
+        self.phases.survive(lambda: self.engine.after_step(self.step - 1) if self.engine else None)
         return out
+
+    @property
+    def live_group(self) -> Any:
+        """The survivors' group after a loss (elastic), else ``None`` (everyone)."""
+        return self.survivors.group if self.survivors is not None else None
 
     @override
     def quiesce(self) -> None:
         """Finish the in-flight exchanges and close the gossip phase on every rank."""
-        if self.engine is not None:
-            self.engine.quiesce()
+        self.phases.survive(lambda: self.engine.quiesce() if self.engine else None)
 
     @property
     def gossip_stats(self) -> dict[str, float]:

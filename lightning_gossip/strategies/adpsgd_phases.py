@@ -63,6 +63,16 @@ class Phases:
         self.global_averages = 0
         #: the warning that mid-phase values stay local was given
         self.warned_local_reduce = False
+        #: runs the meetings: as they are, or (an elastic fit) again over the survivors after
+        #: a loss (:meth:`~.elastic.Survivors.retry`)
+        self.survive: Callable[[Callable[[], Any]], Any] = Phases.run
+        #: told the epoch of every trained batch (the elastic cursor counts them)
+        self.batch_trained: Callable[[int], None] = lambda epoch: None
+
+    @staticmethod
+    def run(operation: Callable[[], Any]) -> Any:
+        """``operation()`` (how the meetings run outside an elastic fit)."""
+        return operation()
 
     def begin_fit(self, fit: Fit) -> None:
         """A new fit: its engine (``None``: nothing to gossip with), replicas and trainer, and
@@ -122,9 +132,12 @@ class Phases:
             kwargs: dict[str, Any] = {}
             if dist.get_backend() == "nccl" and device.type == "cuda":
                 kwargs["device_ids"] = [device.index]
-            self.watched(dist.barrier, what="waiting for every rank at the barrier that "
-                         "opens a gossip phase", **kwargs)
-            engine.before_step(self._step())
+            self.survive(lambda: self.watched(
+                dist.barrier, what="waiting for every rank at the barrier that opens a gossip "
+                "phase", **kwargs))
+            engine = self.engine  # the survivors' after a loss (its phase is open)
+            if engine is not None:
+                engine.before_step(self._step())
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
@@ -176,6 +189,12 @@ class Phases:
                 "averaged in", bad)
         return met
 
+    def _quiet_meeting(self, stop: bool) -> torch.Tensor:
+        """Quiet the network, then :meth:`meet` (after a loss: the survivors' engine)."""
+        if self.engine is not None:
+            self.engine.quiesce()
+        return self.meet(stop=stop, requeue=False)
+
     def join_requeue(self, met: torch.Tensor) -> None:
         """After a meeting: when some rank came to it to requeue, write the requeue checkpoint
         with every rank and stop (Lightning's ``SIGTERMException``, exit 0)."""
@@ -194,8 +213,7 @@ class Phases:
         assert self.fit is not None
         trainer = self.fit.trainer
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            engine.quiesce()
-            self.join_requeue(self.meet(stop=False, requeue=False))
+            self.join_requeue(self.survive(lambda: self._quiet_meeting(stop=False)))
 
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """Epoch end on this rank: quiet the network, agree on stopping, log consensus.
@@ -208,10 +226,9 @@ class Phases:
         if engine is None:
             return
         assert self.fit is not None
-        engine.quiesce()
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        stop = self.meet(stop=bool(local_stop), requeue=False)
+        stop = self.survive(lambda: self._quiet_meeting(stop=bool(local_stop)))
         self.join_requeue(stop)
         if stop[0].item() > 0:
             trainer.should_stop = True
@@ -237,6 +254,12 @@ class _PhaseCallback(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open a gossip phase."""
         self.phases.begin()
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        """One more batch trained (:attr:`Phases.batch_trained`)."""
+        self.phases.batch_trained(trainer.current_epoch)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -181,7 +181,7 @@ class GossipStrategy(ProcessGroupStrategy):
             _compat.optimizers_to_device(self.optimizers, self.root_device)
         self._flat = FlatState(self.lightning_module)
         self.replicas = Replicas(self._flat, self.global_rank, self.world_size, self._timeout,
-                                 self.watched)
+                                 self.watched, group=lambda: self.live_group)
         if self.world_size == 1:
             rank_zero_warn(
                 f"{type(self).__name__} is running with a single process: it trains locally "

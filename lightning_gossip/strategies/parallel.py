@@ -192,6 +192,12 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         assert self.model is not None
         self.model.to(self.root_device)
 
+    @property
+    def live_group(self) -> Any:
+        """The group of Lightning's collectives and the sync points: ``None`` (the default
+        group) unless an elastic fit lost ranks (then the survivors')."""
+        return None
+
     def watched(self, collective: Any, *args: Any, what: str, group: Any | None = None,
                 **kwargs: Any) -> None:
         """Run ``collective(*args, group=group, async_op=True, **kwargs)`` (every rank of
@@ -204,7 +210,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         """
         beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.running else None
         watched_collective(collective, *args, what=f"rank {self.global_rank}: {what}",
-                           timeout=self._timeout, group=group, heartbeat=beat, **kwargs)
+                           timeout=self._timeout, group=group or self.live_group,
+                           heartbeat=beat, **kwargs)
 
     @override
     def reduce(
@@ -213,7 +220,7 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
         ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
         ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
-        return collectives.reduce(tensor, group, reduce_op, self.watched)
+        return collectives.reduce(tensor, group or self.live_group, reduce_op, self.watched)
 
     @override
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
@@ -230,7 +237,7 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
 
     def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
         """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
-        return collectives.broadcast_object(obj, src, group, self.global_rank,
+        return collectives.broadcast_object(obj, src, group or self.live_group, self.global_rank,
                                             self.root_device, self.watched)
 
     # ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -36,11 +36,14 @@ class Replicas:
         timeout: limit of every average (a watched wait: a silent rank is named).
         watched: the strategy's watched wait
             (:meth:`~lightning_gossip.strategies.GossipStrategy.watched`), for the broadcast.
+        group: the group the averages run over (``None``: the default group; an elastic
+            fit's survivors after a loss).
     """
 
     def __init__(self, flat: FlatState, rank: int, world_size: int, timeout: timedelta,
-                 watched: Watched) -> None:
+                 watched: Watched, group: Callable[[], Any] = lambda: None) -> None:
         self.flat = flat
+        self.group = group
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
@@ -88,7 +91,7 @@ class Replicas:
         return self._all_average(local, why)
 
     def _all_average(self, local: Tensor, why: str) -> Tensor:
-        return all_average(local, timeout=self.timeout,
+        return all_average(local, self.group(), timeout=self.timeout,
                            what=f"rank {self.rank}: averaging the replicas {why}".rstrip())
 
     def become_average(self, why: str, outer: OuterOptimizer | None = None) -> None:
@@ -101,7 +104,7 @@ class Replicas:
         """The consensus distance now (a collective, :func:`~lightning_gossip.consensus.
         consensus_distance`); ``step`` completes error messages."""
         return consensus_distance(
-            self.flat.pack(), timeout=self.timeout,
+            self.flat.pack(), self.group(), timeout=self.timeout,
             what=f"rank {self.rank}: measuring the consensus distance at step {step}")
 
     # ------------------------------------------------------------------------------------------

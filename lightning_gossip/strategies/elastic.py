@@ -1,0 +1,218 @@
+"""The survivors' side of a lost rank in an elastic fit (``ADPSGDStrategy(elastic=True)``):
+:class:`Survivors`, owned by the strategy as ``strategy.survivors`` and built from values and
+small callables.
+
+A loss surfaces in the training thread as :class:`~lightning_gossip.errors.PeerSilent`: the
+liveness monitor's finding at a step boundary, a gossip wait on the lost rank, or a watched
+collective at a meeting. :meth:`Survivors.recover` then, on every survivor:
+
+1. stops the gossip thread without ending its phase and applies the deltas already received
+   (:meth:`~lightning_gossip.async_gossip.AsyncGossip.abandon`);
+2. agrees with the other survivors on the live ranks (:class:`~lightning_gossip.membership.
+   Membership`, in the rendezvous store) and stops watching the lost ones' heartbeats;
+3. builds new groups over the live ranks (Lightning's collectives, gossip control and data);
+4. returns the lost ranks' claimed but untrained batches to the shared cursor;
+5. starts a new gossip engine over the live ranks (a pairing over them) and opens its phase;
+6. warns, naming the lost ranks and the step, and logs ``gossip/live_learners``.
+
+The loss of the rank that hosts the rendezvous store (rank 0 under Lightning's launcher and
+``srun``) cannot be survived this way: every survivor's store call fails, and the fit falls back
+to the emergency checkpoint (``docs/faults.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.claim_ledger import ClaimLedger
+from lightning_gossip.errors import PeerSilent
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.membership import Membership
+from lightning_gossip.pairing import Pairing, PairingName, RankPairing
+from lightning_gossip.shared_cursor import default_store
+
+__all__ = ["LIVE_METRIC", "Survivors", "lost_ranks"]
+
+log = logging.getLogger(__name__)
+
+LIVE_METRIC = "gossip/live_learners"
+"""The metric an elastic fit logs at its start and after every loss: the live ranks."""
+
+T = TypeVar("T")
+
+
+def lost_ranks(error: BaseException) -> tuple[int, ...] | None:
+    """The ranks a :class:`PeerSilent` in ``error``'s chain (its causes) names, or ``None``.
+
+    >>> lost_ranks(RuntimeError("the gossip thread failed"))
+    >>> try:
+    ...     try:
+    ...         raise PeerSilent("rank 2 went silent", [2])
+    ...     except PeerSilent as e:
+    ...         raise RuntimeError("the gossip thread failed") from e
+    ... except RuntimeError as outer:
+    ...     lost_ranks(outer)
+    (2,)
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, PeerSilent):
+            return tuple(int(r) for r in error.ranks)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return None
+
+
+class Survivors:
+    """Recovery from lost ranks (see the module docstring).
+
+    Args:
+        store, rank, world_size, timeout: those of the fit's
+            :class:`~lightning_gossip.membership.Membership` (a store prefixed per fit).
+        heartbeat: this rank's heartbeat (its finding names the lost ranks; it must run).
+        backend: the backend of Lightning's collectives and of the gossip data group.
+        pairing: the pairing's name and seed (the survivors pair the same way).
+        make_engine: ``(pairing, control, data)``: a gossip engine over the survivors' groups.
+        set_engine: ``(engine)``: makes ``engine`` the fit's (``None``: a lone survivor);
+            returns the one it replaces.
+        step: the current optimizer step.
+        epoch: the current epoch (the lost ranks' untrained batches of it go back to the
+            shared cursor, through the :meth:`ledger` of the training loader).
+        loggers: where :data:`LIVE_METRIC` goes (rank 0's loggers; empty elsewhere).
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta, *,
+                 heartbeat: Heartbeat | None, backend: str,
+                 pairing: tuple[PairingName, int], make_engine: Callable[..., AsyncGossip],
+                 set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
+                 step: Callable[[], int], epoch: Callable[[], int],
+                 loggers: Sequence[Any] = ()) -> None:
+        if heartbeat is None:
+            raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
+                             "heartbeat_timeout must not be None")
+        self.membership = Membership(store, rank, world_size, timeout)
+        self.heartbeat = heartbeat
+        self.backend = backend
+        #: the rank whose loss cannot be survived: it hosts the store (``None``: a launcher)
+        self.store_host = heartbeat.store_host
+        #: how long the survivors may take to gather after a loss
+        self.deadline_s = 3 * heartbeat.timeout + 30.0
+        self.pairing, self.make_engine, self.set_engine = pairing, make_engine, set_engine
+        self.step, self.epoch = step, epoch
+        #: the training loader's claims (:meth:`ledger`; ``None``: not the shared cursor)
+        self.claims: ClaimLedger | None = None
+        self._timeout = timeout
+        self.loggers = list(loggers)
+        #: one entry per loss survived: ``(step, lost ranks, seconds to recover)``
+        self.losses: list[tuple[int, tuple[int, ...], float]] = []
+        self.log_live(world_size, step())
+
+    def ledger(self, key: str) -> ClaimLedger:
+        """A :class:`~lightning_gossip.claim_ledger.ClaimLedger` for the training loader's
+        shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses."""
+        self.claims = ClaimLedger(default_store(), key, self.membership.rank,
+                                  live=lambda: self.live, on_wait=self.poll,
+                                  timeout=self._timeout.total_seconds())
+        return self.claims
+
+    def batch_trained(self, epoch: int) -> None:
+        """This rank trained one more batch of ``epoch`` (in the order it claimed them)."""
+        if self.claims is not None:
+            self.claims.record_finished(epoch)
+
+    def log_live(self, live: int, step: int) -> None:
+        """Log :data:`LIVE_METRIC` (``live`` ranks at ``step``)."""
+        for logger in self.loggers:
+            logger.log_metrics({LIVE_METRIC: float(live)}, step=step)
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The group of Lightning's collectives (``None`` while no rank was lost)."""
+        return self.membership.group
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        """The live ranks."""
+        return self.membership.live
+
+    def survivable(self, lost: Sequence[int]) -> bool:
+        """Whether the loss of ``lost`` can be survived: not the store's host."""
+        return self.store_host is None or self.store_host not in lost
+
+    def poll(self) -> None:
+        """Recover when the liveness monitor found lost ranks (a read of one attribute
+        otherwise): called at step boundaries and while waiting at an epoch end."""
+        beat = self.heartbeat
+        if beat.has_finding:
+            try:
+                beat.check(f"rank {self.membership.rank} at step {self.step()}")
+            except PeerSilent as e:
+                self.survive(e)
+
+    def survive(self, error: BaseException) -> None:
+        """Recover from the loss ``error`` names, or re-raise it (not a loss, or the store's
+        host was lost)."""
+        lost = lost_ranks(error)
+        if lost is None:  # e.g. gloo's "connection closed by peer": the heartbeat names it
+            lost = self._await_finding()
+        if lost is None or not self.survivable(lost):
+            raise error
+        self.recover(lost)
+
+    def _await_finding(self) -> tuple[int, ...] | None:
+        """The ranks the liveness monitor finds lost within a heartbeat timeout, or ``None``."""
+        beat = self.heartbeat
+        deadline = time.monotonic() + beat.timeout + 2 * beat.interval + 1.0
+        while not beat.has_finding and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return beat.found or None
+
+    def retry(self, operation: Callable[[], T]) -> T:
+        """``operation()``; when it fails because ranks were lost, recover and run it again
+        over the survivors (the meetings at epoch ends and before validation)."""
+        while True:
+            try:
+                return operation()
+            except Exception as e:  # noqa: BLE001 - survive() re-raises what is not a loss
+                self.survive(e)
+
+    def recover(self, lost: Sequence[int]) -> None:
+        """Go on without ``lost`` (see the module docstring)."""
+        start = time.monotonic()
+        membership = self.membership
+        before = membership.live
+        lost = tuple(r for r in lost if r in before and r != membership.rank)
+        if not lost:
+            self.heartbeat.forget(())  # a stale finding: watch on
+            return
+        step = self.step()
+        old = self.set_engine(None)
+        if old is not None:
+            old.abandon()
+        live = membership.decide(lost, self.deadline_s)
+        gone = tuple(r for r in before if r not in live)
+        self.heartbeat.forget(gone)
+        _, control, data = membership.new_groups([self.backend, "gloo", self.backend])
+        for rank in gone if self.claims is not None else ():
+            self.claims.return_units(self.epoch(), rank)
+        if len(live) > 1:
+            name, seed = self.pairing
+            engine = self.make_engine(RankPairing(Pairing(name, len(live), seed), live),
+                                      control, data)
+            engine.start()
+            engine.before_step(step)
+            self.set_engine(engine)
+        took = time.monotonic() - start
+        self.losses.append((step, gone, took))
+        rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
+                       f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
+                       f"({', '.join(map(str, live))}) after {took:.1f} s")
+        self.log_live(len(live), step)

@@ -1,0 +1,96 @@
+"""Rank script of tests/test_elastic.py: an elastic ``adpsgd`` fit in which one rank is killed
+mid-epoch and the others finish every epoch.
+
+Started the way ``srun`` starts tasks (``SLURM_*`` variables): ``python elastic_ranks.py OUT
+VICTIM BATCH``. The victim ``SIGKILL``\\ s itself at the start of its ``BATCH``-th training
+batch of epoch 0 (its earlier batches are trained, the current one and the loader's prefetched
+ones are claimed but not trained). The data set's samples carry their index; every rank appends
+``{"epoch", "idx"}`` to ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes
+``OUT/done<r>.json`` at the end: its final replica's sum, its steps and the survivors'
+recoveries. Validation with a ``sync_dist`` metric, a ``ModelCheckpoint`` (``save_last``) and
+a CSV logger run every epoch, so Lightning's collectives run over the survivors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_gossip
+
+SAMPLES, BATCH_SIZE, EPOCHS = 192, 4, 3
+
+
+class Indexed(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(6, 2)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.03)  # a step that takes a little time, as a real one does
+        x, y, _ = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y, _ = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class Record(Callback):
+    """Appends the indices of every trained batch; the victim kills itself at its batch."""
+
+    def __init__(self, out: Path, rank: int, victim: int, batch: int) -> None:
+        self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
+        self.rank, self.victim, self.batch = rank, victim, batch
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.rank == self.victim and trainer.current_epoch == 0 and batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        idx = batch[2].tolist()
+        self.file.write(json.dumps({"epoch": trainer.current_epoch, "idx": idx}) + "\n")
+        self.file.flush()
+
+
+def main() -> None:
+    out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rank = int(os.environ["SLURM_PROCID"])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, 6, generator=g)
+    data = TensorDataset(x, (x[:, 0] > 0).long(), torch.arange(SAMPLES))
+    strategy = lightning_gossip.ADPSGDStrategy(elastic=True, heartbeat_timeout=3.0, timeout=120)
+    trainer = L.Trainer(
+        strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
+        max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
+        callbacks=[Record(out, rank, victim, batch),
+                   ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
+    model = Indexed()
+    trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True),
+                DataLoader(data, batch_size=32))
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    survivors = strategy.survivors
+    (out / f"done{rank}.json").write_text(json.dumps({
+        "sum": float(flat.sum()), "steps": trainer.global_step,
+        "losses": [] if survivors is None else [list(map(int, lost))
+                                               for _, lost, _ in survivors.losses],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Elastic ``adpsgd`` (issue 31): a rank killed mid-epoch costs the others a few seconds, not
+the fit (``tests/scripts/elastic_ranks.py``; 4 ranks started as ``srun`` starts tasks).
+
+Checks: the survivors end with exit code 0 after every epoch; in the epoch of the loss every
+sample was trained exactly once among the survivors and the victim's batches trained before
+it died (its claimed, untrained batches went back to the shared cursor), in the later epochs
+exactly once among the survivors; every survivor recorded the same loss, ends with the same
+replica (the final average over the survivors) and rank 0's logger saw ``gossip/live_learners``
+go from 4 to 3; the warning names the lost rank; validation with a ``sync_dist`` metric and
+``ModelCheckpoint`` ran over the survivors (``last.ckpt`` exists)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from testbed.launch import ROOT, run_fake_slurm_each
+
+SCRIPT = ROOT / "tests" / "scripts" / "elastic_ranks.py"
+SAMPLES, EPOCHS = 192, 3  # as in the script
+
+
+def trained(out: Path, rank: int) -> list[dict]:
+    path = out / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.multiprocess
+def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
+    victim, ranks = 2, 4
+    result = run_fake_slurm_each(SCRIPT, str(tmp_path), str(victim), "6", ntasks=ranks,
+                                 timeout=300)
+    survivors = [r for r in range(ranks) if r != victim]
+    out = result.stdout[-6000:]
+    assert result.returncodes[victim] == -9, out
+    assert all(result.returncodes[r] == 0 for r in survivors), (result.returncodes, out)
+    assert "elastic fit: rank(s) 2 lost" in result.stdout, out
+    for epoch in range(EPOCHS):
+        seen = Counter(i for r in range(ranks) for rec in trained(tmp_path, r)
+                       if rec["epoch"] == epoch for i in rec["idx"])
+        assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
+        assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
+    victim_batches = trained(tmp_path, victim)
+    assert len(victim_batches) == 6 and {rec["epoch"] for rec in victim_batches} == {0}
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
+    assert all(d["losses"] == [[victim]] for d in done), done
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
+                if row.get("gossip/live_learners")]
+    assert live == [4.0, 3.0], live
+    assert (tmp_path / "ckpts" / "last.ckpt").exists()
