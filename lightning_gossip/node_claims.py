@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from lightning_gossip.liveness.heartbeat import store_call
+
+if TYPE_CHECKING:
+    from lightning_gossip.claim_ledger import ClaimLedger
 
 __all__ = ["Claims", "NodeShare"]
 
@@ -52,14 +56,24 @@ class Claims:
         key: a name unique to the run and loader (the same on every rank).
         share: ``None``: this rank claims alone; else its node claims ``devices`` units at a
             time (see the module docstring).
+        ledger: elastic claims (flat only, ``share=None``): a returned unit of a lost rank is
+            taken before the counter, every claim is recorded, and an exhausted counter waits
+            at the epoch's end (:class:`~lightning_gossip.claim_ledger.ClaimLedger`);
+            ``None``: the counter alone.
 
     Every rank of a node must call :meth:`next` equally often per epoch (they step together).
     :attr:`start` (``epoch -> claims``) makes an epoch's counter start past the claims made
     before a requeue (:meth:`position`, saved in the requeue checkpoint).
     """
 
-    def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None) -> None:
+    def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None,
+                 ledger: ClaimLedger | None = None) -> None:
+        if ledger is not None and share is not None:
+            raise ValueError(
+                "elastic claims (a ClaimLedger) are flat-only for now: a node that claims as one "
+                "(hierarchical adpsgd, a NodeShare) cannot return a lost rank's units yet")
         self.store = store
+        self.ledger = ledger
         self.key = key
         self.share = share
         self._made: dict[int, int] = {}  # epoch -> claims made (a node's ranks agree on it)
@@ -79,15 +93,25 @@ class Claims:
 
     def next(self, epoch: int, units: int) -> int | None:
         """The index (in ``[0, units)``) of this rank's next unit of ``epoch``; ``None`` when
-        the epoch's units are all taken."""
+        the epoch's units are all taken (with a ledger: and no returned unit is left once
+        every live rank has reached the end; it waits there)."""
         counter = f"{self.key}/epoch{epoch}"
         what = f"claiming a batch of epoch {epoch}"
         share = self.share
         offset = self.start.get(epoch, 0)
         if share is None:
             self._claims[epoch] = units
-            index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
-            return index if index < units else None
+            ledger = self.ledger
+            if ledger is None:
+                index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+                return index if index < units else None
+            unit = ledger.take_returned(epoch)
+            if unit is None:
+                index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+                unit = index if index < units else ledger.wait_at_end(epoch)
+            if unit is not None:
+                ledger.record_claim(epoch, unit)
+            return unit
         self._claims[epoch] = math.ceil(units / share.devices)
         k = self._made.get(epoch, 0)
         self._made[epoch] = k + 1

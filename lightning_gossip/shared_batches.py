@@ -39,12 +39,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from lightning_gossip.node_claims import Claims, NodeShare
+
+if TYPE_CHECKING:
+    from lightning_gossip.claim_ledger import ClaimLedger
 
 __all__ = ["SharedBatchSampler", "SharedBatches"]
 
@@ -71,6 +74,8 @@ class SharedBatchSampler(Sampler[list[int]]):
             waiting) and raise on the first rank whose list differs.
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
+        ledger: elastic claims (a lost rank's unfinished batches come back; flat only, see
+            :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
 
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
     the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
@@ -83,7 +88,7 @@ class SharedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],
                  store: dist.Store, key: str, *, check: bool = True,
-                 node: NodeShare | None = None) -> None:
+                 node: NodeShare | None = None, ledger: ClaimLedger | None = None) -> None:
         if not (isinstance(source, SharedBatches) or callable(source)):
             raise TypeError(f"source must implement shared_batches(epoch) or be a function of "
                             f"the epoch, got {type(source).__name__}")
@@ -91,7 +96,7 @@ class SharedBatchSampler(Sampler[list[int]]):
         self.store = store
         self.key = key
         self.check = check
-        self.claims = Claims(store, key, node)
+        self.claims = Claims(store, key, node, ledger)
         self.epoch = int(getattr(source, "epoch", 0) or 0)
         #: batches this rank claimed in the last (or current) epoch
         self.claimed = 0

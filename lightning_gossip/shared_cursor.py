@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,9 @@ from torch.utils.data import Sampler
 
 from lightning_gossip import _compat
 from lightning_gossip.node_claims import Claims, NodeShare
+
+if TYPE_CHECKING:
+    from lightning_gossip.claim_ledger import ClaimLedger
 
 __all__ = ["SharedCursorSampler", "default_store"]
 
@@ -62,10 +66,13 @@ class SharedCursorSampler(Sampler[int]):
         seed: permutation seed; the epoch is mixed in, as ``DistributedSampler`` does.
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
+        ledger: elastic claims (a lost rank's unfinished chunks come back; flat only, see
+            :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
     """
 
     def __init__(self, num_samples: int, chunk_size: int, store: dist.Store, key: str,
-                 shuffle: bool = True, seed: int = 0, node: NodeShare | None = None) -> None:
+                 shuffle: bool = True, seed: int = 0, node: NodeShare | None = None,
+                 ledger: ClaimLedger | None = None) -> None:
         if num_samples < 1:
             raise ValueError(f"the dataset is empty (num_samples={num_samples})")
         if chunk_size < 1:
@@ -77,7 +84,7 @@ class SharedCursorSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.epoch = 0
-        self.claims = Claims(store, key, node)
+        self.claims = Claims(store, key, node, ledger)
         #: number of chunks this rank claimed in the last (or current) epoch
         self.claimed = 0
 

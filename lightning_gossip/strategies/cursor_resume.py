@@ -16,10 +16,13 @@ next epoch from the start).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.strategies.shared_loader import shared_cursor_loader
+
+if TYPE_CHECKING:
+    from lightning_gossip.claim_ledger import ClaimLedger
 
 __all__ = ["CURSOR_KEY", "CursorResume"]
 
@@ -46,9 +49,11 @@ class CursorResume:
         self.resume_epoch = 0
 
     def shared_loader(self, dataloader: object, *, key: str, seed: int,
-                      node: NodeShare | None, epoch: int = 0) -> object:
+                      node: NodeShare | None, epoch: int = 0,
+                      ledger: ClaimLedger | None = None) -> object:
         """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
-        :func:`~.shared_loader.shared_cursor_loader`), its claims tracked.
+        :func:`~.shared_loader.shared_cursor_loader`), its claims tracked; ``ledger``: elastic
+        claims (:mod:`~lightning_gossip.claim_ledger`).
 
         Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
         checkpoint's epoch if that is later: Lightning sets the sampler's epoch only at the
@@ -58,7 +63,7 @@ class CursorResume:
         resumed fit drew that batch from epoch 0's counter and the epoch from epoch 0's
         permutation.
         """
-        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node)
+        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node, ledger=ledger)
         if shared is None:
             return dataloader
         self.track(shared.claims)

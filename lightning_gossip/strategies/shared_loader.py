@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage
@@ -17,6 +17,9 @@ from lightning_gossip import _compat
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
+
+if TYPE_CHECKING:
+    from lightning_gossip.claim_ledger import ClaimLedger
 
 __all__ = ["SharedLoader", "shared_cursor_loader"]
 
@@ -43,7 +46,8 @@ class SharedLoader(NamedTuple):
 
 def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
                          store: dist.Store | None = None,
-                         node: NodeShare | None = None) -> SharedLoader | None:
+                         node: NodeShare | None = None,
+                         ledger: ClaimLedger | None = None) -> SharedLoader | None:
     """The training loader rebuilt to draw its data through the shared cursor, if it can be.
 
     * a batch sampler that implements
@@ -64,6 +68,8 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
         store: the shared store; default :func:`default_store`.
         node: claim as this rank's node (hierarchical adpsgd: the node's ranks step together
             and the node takes ``devices`` units per claim); ``None``: this rank alone.
+        ledger: elastic claims (elastic adpsgd: a lost rank's unfinished units come back to
+            the survivors; flat only, see :mod:`~lightning_gossip.claim_ledger`).
 
     Returns:
         The new loader and its sampler's :class:`~lightning_gossip.node_claims.Claims` (which
@@ -81,7 +87,7 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
         return None
     if isinstance(batch_sampler, SharedBatches):
         shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches",
-                                    node=node)
+                                    node=node, ledger=ledger)
         return SharedLoader(_with_batch_sampler(dataloader, shared), shared.claims)
     if dataloader.batch_size is None or (
             batch_sampler is not None and type(batch_sampler) is not BatchSampler):
@@ -96,6 +102,6 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
     shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
     cursor = SharedCursorSampler(len(dataloader.dataset), chunk_size=dataloader.batch_size,
                                  store=store or default_store(), key=key, shuffle=shuffle,
-                                 seed=seed, node=node)
+                                 seed=seed, node=node, ledger=ledger)
     return SharedLoader(_compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING),
                         cursor.claims)
