@@ -47,8 +47,9 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
 _kept: list[Any] = []
 
 
-def keep_alive_at_exit(group: dist.ProcessGroup | None) -> None:
-    """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned.
+def keep_alive_at_exit(group: Any) -> None:
+    """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned
+    (also any object that holds such work, e.g. an abandoned gossip engine).
 
     Gloo runs a collective on the process group's worker threads, and the group's destructor
     joins them: with a peer frozen, the abandoned collective keeps its thread until the group's

@@ -133,8 +133,7 @@ class Heartbeat:
                              name=f"lightning-gossip-monitor-{self.rank}").start()
 
     def forget(self, ranks: Iterable[int]) -> None:
-        """Stop watching ``ranks`` (lost from an elastic fit): the finding is cleared and the
-        liveness monitor starts again over the other ranks."""
+        """Stop watching ``ranks`` (lost from an elastic fit); the monitor starts again."""
         self.forgotten |= set(ranks)
         self._generation += 1
         self._found = None

@@ -23,7 +23,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.trainer.states import RunningStage
 from torch import Tensor
-from torch.distributed import PrefixStore
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -33,19 +32,15 @@ from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
-from lightning_gossip.pairing import (
-    ColumnPairing,
-    Pairing,
-    PairingName,
-    RankPairing,
-    check_pairing_name,
-)
+from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, RankPairing
+from lightning_gossip.pairing import check_pairing_name as check_pairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import Backend, Evaluate, check_max_staleness
+from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
+from lightning_gossip.strategies.options import check_max_staleness as check_staleness
 
 __all__ = ["ADPSGDStrategy"]
 
@@ -55,20 +50,17 @@ _run_ids = itertools.count()  # fits in this process, counted the same way on ev
 class ADPSGDStrategy(GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
-    The other keyword arguments are those of :class:`~.gossip.GossipStrategy`. The consensus
-    distance is measured at epoch ends (the only points where all ranks meet) when
-    ``consensus_every_n_steps`` is not ``None``. Owned parts besides those of the base:
-    :attr:`engine` (an :class:`~lightning_gossip.async_gossip.AsyncGossip`), :attr:`phases`
-    (:class:`~.adpsgd_phases.Phases`) and :attr:`cursor` (:class:`~.cursor_resume.CursorResume`).
+    Other keyword arguments: :class:`~.gossip.GossipStrategy`'s (the consensus distance is
+    measured at epoch ends). Owned parts besides the base's: :attr:`engine`
+    (:class:`~lightning_gossip.async_gossip.AsyncGossip`), :attr:`phases`
+    (:class:`~.adpsgd_phases.Phases`), :attr:`cursor` and :attr:`survivors` (``elastic``).
 
     Args:
         pairing: ``"ring"`` (default: an active rank alternates between its ring neighbours)
             or ``"random"`` (any passive rank; ``"adpsgd_random"``): :class:`~.pairing.Pairing`.
         seed: seeds the random peer choice and the shared data permutation.
-        max_staleness: the training thread waits when more than this many of its steps have
-            not yet been gossiped (``None``: never wait).
-        delay_by_one: apply each exchange's result one step boundary later, so every exchange
-            has a whole step of computation to hide behind.
+        max_staleness: wait when more than this many steps are not gossiped (``None``: never).
+        delay_by_one: apply each exchange's result one step boundary later.
         shared_cursor: draw training batches through one shared counter, so faster ranks take
             more and every sample is used once per epoch (validation at epoch ends only).
         global_average_every_n_steps: the exact average of all replicas at the first epoch end
@@ -78,11 +70,10 @@ class ADPSGDStrategy(GossipStrategy):
             (``docs/strategies.md``, Multi-node).
         wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``; the two
             deltas of an exchange still cancel exactly (:mod:`~lightning_gossip.compression`).
-        elastic: survive lost ranks (not rank 0, which hosts the store): the survivors drop
-            them from the pairing and go on (:mod:`~.elastic`, ``docs/faults.md``). Flat only.
-        outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for
-            :class:`~lightning_gossip.strategies.DPSGDStrategy`; here the outer step is taken at
-            the epoch-end meeting that takes the global average.
+        elastic: survive lost ranks (not the store's host, rank 0): the survivors go on
+            without them (:mod:`~.elastic`, ``docs/faults.md``). Flat only; default ``False``.
+        outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for ``DPSGDStrategy``
+            (the outer step is taken at the epoch-end meeting of the global average).
 
     Example::
 
@@ -136,9 +127,7 @@ class ADPSGDStrategy(GossipStrategy):
         timeout: timedelta | float = default_pg_timeout,
         heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        if elastic and (hierarchical or heartbeat_timeout is None):
-            raise ValueError("ADPSGDStrategy(elastic=True) needs hierarchical=False and a "
-                             "heartbeat_timeout (lost ranks are found by their heartbeat)")
+        check_elastic(elastic, hierarchical, heartbeat_timeout)
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -148,8 +137,8 @@ class ADPSGDStrategy(GossipStrategy):
             consensus_every_n_steps=consensus_every_n_steps,
             process_group_backend=process_group_backend, timeout=timeout,
             heartbeat_timeout=heartbeat_timeout)
-        check_pairing_name(pairing)
-        check_max_staleness(max_staleness)
+        check_pairing(pairing)
+        check_staleness(max_staleness)
         #: the pairing's name as given (``"ring"`` or ``"random"``)
         self.pairing_name = pairing
         #: the built :class:`~lightning_gossip.pairing.Pairing` (``None`` before set-up)
@@ -157,15 +146,10 @@ class ADPSGDStrategy(GossipStrategy):
         self.max_staleness = max_staleness
         self.shared_cursor = bool(shared_cursor)
         self.elastic = bool(elastic)
-        #: recovery from lost ranks (``elastic=True``, from the set-up of a fit of several
-        #: ranks; after the fit it still knows the survivors' group)
-        self.survivors: Survivors | None = None
-        #: this rank's place in the nodes (``hierarchical`` with several processes per node;
-        #: after set-up)
+        #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
         self.engine: AsyncGossip | None = None
-        #: this rank's groups: node and column (the flat layout: the data group as both) and
-        #: the gloo group of the control messages (created once, at the first set-up)
+        #: node and column groups (flat: the data group as both) and the gloo control group
         self._groups: NodeGroups | None = None
         self._run_id: int | None = None
         self._last_stats: dict[str, float] = {}
@@ -194,9 +178,7 @@ class ADPSGDStrategy(GossipStrategy):
         if self.hierarchical:
             self._check_node_layout()
         if self._groups is None:
-            # Created on every rank in the same order, from the main thread. The thread's
-            # messages never share a group with the training thread's collectives, control
-            # and data never share one (hierarchy.make_async_groups).
+            # every rank, same order, main thread; see hierarchy.make_async_groups
             if self._sharded:
                 self.layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
             self._groups = make_async_groups(self.layout, self.process_group_backend,
@@ -223,8 +205,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     def _make_engine(self, pairing: Pairing | RankPairing, control: Any = None,
                      data: Any = None) -> AsyncGossip:
-        """The gossip engine: over ranks, or (sharded) over nodes on this rank's column;
-        ``control``/``data``: the survivors' groups (default: the fit's)."""
+        """The gossip engine over ranks, or nodes (sharded); ``control``/``data``: survivors'."""
         assert self._flat is not None and self._groups is not None
         layout = self.layout if self._sharded else None
         return AsyncGossip(
@@ -239,8 +220,8 @@ class ADPSGDStrategy(GossipStrategy):
         """The fit's recovery from lost ranks (``elastic``): see :mod:`~.elastic`."""
         assert self.process_group_backend is not None
         survivors = Survivors(
-            PrefixStore(f"lightning_gossip/elastic/run{self._run_id}/", _compat.default_store()),
-            self.global_rank, self.world_size, self.timeout, heartbeat=self.heartbeat,
+            f"run{self._run_id}", self.global_rank, self.world_size, self.timeout,
+            heartbeat=self.heartbeat,
             backend=self.process_group_backend, pairing=(self.pairing_name, self.seed),
             make_engine=self._make_engine, set_engine=self._set_engine,
             step=lambda: self.step, epoch=lambda: trainer.current_epoch,
@@ -255,8 +236,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def teardown_gossip(self) -> None:
-        """Stop the gossip thread and keep its counters in :attr:`gossip_stats`; the phases
-        forget the fit (no phase is open any more)."""
+        """Stop the gossip thread, keep its counters (:attr:`gossip_stats`), end the phases."""
         self.phases.end_fit()
         if self.engine is not None:
             self.engine.close()
@@ -301,11 +281,6 @@ class ADPSGDStrategy(GossipStrategy):
         self.phases.survive(lambda: self.engine.after_step(self.step - 1) if self.engine else None)
         return out
 
-    @property
-    def live_group(self) -> Any:
-        """The survivors' group after a loss (elastic), else ``None`` (everyone)."""
-        return self.survivors.group if self.survivors is not None else None
-
     @override
     def quiesce(self) -> None:
         """Finish the in-flight exchanges and close the gossip phase on every rank."""
@@ -313,9 +288,8 @@ class ADPSGDStrategy(GossipStrategy):
 
     @property
     def gossip_stats(self) -> dict[str, float]:
-        """This rank's exchange and waiting counters (of the last fit once it has ended):
-        ``exchanges``, ``steps``, ``staleness_waits``, ``staleness_wait_s`` and ``sent_bytes``
-        (the snapshot payload sent: its shard, in the wire dtype)."""
+        """This rank's counters (:class:`~lightning_gossip.async_gossip.state.GossipStats`;
+        of the last fit once it has ended)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
     @override
@@ -330,12 +304,8 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local.
-
-        Lightning's ``Timer`` (``max_time``) broadcasts its decision after every batch: each
-        rank (hierarchical: node) decides on its own; a rank that stops ends its epoch, and at
-        the epoch-end meeting all ranks stop together (see ``docs/faults.md``).
-        """
+        """Like :meth:`GossipStrategy.broadcast`, except mid-epoch, where ``obj`` stays local
+        (``max_time``: a rank that stops ends its epoch; all stop at the meeting)."""
         if not self.phases.in_phase:
             return super().broadcast(obj, src)
         if self.node:  # hierarchical: the node's ranks step together, so they decide together

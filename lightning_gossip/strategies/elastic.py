@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.claim_ledger import ClaimLedger
 from lightning_gossip.errors import PeerSilent
-from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.membership import Membership
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.shared_cursor import default_store
@@ -75,8 +75,9 @@ class Survivors:
     """Recovery from lost ranks (see the module docstring).
 
     Args:
-        store, rank, world_size, timeout: those of the fit's
-            :class:`~lightning_gossip.membership.Membership` (a store prefixed per fit).
+        run: the fit's name, the same on every rank (it prefixes its keys in the store).
+        rank, world_size, timeout: those of the fit's
+            :class:`~lightning_gossip.membership.Membership`.
         heartbeat: this rank's heartbeat (its finding names the lost ranks; it must run).
         backend: the backend of Lightning's collectives and of the gossip data group.
         pairing: the pairing's name and seed (the survivors pair the same way).
@@ -89,7 +90,7 @@ class Survivors:
         loggers: where :data:`LIVE_METRIC` goes (rank 0's loggers; empty elsewhere).
     """
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta, *,
+    def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
                  heartbeat: Heartbeat | None, backend: str,
                  pairing: tuple[PairingName, int], make_engine: Callable[..., AsyncGossip],
                  set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
@@ -98,6 +99,7 @@ class Survivors:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
+        store = dist.PrefixStore(f"elastic/{run}/", default_store())
         self.membership = Membership(store, rank, world_size, timeout)
         self.heartbeat = heartbeat
         self.backend = backend
@@ -197,6 +199,12 @@ class Survivors:
         old = self.set_engine(None)
         if old is not None:
             old.abandon()
+            # the old groups have a dead member and maybe abandoned work: destroying them at
+            # exit would join gloo threads that never end (an abort); the OS reclaims them
+            keep_alive_at_exit(old.control_group)
+            keep_alive_at_exit(old.data_group)
+            keep_alive_at_exit(old)
+        keep_alive_at_exit(membership.group)  # None: the default group
         live = membership.decide(lost, self.deadline_s)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)

@@ -27,6 +27,7 @@ from typing_extensions import override
 import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
 from lightning_gossip.liveness import Heartbeat, watched_collective
+from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.node_averaging import check_node_layout
 from lightning_gossip.strategies.options import Backend
 
@@ -70,6 +71,9 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
         #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
         self.heartbeat: Heartbeat | None = None
+        #: an elastic fit's recovery from lost ranks (:class:`~.elastic.Survivors`; ``None``
+        #: otherwise); after the fit it still holds the survivors' group
+        self.survivors: Survivors | None = None
         self._num_nodes = 1
 
     # ------------------------------------------------------------------------------------------
@@ -195,8 +199,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
     @property
     def live_group(self) -> Any:
         """The group of Lightning's collectives and the sync points: ``None`` (the default
-        group) unless an elastic fit lost ranks (then the survivors')."""
-        return None
+        group) unless an elastic fit lost ranks (then the survivors', :attr:`survivors`)."""
+        return self.survivors.group if self.survivors is not None else None
 
     def watched(self, collective: Any, *args: Any, what: str, group: Any | None = None,
                 **kwargs: Any) -> None:
