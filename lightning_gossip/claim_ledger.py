@@ -119,6 +119,18 @@ class ClaimLedger:
         mine = self._key(epoch, "finished", self.rank)
         self._call(lambda: self.store.add(mine, 1), "recording a finished unit")
 
+    def forget(self, epoch: int) -> None:
+        """Delete this rank's records of ``epoch`` (its claims, count and arrival) from the
+        store, which otherwise keeps every epoch's (the claims of an epoch take a few bytes
+        per unit). Only for an epoch that every rank has left: call it for ``e - 2`` at the
+        start of epoch ``e`` (a rank can only start ``e`` once every live rank has reached the
+        end of ``e - 1``, so all of them have left ``e - 2``). The returned queue's keys (only
+        written on a loss) stay."""
+        for part in ("claims", "finished", "arrived"):
+            mine = self._key(epoch, part, self.rank)
+            self._call(lambda k=mine: self.store.delete_key(k), "forgetting an epoch's claims")
+        self._tried.pop(epoch, None)
+
     def claimed(self, epoch: int, rank: int) -> list[int]:
         """The units of ``epoch`` that ``rank`` claimed, in claim order."""
         theirs = self._key(epoch, "claims", rank)

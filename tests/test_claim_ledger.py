@@ -251,3 +251,41 @@ def test_the_samplers_draw_through_the_ledger() -> None:
                                  ledger=ClaimLedger(store, "bat", 0, lambda: [0]))
     assert list(batches) == [[0, 1], [2], [3, 4]]
     assert batches.claims.ledger.claimed(0, 0) == [0, 1, 2]
+
+
+def test_shared_cursor_loader_passes_the_ledger_on() -> None:
+    """Both kinds of rebuilt loader draw through the ledger (their claims are recorded)."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gossip.strategies.shared_loader import shared_cursor_loader
+
+    class Listed:  # a batch sampler that lists its epoch's batches
+        def shared_batches(self, epoch: int) -> list[list[int]]:
+            return [[0, 1, 2], [3, 4], [5]]
+
+        def __iter__(self):  # (its own sharded iteration, unused here)
+            return iter(self.shared_batches(0))
+
+    store = dist.HashStore()
+    for key, loader in [("plain", DataLoader(list(range(6)), batch_size=4)),
+                        ("listed", DataLoader(list(range(6)), batch_sampler=Listed()))]:
+        ledger = ClaimLedger(store, f"ledger/{key}", 0, lambda: [0])
+        shared = shared_cursor_loader(loader, key=key, store=store, ledger=ledger)
+        assert shared is not None and shared.claims.ledger is ledger
+        assert sorted(int(i) for batch in shared.loader for i in batch) == list(range(6))
+        assert sorted(ledger.claimed(0, 0)) == list(range(2 if key == "plain" else 3))
+
+
+def test_forget_deletes_this_ranks_records_of_an_epoch() -> None:
+    store = dist.HashStore()
+    mine = ClaimLedger(store, "run", 0, lambda: [0])
+    other = ClaimLedger(store, "run", 1, lambda: [0])
+    for ledger in (mine, other):
+        ledger.record_claim(0, ledger.rank)
+        ledger.record_finished(0)
+    assert mine.wait_at_end(0) is None
+    keys = store.num_keys()
+    mine.forget(0)
+    assert store.num_keys() == keys - 3
+    assert (mine.claimed(0, 0), mine.finished(0, 0)) == ([], 0)
+    assert (mine.claimed(0, 1), mine.finished(0, 1)) == ([1], 1)  # the other rank's stay
