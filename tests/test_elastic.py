@@ -1,5 +1,5 @@
 """Elastic ``adpsgd`` (issue 31): a rank killed mid-epoch costs the others a few seconds, not
-the fit (``tests/scripts/elastic_ranks.py``; 4 ranks started as ``srun`` starts tasks).
+the fit (``testbed/elastic_fit.py``; 4 ranks started as ``srun`` starts tasks).
 
 Checks: the survivors end with exit code 0 after every epoch; in the epoch of the loss every
 sample was trained exactly once among the survivors and the victim's batches trained before
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.launch import ROOT, run_fake_slurm_each
+from testbed.launch import run_fake_slurm_each
 
-SCRIPT = ROOT / "tests" / "scripts" / "elastic_ranks.py"
+SCRIPT = "testbed.elastic_fit"
 SAMPLES, EPOCHS = 192, 3  # as in the script
 
 

@@ -113,8 +113,9 @@ class Survivors:
         self.claims: ClaimLedger | None = None
         self._timeout = timeout
         self.loggers = list(loggers)
-        #: one entry per loss survived: ``(step, lost ranks, seconds to recover)``
-        self.losses: list[tuple[int, tuple[int, ...], float]] = []
+        #: one entry per loss survived: ``(step, lost ranks, wall time (time.time()) the
+        #: recovery began, seconds it took)``
+        self.losses: list[tuple[int, tuple[int, ...], float, float]] = []
         self.log_live(world_size, step())
 
     def ledger(self, key: str) -> ClaimLedger:
@@ -188,7 +189,7 @@ class Survivors:
 
     def recover(self, lost: Sequence[int]) -> None:
         """Go on without ``lost`` (see the module docstring)."""
-        start = time.monotonic()
+        start, wall = time.monotonic(), time.time()
         membership = self.membership
         before = membership.live
         lost = tuple(r for r in lost if r in before and r != membership.rank)
@@ -219,7 +220,7 @@ class Survivors:
             engine.before_step(step)
             self.set_engine(engine)
         took = time.monotonic() - start
-        self.losses.append((step, gone, took))
+        self.losses.append((step, gone, wall, took))
         rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
                        f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
                        f"({', '.join(map(str, live))}) after {took:.1f} s")

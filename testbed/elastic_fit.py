@@ -1,14 +1,16 @@
-"""Rank script of tests/test_elastic.py: an elastic ``adpsgd`` fit in which one rank is killed
-mid-epoch and the others finish every epoch.
+"""Rank program of tests/test_elastic.py and benchmarks/perf/elastic_loss.py: an elastic
+``adpsgd`` fit in which one rank is killed mid-epoch and the others finish every epoch.
 
-Started the way ``srun`` starts tasks (``SLURM_*`` variables): ``python elastic_ranks.py OUT
-VICTIM BATCH``. The victim ``SIGKILL``\\ s itself at the start of its ``BATCH``-th training
-batch of epoch 0 (its earlier batches are trained, the current one and the loader's prefetched
-ones are claimed but not trained). The data set's samples carry their index; every rank appends
-``{"epoch", "idx"}`` to ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes
-``OUT/done<r>.json`` at the end: its final replica's sum, its steps and the survivors'
-recoveries. Validation with a ``sync_dist`` metric, a ``ModelCheckpoint`` (``save_last``) and
-a CSV logger run every epoch, so Lightning's collectives run over the survivors.
+Started the way ``srun`` starts tasks (``SLURM_*`` variables):
+``python -m testbed.elastic_fit OUT VICTIM BATCH`` (``VICTIM`` -1: nobody is killed). The victim
+writes ``OUT/victim.json`` (the wall time) and ``SIGKILL``\\ s itself at the start of its
+``BATCH``-th training batch of epoch 0: its earlier batches are trained, the current one and the
+loader's prefetched ones are claimed but not trained. The samples carry their index; every rank
+appends ``{"epoch", "idx", "t"}`` to ``OUT/rank<r>.jsonl`` for each batch it trained. Each
+survivor writes ``OUT/done<r>.json`` at the end: its final replica's sum, its steps, the
+recoveries (step, wall time begun, seconds) and the last validation loss. Validation with a
+``sync_dist`` metric, a ``ModelCheckpoint`` (``save_last``) and a CSV logger run every epoch, so
+Lightning's collectives run over the survivors.
 """
 
 from __future__ import annotations
@@ -55,20 +57,23 @@ class Record(Callback):
 
     def __init__(self, out: Path, rank: int, victim: int, batch: int) -> None:
         self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
+        self.out = out
         self.rank, self.victim, self.batch = rank, victim, batch
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.rank == self.victim and trainer.current_epoch == 0 and batch_idx == self.batch:
+            (self.out / "victim.json").write_text(json.dumps({"t": time.time()}))
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         idx = batch[2].tolist()
-        self.file.write(json.dumps({"epoch": trainer.current_epoch, "idx": idx}) + "\n")
+        record = {"epoch": trainer.current_epoch, "idx": idx, "t": time.time()}
+        self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
 
 def main() -> None:
-    out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # victim -1: none
     rank = int(os.environ["SLURM_PROCID"])
     g = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, 6, generator=g)
@@ -88,7 +93,10 @@ def main() -> None:
     (out / f"done{rank}.json").write_text(json.dumps({
         "sum": float(flat.sum()), "steps": trainer.global_step,
         "losses": [] if survivors is None else [list(map(int, lost))
-                                               for _, lost, _ in survivors.losses],
+                                               for _, lost, _, _ in survivors.losses],
+        "recoveries": [] if survivors is None else [{"step": step, "began": began, "took_s": took}
+                                                   for step, _, began, took in survivors.losses],
+        "val_loss": float(trainer.callback_metrics["val_loss"]),
     }))
 
 

@@ -1,0 +1,109 @@
+"""What a lost rank costs an elastic ``adpsgd`` fit: detection, recovery, the survivors' stall,
+the data and the final loss, against the same fit without a loss.
+
+Each repeat runs ``testbed.elastic_fit`` twice on 4 ranks started as ``srun`` starts tasks
+(gloo, loopback, ``heartbeat_timeout=3``), once with rank 2 killed (``SIGKILL``) at the start of
+its 7th batch of epoch 0 and once without a loss, in alternating order. Measured per loss run,
+from the ranks' wall clocks (one machine):
+
+* ``detect_s``: the kill to the first survivor's recovery (the heartbeat's finding);
+* ``recover_s``: the longest survivor recovery (gather in the store, new groups, batches back
+  to the cursor, a new gossip engine);
+* ``stall_s``: the longest time any survivor went without finishing a batch, from the kill on
+  (the goal: at most ``heartbeat_timeout + 5`` s); ``step_s``: the survivors' median batch
+  interval before the kill, for scale;
+* ``once``: every sample of every epoch trained exactly once (the victim's trained batches
+  counted);
+* ``val_loss``: the final validation loss of the averaged model, and the same without a loss.
+
+Usage::
+
+    python -m benchmarks.perf.elastic_loss                 # 3 repeats, about 6 minutes idle
+    python -m benchmarks.perf.elastic_loss --repeats 1 --out /tmp/elastic.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.harness import describe_machine, machine_info, median, write_json
+from testbed.launch import ROOT, run_fake_slurm_each
+
+RANKS, VICTIM, BATCH, SAMPLES, EPOCHS = 4, 2, 6, 192, 3
+OUT = ROOT / "benchmarks" / "results" / "elastic" / "loss.json"
+
+
+def _records(out: Path, rank: int) -> list[dict[str, Any]]:
+    path = out / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def measure(out: Path, victim: int) -> dict[str, Any]:
+    """One fit (``victim`` -1: no loss) and what it cost."""
+    t0 = time.time()
+    launched = run_fake_slurm_each("testbed.elastic_fit", str(out), str(victim), str(BATCH),
+                                   ntasks=RANKS, timeout=600)
+    wall = time.time() - t0
+    survivors = [r for r in range(RANKS) if r != victim]
+    codes = launched.returncodes
+    if any(codes[r] != 0 for r in survivors):
+        raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")
+    done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
+    records = {r: _records(out, r) for r in range(RANKS)}
+    once = all(Counter(i for recs in records.values() for rec in recs if rec["epoch"] == e
+                       for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
+    result: dict[str, Any] = {"victim": victim, "wall_s": round(wall, 1), "once": once,
+                              "val_loss": done[0]["val_loss"]}
+    if victim < 0:
+        return result
+    killed = json.loads((out / "victim.json").read_text())["t"]
+    began = min(rec["began"] for d in done for rec in d["recoveries"])
+    ends = {r: sorted(rec["t"] for rec in records[r]) for r in survivors}
+    before = [b - a for r in survivors for a, b in zip(ends[r], ends[r][1:]) if b < killed]
+    stall = max(max((b - max(a, killed) for a, b in zip(ends[r], ends[r][1:]) if b > killed),
+                    default=0.0) for r in survivors)
+    result.update(
+        detect_s=round(began - killed, 2),
+        recover_s=round(max(rec["took_s"] for d in done for rec in d["recoveries"]), 2),
+        stall_s=round(stall, 2), step_s=round(median(before), 3) if before else None,
+        losses=done[0]["losses"])
+    return result
+
+
+def main() -> None:
+    """Run the repeats and write the record (``--out``)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            order = (VICTIM, -1) if i % 2 == 0 else (-1, VICTIM)
+            for victim in order:
+                folder = Path(tmp) / f"r{i}_{'loss' if victim >= 0 else 'none'}"
+                folder.mkdir()
+                runs.append(dict(measure(folder, victim), repeat=i))
+                print(json.dumps(runs[-1]), flush=True)
+    lost = [r for r in runs if r["victim"] >= 0]
+    summary = {key: {"median": median([r[key] for r in lost]), "min": min(r[key] for r in lost),
+                     "max": max(r[key] for r in lost)}
+               for key in ("detect_s", "recover_s", "stall_s", "wall_s", "val_loss")}
+    summary["val_loss_no_loss"] = median([r["val_loss"] for r in runs if r["victim"] < 0])
+    summary["once"] = all(r["once"] for r in runs)
+    info = machine_info()
+    write_json(args.out, {"what": __doc__.split("\n\n")[0], "ranks": RANKS,
+                          "heartbeat_timeout_s": 3.0, "machine": info,
+                          "machine_text": describe_machine(info), "runs": runs,
+                          "summary": summary})
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
