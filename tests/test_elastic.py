@@ -7,7 +7,8 @@ it died (its claimed, untrained batches went back to the shared cursor), in the 
 exactly once among the survivors; every survivor recorded the same loss, ends with the same
 replica (the final average over the survivors) and rank 0's logger saw ``gossip/live_learners``
 go from 4 to 3; the warning names the lost rank; validation with a ``sync_dist`` metric and
-``ModelCheckpoint`` ran over the survivors (``last.ckpt`` exists)."""
+``ModelCheckpoint`` ran over the survivors (``last.ckpt`` exists). The loss of rank 0 (the
+store's host) falls back to the emergency checkpoint."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
                 if row.get("gossip/live_learners")]
     assert live == [4.0, 3.0], live
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
+
+
+@pytest.mark.multiprocess
+def test_the_loss_of_the_store_host_falls_back_to_the_emergency_checkpoint(tmp_path: Path) -> None:
+    """Rank 0 hosts the rendezvous store (Lightning's launcher, ``srun``): its loss is not
+    survivable, so the survivors do what a non-elastic fit does (docs/faults.md): name the
+    store's host, write the emergency checkpoint and fail, rather than hang."""
+    result = run_fake_slurm_each(SCRIPT, str(tmp_path), "0", "6", ntasks=3, timeout=300)
+    out = result.stdout[-6000:]
+    assert result.returncodes[0] == -9, out
+    assert all(code not in (0, None) for code in result.returncodes[1:]), (result.returncodes, out)
+    assert "the rendezvous store hosted by rank 0 is unreachable" in result.stdout, out
+    assert list((tmp_path / "ckpts").glob("emergency-*.ckpt")), out
+    assert not (tmp_path / "done1.json").exists()
