@@ -2,9 +2,11 @@
 ``adpsgd`` fit in which one rank is killed mid-epoch and the others finish every epoch.
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
-``python -m testbed.elastic_fit OUT VICTIM BATCH`` (``VICTIM`` -1: nobody is killed). The victim
-writes ``OUT/victim.json`` (the wall time) and ``SIGKILL``\\ s itself at the start of its
-``BATCH``-th training batch of epoch 0: its earlier batches are trained, the current one and the
+``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost).
+The victim writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s
+(``KIND`` ``kill``, default) or ``SIGSTOP``\\ s (``stop``: frozen; the lowest survivor kills it
+at its first batch after the recovery) itself at the start of its ``BATCH``-th training batch
+of epoch ``EPOCH`` (default 0): its earlier batches are trained, the current one and the
 loader's prefetched ones are claimed but not trained. The samples carry their index; every rank
 appends ``{"epoch", "idx", "t"}`` to ``OUT/rank<r>.jsonl`` for each batch it trained. Each
 survivor writes ``OUT/done<r>.json`` at the end: its final replica's sum, its steps, the
@@ -20,7 +22,9 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -55,25 +59,70 @@ class Indexed(L.LightningModule):
 class Record(Callback):
     """Appends the indices of every trained batch; the victim kills itself at its batch."""
 
-    def __init__(self, out: Path, rank: int, victim: int, batch: int) -> None:
+    def __init__(self, out: Path, rank: int, victim: int, batch: int, kind: str,
+                 epoch: int) -> None:
         self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
         self.out = out
-        self.rank, self.victim, self.batch = rank, victim, batch
+        self.rank, self.victim, self.batch, self.kind, self.epoch = rank, victim, batch, kind, epoch
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.rank == self.victim and trainer.current_epoch == 0 and batch_idx == self.batch:
-            (self.out / "victim.json").write_text(json.dumps({"t": time.time()}))
-            os.kill(os.getpid(), signal.SIGKILL)
+        if (self.rank == self.victim and trainer.current_epoch == self.epoch
+                and batch_idx == self.batch):
+            record = {"t": time.time(), "pid": os.getpid(), "kind": self.kind}
+            (self.out / "victim.json").write_text(json.dumps(record))
+            os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        survivors = trainer.strategy.survivors
+        if (self.kind == "stop" and survivors is not None and survivors.losses
+                and self.rank == min(survivors.live) and self.victim not in survivors.live):
+            # the frozen victim was left behind: end it now (a scheduler would, some time)
+            os.kill(json.loads((self.out / "victim.json").read_text())["pid"], signal.SIGKILL)
+            self.kind = "stopped and killed"
         idx = batch[2].tolist()
         record = {"epoch": trainer.current_epoch, "idx": idx, "t": time.time()}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
 
+def records(out: Path, rank: int) -> list[dict[str, Any]]:
+    """The batches ``rank`` trained (``OUT/rank<r>.jsonl``), in order."""
+    path = out / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def outcome(out: Path, ranks: int, victim: int) -> dict[str, Any]:
+    """What a finished launch's records say: ``once`` (every sample of every epoch trained
+    exactly once among all ranks, the victim's trained batches counted), the survivors'
+    ``val_loss`` and, with a victim, ``detect_s`` (the loss to the first recovery), ``recover_s``
+    (the longest recovery), ``stall_s`` (the longest time a survivor finished no batch, from the
+    loss on) and ``step_s`` (the survivors' median batch interval before the loss)."""
+    survivors = [r for r in range(ranks) if r != victim]
+    done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
+    trained = {r: records(out, r) for r in range(ranks)}
+    once = all(Counter(i for recs in trained.values() for rec in recs if rec["epoch"] == e
+                       for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
+    result: dict[str, Any] = {"once": once, "val_loss": done[0]["val_loss"],
+                              "same_replica": len({round(d["sum"], 5) for d in done}) == 1,
+                              "losses": done[0]["losses"]}
+    if victim < 0:
+        return result
+    lost = json.loads((out / "victim.json").read_text())["t"]
+    ends = {r: sorted(rec["t"] for rec in trained[r]) for r in survivors}
+    before = sorted(b - a for r in survivors for a, b in zip(ends[r], ends[r][1:]) if b < lost)
+    stall = max(max((b - max(a, lost) for a, b in zip(ends[r], ends[r][1:]) if b > lost),
+                    default=0.0) for r in survivors)
+    recoveries = [rec for d in done for rec in d["recoveries"]]
+    result.update(detect_s=round(min(rec["began"] for rec in recoveries) - lost, 2),
+                  recover_s=round(max(rec["took_s"] for rec in recoveries), 2),
+                  stall_s=round(stall, 2),
+                  step_s=round(before[len(before) // 2], 3) if before else None)
+    return result
+
+
 def main() -> None:
     out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # victim -1: none
+    kind, epoch = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("kill", 0)
     rank = int(os.environ["SLURM_PROCID"])
     g = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, 6, generator=g)
@@ -82,7 +131,7 @@ def main() -> None:
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
-        callbacks=[Record(out, rank, victim, batch),
+        callbacks=[Record(out, rank, victim, batch, kind, epoch),
                    ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
     model = Indexed()

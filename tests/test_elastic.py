@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from testbed.elastic_fuzz import fuzz_case, run_case
 from testbed.launch import run_fake_slurm_each
 
 SCRIPT = "testbed.elastic_fit"
@@ -69,3 +71,19 @@ def test_the_loss_of_the_store_host_falls_back_to_the_emergency_checkpoint(tmp_p
     assert "the rendezvous store hosted by rank 0 is unreachable" in result.stdout, out
     assert list((tmp_path / "ckpts").glob("emergency-*.ckpt")), out
     assert not (tmp_path / "done1.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fuzzed_losses_every_fit_finishes(tmp_path: Path) -> None:
+    """``make test-slow``: 6 seeded cases of ``testbed.elastic_fuzz`` (3-4 ranks, a random
+    victim other than rank 0, killed or frozen, epoch 0 or 1, batch 1-10): every survivor ends
+    with 0, no hang, no orphan, every sample once per epoch, the same final replica."""
+    rng = random.Random(31)
+    for i in range(6):
+        case = fuzz_case(rng)
+        out = tmp_path / f"run{i}"
+        result = run_case(out, case)
+        assert result["finished"] and not result["hang"], (result,
+                                                           (out / "log.txt").read_text()[-4000:])
+        assert result["orphans"] == [] and result["once"] and result["same_replica"], result

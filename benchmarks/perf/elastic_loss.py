@@ -28,52 +28,27 @@ import argparse
 import json
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, median, write_json
+from testbed.elastic_fit import outcome
 from testbed.launch import ROOT, run_fake_slurm_each
 
-RANKS, VICTIM, BATCH, SAMPLES, EPOCHS = 4, 2, 6, 192, 3
+RANKS, VICTIM, BATCH = 4, 2, 6
 OUT = ROOT / "benchmarks" / "results" / "elastic" / "loss.json"
 
 
-def _records(out: Path, rank: int) -> list[dict[str, Any]]:
-    path = out / f"rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def measure(out: Path, victim: int) -> dict[str, Any]:
-    """One fit (``victim`` -1: no loss) and what it cost."""
+    """One fit (``victim`` -1: no loss) and what it cost (:func:`testbed.elastic_fit.outcome`)."""
     t0 = time.time()
     launched = run_fake_slurm_each("testbed.elastic_fit", str(out), str(victim), str(BATCH),
                                    ntasks=RANKS, timeout=600)
     wall = time.time() - t0
-    survivors = [r for r in range(RANKS) if r != victim]
     codes = launched.returncodes
-    if any(codes[r] != 0 for r in survivors):
+    if any(codes[r] != 0 for r in range(RANKS) if r != victim):
         raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")
-    done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
-    records = {r: _records(out, r) for r in range(RANKS)}
-    once = all(Counter(i for recs in records.values() for rec in recs if rec["epoch"] == e
-                       for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
-    result: dict[str, Any] = {"victim": victim, "wall_s": round(wall, 1), "once": once,
-                              "val_loss": done[0]["val_loss"]}
-    if victim < 0:
-        return result
-    killed = json.loads((out / "victim.json").read_text())["t"]
-    began = min(rec["began"] for d in done for rec in d["recoveries"])
-    ends = {r: sorted(rec["t"] for rec in records[r]) for r in survivors}
-    before = [b - a for r in survivors for a, b in zip(ends[r], ends[r][1:]) if b < killed]
-    stall = max(max((b - max(a, killed) for a, b in zip(ends[r], ends[r][1:]) if b > killed),
-                    default=0.0) for r in survivors)
-    result.update(
-        detect_s=round(began - killed, 2),
-        recover_s=round(max(rec["took_s"] for d in done for rec in d["recoveries"]), 2),
-        stall_s=round(stall, 2), step_s=round(median(before), 3) if before else None,
-        losses=done[0]["losses"])
-    return result
+    return dict(outcome(out, RANKS, victim), victim=victim, wall_s=round(wall, 1))
 
 
 def main() -> None:
