@@ -66,6 +66,12 @@ class PeerSilent(GossipTimeout):
         super().__init__(message, ranks)
 
 
+class RankExcluded(GossipError):
+    """This rank was counted lost by the other ranks of an elastic fit (it was silent for
+    longer than the heartbeat timeout, e.g. frozen) and cannot rejoin it; they go on without
+    it (``docs/faults.md``)."""
+
+
 class NonFiniteFromPeer(GossipError):
     """A peer sent NaN or Inf values; they were not mixed in.
 

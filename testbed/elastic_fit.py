@@ -1,18 +1,21 @@
-"""Rank program of tests/test_elastic.py and benchmarks/perf/elastic_loss.py: an elastic
-``adpsgd`` fit in which one rank is killed mid-epoch and the others finish every epoch.
+"""Rank program of tests/test_elastic.py, testbed/elastic_fuzz.py and
+benchmarks/perf/elastic_loss.py: an elastic ``adpsgd`` fit that loses one rank mid-epoch.
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
 ``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost).
-The victim writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s
-(``KIND`` ``kill``, default) or ``SIGSTOP``\\ s (``stop``: frozen; the lowest survivor kills it
-at its first batch after the recovery) itself at the start of its ``BATCH``-th training batch
-of epoch ``EPOCH`` (default 0): its earlier batches are trained, the current one and the
-loader's prefetched ones are claimed but not trained. The samples carry their index; every rank
-appends ``{"epoch", "idx", "t"}`` to ``OUT/rank<r>.jsonl`` for each batch it trained. Each
-survivor writes ``OUT/done<r>.json`` at the end: its final replica's sum, its steps, the
-recoveries (step, wall time begun, seconds) and the last validation loss. Validation with a
-``sync_dist`` metric, a ``ModelCheckpoint`` (``save_last``) and a CSV logger run every epoch, so
-Lightning's collectives run over the survivors.
+The victim writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s (``KIND``
+``kill``, default) or ``SIGSTOP``\\ s (``stop``, ``cont``: frozen) itself at the start of its
+``BATCH``-th training batch of epoch ``EPOCH`` (default 0): its earlier batches are trained,
+the current one and the loader's prefetched ones are claimed but not trained. At its first batch
+after the recovery the lowest survivor kills a frozen victim (``stop``) or wakes it up
+(``cont``: it must learn that it was counted lost, and exit).
+
+The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
+``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
+the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds) and
+the last validation loss. Validation with a ``sync_dist`` metric, a ``ModelCheckpoint``
+(``save_last``) and a CSV logger run every epoch, so Lightning's collectives run over the
+survivors.
 """
 
 from __future__ import annotations
@@ -74,11 +77,13 @@ class Record(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         survivors = trainer.strategy.survivors
-        if (self.kind == "stop" and survivors is not None and survivors.losses
+        if (self.kind in ("stop", "cont") and survivors is not None and survivors.losses
                 and self.rank == min(survivors.live) and self.victim not in survivors.live):
-            # the frozen victim was left behind: end it now (a scheduler would, some time)
-            os.kill(json.loads((self.out / "victim.json").read_text())["pid"], signal.SIGKILL)
-            self.kind = "stopped and killed"
+            # the frozen victim was left behind: end it (a scheduler would, some time), or
+            # (cont) let it wake up, to learn that it was counted lost
+            pid = json.loads((self.out / "victim.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL if self.kind == "stop" else signal.SIGCONT)
+            self.kind = "done"
         idx = batch[2].tolist()
         record = {"epoch": trainer.current_epoch, "idx": idx, "t": time.time()}
         self.file.write(json.dumps(record) + "\n")
@@ -99,7 +104,9 @@ def outcome(out: Path, ranks: int, victim: int) -> dict[str, Any]:
     loss on) and ``step_s`` (the survivors' median batch interval before the loss)."""
     survivors = [r for r in range(ranks) if r != victim]
     done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
-    trained = {r: records(out, r) for r in range(ranks)}
+    lost = json.loads((out / "victim.json").read_text())["t"] if victim >= 0 else 0.0
+    trained = {r: [rec for rec in records(out, r) if r != victim or rec["t"] < lost]
+               for r in range(ranks)}  # a woken victim's later batches were never mixed in
     once = all(Counter(i for recs in trained.values() for rec in recs if rec["epoch"] == e
                        for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
     result: dict[str, Any] = {"once": once, "val_loss": done[0]["val_loss"],
@@ -107,7 +114,6 @@ def outcome(out: Path, ranks: int, victim: int) -> dict[str, Any]:
                               "losses": done[0]["losses"]}
     if victim < 0:
         return result
-    lost = json.loads((out / "victim.json").read_text())["t"]
     ends = {r: sorted(rec["t"] for rec in trained[r]) for r in survivors}
     before = sorted(b - a for r in survivors for a, b in zip(ends[r], ends[r][1:]) if b < lost)
     stall = max(max((b - max(a, lost) for a, b in zip(ends[r], ends[r][1:]) if b > lost),

@@ -3,11 +3,13 @@ sample once per epoch, no hang and no orphan process?
 
 Each run starts ``testbed.elastic_fit`` on 3 or 4 tasks (as ``srun`` starts them) and loses one
 of them: a random victim (never rank 0, whose loss falls back to the emergency checkpoint by
-design: ``tests/test_elastic.py``), kind (``SIGKILL``, or ``SIGSTOP``: frozen until the fit ends),
+design: ``tests/test_elastic.py``), kind (``SIGKILL``; ``SIGSTOP``: frozen, killed after the
+recovery; or frozen and woken up after it, when it must exit on its own),
 epoch (0 or 1) and batch (1..10). Recorded per run: the exit codes, whether every survivor ended
 with 0, every sample was trained once per epoch, the survivors hold the same replica, the
 detection, recovery and stall seconds (:func:`testbed.elastic_fit.outcome`), the wall time, and
-the processes of the run still alive after the launch (orphans). Usage::
+the processes of the run still alive after the launch (orphans); the output is kept in
+``RUN/log.txt``. Usage::
 
     python -m testbed.elastic_fuzz --runs 30 --seed 0 --out /tmp/elastic_fuzz
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import time
@@ -31,13 +34,14 @@ from testbed.launch import fake_slurm_commands, launch_processes
 def orphans(out: Path) -> list[int]:
     """Processes whose command line names ``out`` (a run's folder), still alive."""
     found = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
-    return [int(pid) for pid in found.stdout.split()]
+    return [int(pid) for pid in found.stdout.split() if int(pid) != os.getpid()]
 
 
 def fuzz_case(rng: random.Random) -> dict[str, Any]:
     """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``."""
     ranks = rng.choice((3, 4))
-    return {"ranks": ranks, "victim": rng.randrange(1, ranks), "kind": rng.choice(("kill", "stop")),
+    return {"ranks": ranks, "victim": rng.randrange(1, ranks),
+            "kind": rng.choice(("kill", "stop", "cont")),
             "epoch": rng.randrange(2), "batch": rng.randrange(1, 11)}
 
 
@@ -55,10 +59,9 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     survivors = [r for r in range(case["ranks"]) if r != case["victim"]]
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 for r in survivors)
+    (out / "log.txt").write_text(launched.stdout)
     if result["finished"]:
         result.update(outcome(out, case["ranks"], case["victim"]))
-    else:
-        (out / "log.txt").write_text(launched.stdout)
     return result
 
 

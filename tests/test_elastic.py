@@ -60,6 +60,21 @@ def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
+def test_a_frozen_rank_that_wakes_up_learns_it_was_left_behind(tmp_path: Path) -> None:
+    """Rank 1 freezes (``SIGSTOP``) mid-epoch; after the survivors' recovery the lowest one
+    wakes it up (``SIGCONT``). It must not rejoin through the old groups nor wait for a peer
+    that went on without it: it fails with ``RankExcluded`` within seconds (its exit status is
+    not 0: 1, or -6 when a gossip wait abandoned on the others wakes during the interpreter's
+    exit, docs/faults.md), and the survivors finish, every sample once among them."""
+    result = run_case(tmp_path, {"ranks": 3, "victim": 1, "kind": "cont", "epoch": 0,
+                                 "batch": 8})
+    assert result["finished"] and not result["hang"], result
+    assert result["codes"][1] not in (0, None), result
+    assert "RankExcluded: rank 1 at step" in (tmp_path / "log.txt").read_text(), result
+    assert result["once"] and result["same_replica"] and result["orphans"] == [], result
+
+
+@pytest.mark.multiprocess
 def test_the_loss_of_the_store_host_falls_back_to_the_emergency_checkpoint(tmp_path: Path) -> None:
     """Rank 0 hosts the rendezvous store (Lightning's launcher, ``srun``): its loss is not
     survivable, so the survivors do what a non-elastic fit does (docs/faults.md): name the

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_gossip.errors import PeerSilent
+from lightning_gossip.errors import PeerSilent, RankExcluded
 from lightning_gossip.liveness.store import bounded, store_clients
 from lightning_gossip.liveness.waits import _ranks
 
@@ -93,6 +93,8 @@ class Heartbeat:
         self._generation = 0  # a monitor thread of an earlier start() ends when this moves on
         #: ranks no longer watched (lost from an elastic fit: :meth:`forget`)
         self.forgotten: set[int] = set()
+        #: the other ranks counted this one lost (:meth:`forget` on their side): it must go
+        self.excluded = False
 
     @classmethod
     def connect(cls, rank: int, world_size: int, timeout: float = 60.0,
@@ -133,7 +135,10 @@ class Heartbeat:
                              name=f"lightning-gossip-monitor-{self.rank}").start()
 
     def forget(self, ranks: Iterable[int]) -> None:
-        """Stop watching ``ranks`` (lost from an elastic fit); the monitor starts again."""
+        """Stop watching ``ranks`` (lost from an elastic fit; marked gone, so that one that
+        wakes up learns it was left behind: :attr:`excluded`); the monitor starts again."""
+        for r in set(ranks) - self.forgotten:
+            self.writer_store.add(_key(r), DOWN)
         self.forgotten |= set(ranks)
         self._generation += 1
         self._found = None
@@ -153,16 +158,11 @@ class Heartbeat:
         self._thread = None
 
     def leave(self, failed: bool, linger_s: float = LINGER_S) -> None:
-        """Stop beating; with ``failed`` also tell every reader at once that this rank is gone.
-
-        Called when this rank ends with an error: its peers fail at their next check (within
-        about a second) instead of after ``timeout``. A failed rank then stays alive for
-        ``linger_s`` seconds: a launcher (torchrun's agent) stops every other rank as soon as
-        this process exits, and without the pause they could be stopped before reading the
-        marker, ending without the message that names this rank. When this rank already
-        found the store unreachable (:meth:`store_call`), nothing is written and nothing is
-        waited for: the peers find the store gone too. Never raises.
-        """
+        """Stop beating; with ``failed`` also tell every reader at once that this rank is gone
+        (they fail at their next check, within about a second), then stay alive ``linger_s``
+        seconds, so that a launcher that stops every rank when this one exits (torchrun's
+        agent) does not stop them before they read the mark. Nothing is written or waited for
+        when the store is unreachable (:meth:`store_call`). Never raises."""
         self.stop()
         if failed and not self._unreachable:
             try:
@@ -185,19 +185,15 @@ class Heartbeat:
         """Whether the beating thread runs."""
         return self._thread is not None
 
-    def _beat(self) -> None:
-        self.writer_store.add(_key(self.rank), 1)
+    def _beat(self) -> None:  # a mark of the others (:meth:`forget`): they went on without it
+        self.excluded |= int(self.writer_store.add(_key(self.rank), 1)) >= DOWN
 
     @property
     def starved_s(self) -> float:
         """Seconds this process's beating thread woke up late, in total (beyond a grace of
-        ``interval`` per beat): time the machine did not give this process.
-
-        A loaded machine (other work at a higher priority) delays every thread of a low
-        priority process, the peers' beats as much as this one's; :meth:`silent` does not count
-        such seconds against a peer, so a live rank on a starved machine is not taken for a
-        frozen one. A frozen or killed peer on an otherwise healthy machine is still reported
-        after ``timeout``.
+        ``interval`` per beat): time the machine did not give this process. :meth:`silent`
+        does not count them against a peer (a loaded machine delays every beat alike), so a
+        live rank on a starved machine is not taken for a frozen one.
         """
         return self._starved
 
@@ -263,16 +259,20 @@ class Heartbeat:
     @property
     def has_finding(self) -> bool:
         """The liveness monitor found a silent or departed rank (or an unreachable store,
-        whose host may be unnamed) since :meth:`start`: :meth:`check` would raise."""
-        return self._found is not None
+        whose host may be unnamed) since :meth:`start`, or this rank is :attr:`excluded`:
+        :meth:`check` would raise."""
+        return self._found is not None or self.excluded
 
     def check(self, where: str) -> None:
         """Raise :class:`PeerSilent` naming the ranks the liveness monitor found silent or
-        departed (see ``monitor``); no-op otherwise. A read of one attribute: the strategies
-        call it at every step boundary, so a rank that nobody waits on is noticed within about
-        ``timeout + interval`` plus one step. ``where`` says what this rank was doing ("rank 0
-        at step 12").
-        """
+        departed (see ``monitor``), or :class:`RankExcluded` (:attr:`excluded`); no-op
+        otherwise. Called at every step boundary (a read of one attribute), so a rank that
+        nobody waits on is noticed within about ``timeout + interval`` plus one step. ``where``
+        says what this rank was doing ("rank 0 at step 12")."""
+        if self.excluded:
+            raise RankExcluded(f"{where}: the other ranks of this elastic fit counted this rank "
+                               "lost (silent for longer than heartbeat_timeout) and went on "
+                               "without it; it cannot rejoin the fit", (self.rank,))
         found = self._found
         if found is not None:
             raise PeerSilent(f"{where}: found by the liveness monitor: {found[1]}", found[0])

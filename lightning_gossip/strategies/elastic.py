@@ -147,8 +147,10 @@ class Survivors:
         return self.membership.live
 
     def survivable(self, lost: Sequence[int]) -> bool:
-        """Whether the loss of ``lost`` can be survived: not the store's host."""
-        return self.store_host is None or self.store_host not in lost
+        """Whether the loss of ``lost`` can be survived: not the store's host, not this rank
+        (the others counted it lost: :class:`~lightning_gossip.errors.RankExcluded`)."""
+        return self.membership.rank not in lost and (self.store_host is None
+                                                      or self.store_host not in lost)
 
     def poll(self) -> None:
         """Recover when the liveness monitor found lost ranks (a read of one attribute
@@ -167,8 +169,18 @@ class Survivors:
         if lost is None:  # e.g. gloo's "connection closed by peer": the heartbeat names it
             lost = self._await_finding()
         if lost is None or not self.survivable(lost):
+            if self.heartbeat.excluded:  # this rank goes; the others went on without it
+                self._keep_groups_at_exit()
             raise error
         self.recover(lost)
+
+    def _keep_groups_at_exit(self) -> None:
+        """Never destroy the groups this rank shared with ranks that went on without it: their
+        gloo threads may wait on them, and destroying them at exit would abort the process."""
+        engine = self.set_engine(None)
+        self.set_engine(engine)
+        for group in (None, *((engine.control_group, engine.data_group) if engine else ())):
+            keep_alive_at_exit(group)
 
     def _await_finding(self) -> tuple[int, ...] | None:
         """The ranks the liveness monitor finds lost within a heartbeat timeout, or ``None``."""
