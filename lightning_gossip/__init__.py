@@ -59,6 +59,7 @@ from lightning_gossip.errors import (
     NonFiniteFromPeer,
     NonFiniteReplica,
     PeerSilent,
+    RankExcluded,
 )
 from lightning_gossip.topology import Topology, build
 
@@ -86,6 +87,7 @@ __all__ = [
     "NonFiniteReplica",
     "Pairing",
     "PeerSilent",
+    "RankExcluded",
     "SyncGossip",
     "Topology",
     "attach",

@@ -7,6 +7,8 @@ launcher, a test or a retry policy can act on them without parsing the message:
   ``ranks``: the ranks that were waited on (empty when the wait named none).
 * :class:`PeerSilent` (a :class:`GossipTimeout`): a rank waited on stopped beating, left after
   an error, or the store is unreachable; ``ranks``: those ranks (or the store's host).
+* :class:`RankExcluded`: the other ranks of an elastic fit went on without this one (it was
+  silent too long); ``ranks``: this rank.
 * :class:`NonFiniteFromPeer`: a peer sent NaN/Inf values; ``ranks``: that peer.
 * :class:`NonFiniteReplica`: replicas hold NaN/Inf where every rank meets (adpsgd's epoch end);
   ``ranks``: the ranks whose replica is not finite.
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 __all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NonFiniteFromPeer",
-           "NonFiniteReplica", "PeerSilent"]
+           "NonFiniteReplica", "PeerSilent", "RankExcluded"]
 
 
 class GossipError(RuntimeError):

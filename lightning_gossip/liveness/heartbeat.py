@@ -117,12 +117,12 @@ class Heartbeat:
         global _current
         if self._thread is not None:
             return
-        if int(self.writer_store.add(_key(self.rank), 1)) >= DOWN:
-            # this process left an earlier fit after an error: it is back
-            self.writer_store.add(_key(self.rank), -DOWN)
+        if (count := int(self.writer_store.add(_key(self.rank), 1))) >= DOWN:
+            # this process left an earlier fit after an error (or was left behind): it is back
+            self.writer_store.add(_key(self.rank), -(count // DOWN) * DOWN)
         _current = self
         self._stop.clear()
-        self._found = None
+        self._found, self.excluded = None, False
         self._generation += 1
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"lightning-gossip-heartbeat-{self.rank}")
