@@ -192,10 +192,11 @@ class ClaimLedger:
 
     def take_returned(self, epoch: int) -> int | None:
         """Take the next returned unit of ``epoch`` that no rank has taken (atomically: one
-        counter per queue position); ``None`` when none is left."""
+        counter per queue position); ``None`` when none is left, or when this rank is not in
+        ``live()`` (the others went on without it)."""
         tried = self._tried.get(epoch, 0)
         pushed = self._pushed(epoch)
-        if tried >= pushed:
+        if tried >= pushed or self.rank not in self.live():  # left behind: take nothing
             return None
         queue = self.returned(epoch)
         while tried < pushed:

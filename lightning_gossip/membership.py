@@ -117,6 +117,16 @@ class Membership:
         self.live, self.generation = agreed, gen
         return agreed
 
+    def left_out(self) -> bool:
+        """Whether the other ranks decided the next generation without this rank (it was
+        silent too long: it must not take part any more). One store read."""
+        key = self._key(self.generation + 1, "decision")
+        if not self.store.check([key]):
+            return False
+        decided = self.store.get(key)
+        return self.rank not in json.loads(decided.decode() if isinstance(decided, bytes)
+                                           else decided)
+
     def new_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
         """One new group per entry of ``backends`` over :attr:`live` (only the members meet;
         every member calls this in the same order); the first becomes :attr:`group`."""

@@ -105,6 +105,8 @@ class Claims:
             if ledger is None:
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
                 return index if index < units else None
+            if ledger.rank not in ledger.live():  # the others went on without this rank
+                return None
             unit = ledger.take_returned(epoch)
             if unit is None:
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset

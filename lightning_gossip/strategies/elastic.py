@@ -112,6 +112,7 @@ class Survivors:
         #: the training loader's claims (:meth:`ledger`; ``None``: not the shared cursor)
         self.claims: ClaimLedger | None = None
         self._timeout = timeout
+        self._left, self._left_checked = False, 0.0  # membership.left_out(), when read
         self.loggers = list(loggers)
         #: one entry per loss survived: ``(step, lost ranks, wall time (time.time()) the
         #: recovery began, seconds it took)``
@@ -122,9 +123,17 @@ class Survivors:
         """A :class:`~lightning_gossip.claim_ledger.ClaimLedger` for the training loader's
         shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses."""
         self.claims = ClaimLedger(default_store(), key, self.membership.rank,
-                                  live=lambda: self.live, on_wait=self.poll,
+                                  live=self._live_unless_left_out, on_wait=self.poll,
                                   timeout=self._timeout.total_seconds())
         return self.claims
+
+    def _live_unless_left_out(self) -> tuple[int, ...]:
+        """The live ranks; none when the others went on without this rank (a rank that
+        wakes up after a freeze must not take the batches returned on its behalf)."""
+        now = time.monotonic()
+        if not self.heartbeat.excluded and now >= self._left_checked + 1.0:  # 1 read a second
+            self._left_checked, self._left = now, self.membership.left_out()
+        return () if self.heartbeat.excluded or self._left else self.live
 
     def batch_trained(self, epoch: int) -> None:
         """This rank trained one more batch of ``epoch`` (in the order it claimed them)."""
