@@ -1,6 +1,6 @@
 """Every private Lightning and torch name lightning-gossip relies on, in one place.
 
-Private names change without notice between releases. Each accessor below names the version it
+Private names change without notice between releases. Each accessor below names the versions it
 was checked against; ``tests/test_compat.py`` calls every one of them, so an upgrade that
 removes or renames one fails loudly there instead of deep inside a training run.
 
@@ -11,41 +11,47 @@ CLI) can use this module without importing Lightning.
 The strategies also override one protected Lightning hook, ``_configure_launcher``; the
 ``@override`` check in ``tests/test_compat.py`` fails if it disappears from ``ParallelStrategy``.
 
-Checked against: lightning 2.6.6, torch 2.9.1.
+Checked against: lightning 2.6.6; torch 2.9.1 (the pinned set, ``make test``) and torch 2.15.0
+(``make test-latest``). Every name below exists and behaves alike on both torch versions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-LIGHTNING_CHECKED = "2.6.6"
-TORCH_CHECKED = "2.9.1"
+#: Every version the whole test suite passed on (``make test``, ``make test-latest``).
+LIGHTNING_CHECKED: tuple[str, ...] = ("2.6.6",)
+TORCH_CHECKED: tuple[str, ...] = ("2.9.1", "2.15.0")
 
 
-def version_mismatches() -> list[str]:
-    """One line per installed Lightning/torch version that differs from the checked one.
+def version_mismatches(installed: Mapping[str, str] | None = None) -> list[str]:
+    """One line per installed Lightning/torch version outside the checked ones.
 
-    Compares ``major.minor.patch`` only (a local build tag such as ``+cu128`` is ignored).
+    ``installed`` maps ``"lightning"`` and ``"torch"`` to a version (default: the installed
+    ones). Compares ``major.minor.patch`` only (a local build tag such as ``+cu128`` is ignored).
 
-    >>> isinstance(version_mismatches(), list)
-    True
+    >>> version_mismatches({"lightning": "2.6.6", "torch": "2.15.0+cu132"})
+    []
+    >>> version_mismatches({"lightning": "2.6.6", "torch": "2.12.0"})[0][:76]
+    'lightning_gossip._compat was checked against torch 2.9.1 and 2.15.0, but tor'
     """
-    import lightning
+    if installed is None:
+        import lightning
 
+        installed = {"lightning": lightning.__version__, "torch": torch.__version__}
     out = []
-    for name, installed, checked in (
-        ("lightning", lightning.__version__, LIGHTNING_CHECKED),
-        ("torch", torch.__version__, TORCH_CHECKED),
-    ):
-        if str(installed).split("+")[0] != checked:
+    for name, checked in (("lightning", LIGHTNING_CHECKED), ("torch", TORCH_CHECKED)):
+        version = str(installed[name])
+        if version.split("+")[0] not in checked:
             out.append(
-                f"lightning_gossip._compat was checked against {name} {checked}, but {name} "
-                f"{installed} is installed: re-run tests/test_compat.py and update the checked "
-                "versions in lightning_gossip/_compat.py"
+                f"lightning_gossip._compat was checked against {name} {' and '.join(checked)}, "
+                f"but {name} {version} is installed: re-run tests/test_compat.py and add the "
+                "version to the checked ones in lightning_gossip/_compat.py"
             )
     return out
 
@@ -54,8 +60,8 @@ def version_mismatches() -> list[str]:
 def work_source_rank(work: dist.Work) -> int:
     """The group rank a finished ``irecv`` without ``src`` received from.
 
-    torch 2.9.1: ``Work._source_rank()`` (gloo only; the public ``recv`` returns it too, but
-    only for a blocking receive, which cannot be given a timeout).
+    torch 2.9.1 and 2.15.0: ``Work._source_rank()`` (gloo only; the public ``recv`` returns it
+    too, but only for a blocking receive, which cannot be given a timeout).
     """
     return int(work._source_rank())
 
@@ -63,7 +69,7 @@ def work_source_rank(work: dist.Work) -> int:
 def default_store() -> dist.Store:
     """The c10d key-value store of the default process group.
 
-    torch 2.9.1: ``torch.distributed.distributed_c10d._get_default_store()``.
+    torch 2.9.1 and 2.15.0: ``torch.distributed.distributed_c10d._get_default_store()``.
     """
     from torch.distributed import distributed_c10d
 
@@ -71,7 +77,8 @@ def default_store() -> dist.Store:
 
 
 def foreach_add_(tensors: list[Tensor], others: list[Tensor]) -> None:
-    """``tensors[i] += others[i]`` in one fused call (torch 2.9.1: ``torch._foreach_add_``)."""
+    """``tensors[i] += others[i]`` in one fused call (torch 2.9.1 and 2.15.0:
+    ``torch._foreach_add_``)."""
     torch._foreach_add_(tensors, others)
 
 
@@ -79,7 +86,7 @@ def batch_norm_base() -> type:
     """The common base class of every BatchNorm layer (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``
     and the lazy ones), for ``isinstance`` checks.
 
-    torch 2.9.1: ``torch.nn.modules.batchnorm._BatchNorm``.
+    torch 2.9.1 and 2.15.0: ``torch.nn.modules.batchnorm._BatchNorm``.
 
     >>> isinstance(torch.nn.BatchNorm2d(3), batch_norm_base())
     True

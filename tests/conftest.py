@@ -1,8 +1,11 @@
-"""Shared fixtures: one launch per process layout runs every strategy case of that layout."""
+"""Shared fixtures: one launch per process layout runs every strategy case of that layout.
+Without torchaudio, the modules that import the ASR recipe skip (below)."""
 
 from __future__ import annotations
 
+import ast
 import fcntl
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +16,46 @@ from tests.shared_runs import LAYOUTS, launch_layout
 
 # Rank scripts, not tests: never imported by pytest (``--doctest-modules`` would run them).
 collect_ignore = ["scripts"]
+
+# -- without torchaudio (it has no release for the newest torch: ``make test-latest``) ------------
+NO_TORCHAUDIO = importlib.util.find_spec("torchaudio") is None
+TORCHAUDIO_REASON = ("torchaudio is not installed (its last release, 2.11, pins its own torch; "
+                     "`make test-latest` runs without it): the ASR recipe needs it")
+_NEEDS_TORCHAUDIO = ("torchaudio", "recipes.asr", "tests.recipes.asr_corpus")
+
+
+def imports_torchaudio(path: Path) -> bool:
+    """Whether the module at ``path`` imports torchaudio, the ASR recipe or the tests' ASR
+    corpus at its top level (importing it then fails without torchaudio)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        if any(n == m or n.startswith(m + ".") for n in names for m in _NEEDS_TORCHAUDIO):
+            return True
+    return False
+
+
+class _SkippedModule(pytest.Module):
+    """A module that imports the ASR recipe, skipped at collection (it would import torchaudio)."""
+
+    def _getobj(self):  # noqa: ANN202 - pytest's hook
+        pytest.skip(TORCHAUDIO_REASON, allow_module_level=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):  # noqa: ANN201 - a wrapper
+    """Without torchaudio, a module that imports the ASR recipe is one skipped node, in place
+    of its test module and of the doctest module ``--doctest-modules`` makes of it (both would
+    fail to import)."""
+    collected = yield
+    if (NO_TORCHAUDIO and collected and file_path.suffix == ".py"
+            and imports_torchaudio(file_path)):
+        return [_SkippedModule.from_parent(parent, path=file_path)]
+    return collected
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +115,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     Tests marked ``slow`` (the fuzz subset, soak runs, benchmark smoke runs) are deselected by
     the ``-m "not slow"`` in ``pyproject.toml``'s ``addopts``; ``make test-slow`` (``-m slow``)
     runs them.
+
+    Without torchaudio, the recipe tests' cases that run the ASR recipe (an ``asr`` in their
+    name) skip.
     """
+    if NO_TORCHAUDIO:
+        for item in items:
+            if "tests/recipes/" in item.nodeid and "asr" in item.nodeid.split("::")[-1]:
+                item.add_marker(pytest.mark.skip(reason=TORCHAUDIO_REASON))
     for item in items:
         if "shared_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)

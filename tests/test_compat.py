@@ -34,12 +34,12 @@ TIMEOUT = timedelta(seconds=60)
 def test_installed_versions_are_the_checked_ones_or_a_clear_warning():
     import lightning
 
-    assert _compat.LIGHTNING_CHECKED in (_compat.__doc__ or "")
-    assert _compat.TORCH_CHECKED in (_compat.__doc__ or "")
+    for version in (*_compat.LIGHTNING_CHECKED, *_compat.TORCH_CHECKED):
+        assert version in (_compat.__doc__ or ""), version
     mismatches = _compat.version_mismatches()
     installed = {"lightning": lightning.__version__, "torch": torch.__version__}
     assert len(mismatches) == sum(
-        installed[name].split("+")[0] != checked
+        installed[name].split("+")[0] not in checked
         for name, checked in (("lightning", _compat.LIGHTNING_CHECKED),
                               ("torch", _compat.TORCH_CHECKED))
     )
@@ -47,6 +47,17 @@ def test_installed_versions_are_the_checked_ones_or_a_clear_warning():
         if os.environ.get("LG_COMPAT_STRICT") == "1":
             pytest.fail("\n".join(mismatches))
         warnings.warn("\n".join(mismatches), UserWarning, stacklevel=1)  # in the -ra summary
+
+
+def test_only_a_version_outside_the_checked_ones_is_reported():
+    assert _compat.TORCH_CHECKED == ("2.9.1", "2.15.0")  # make test, make test-latest
+    for torch_version in ("2.9.1", "2.15.0", "2.15.0+cu132", "2.9.1+cpu"):
+        assert _compat.version_mismatches({"lightning": "2.6.6", "torch": torch_version}) == []
+    lines = _compat.version_mismatches({"lightning": "2.7.0", "torch": "2.12.0+cu128"})
+    assert len(lines) == 2
+    assert "checked against lightning 2.6.6, but lightning 2.7.0 is installed" in lines[0]
+    assert "checked against torch 2.9.1 and 2.15.0, but torch 2.12.0+cu128" in lines[1]
+    assert len(_compat.version_mismatches({"lightning": "2.6.6", "torch": "2.15.1"})) == 1
 
 
 # -- torch ----------------------------------------------------------------------------------------
@@ -202,6 +213,88 @@ def test_replace_sigterm_broadcast_replaces_the_per_batch_call():
     assert _compat.replace_sigterm_broadcast(trainer, lambda: calls.append(1)) is True
     epoch_loop._broadcast_sigterm_tensor()
     assert calls == [1]
+
+
+def test_backward_sync_control_base_is_what_fabric_strategies_hold():
+    from lightning.fabric.strategies import DDPStrategy
+
+    from lightning_gossip.fabric import FabricADPSGDStrategy
+
+    base = _compat.backward_sync_control_base()
+    assert inspect.isabstract(base) and "no_backward_sync" in base.__abstractmethods__
+    assert isinstance(DDPStrategy()._backward_sync_control, base)
+    assert isinstance(FabricADPSGDStrategy()._backward_sync_control, base)
+
+
+@pytest.fixture
+def slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One SLURM task, as ``srun`` describes it."""
+    for key, value in {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0",
+                       "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
+                       "SLURM_JOB_ID": "1234", "SLURM_JOB_NAME": "compat",
+                       "SLURM_NODELIST": "localhost"}.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.parametrize("auto_requeue", [True, False])
+def test_slurm_requeue_signal_is_found_once_lightning_registered_it(slurm_env, auto_requeue):
+    import signal
+
+    import lightning as L
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    import lightning_gossip  # noqa: F401 - registers the strategy names
+
+    env = SLURMEnvironment(auto_requeue=auto_requeue, requeue_signal=signal.SIGUSR2)
+    trainer = L.Trainer(strategy="dpsgd", accelerator="cpu", devices=1, logger=False,
+                        plugins=[env])
+    assert trainer.strategy.cluster_environment is env
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    assert _compat.slurm_requeue_signal(trainer) is None  # not registered yet
+    trainer._signal_connector.register_signal_handlers()  # what a fit does first
+    try:
+        found = _compat.slurm_requeue_signal(trainer)
+        assert found == (int(signal.SIGUSR2) if auto_requeue else None)
+    finally:
+        trainer._signal_connector.teardown()
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def test_hpc_save_path_numbers_the_next_checkpoint(tmp_path: Path):
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=tmp_path)
+    assert _compat.hpc_save_path(trainer) == str(tmp_path / "hpc_ckpt_1.ckpt")
+    (tmp_path / "hpc_ckpt_1.ckpt").touch()
+    (tmp_path / "hpc_ckpt_3.ckpt").touch()
+    assert _compat.hpc_save_path(trainer) == str(tmp_path / "hpc_ckpt_4.ckpt")
+
+
+def test_dump_checkpoint_holds_weights_optimizer_and_loops(tmp_path: Path):
+    import lightning as L
+
+    class Linear(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's hook
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):  # noqa: ANN201 - Lightning's hook
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    model = Linear()
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=3,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(model, DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2))
+    ckpt = _compat.dump_checkpoint(trainer)
+    assert ckpt["global_step"] == 3 and "loops" in ckpt
+    assert torch.equal(ckpt["state_dict"]["layer.weight"], model.layer.weight)
+    (state,) = ckpt["optimizer_states"]
+    assert all("momentum_buffer" in s for s in state["state"].values())
 
 
 # -- nothing else reaches a private Lightning/torch name ------------------------------------------

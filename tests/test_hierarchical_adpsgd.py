@@ -127,8 +127,12 @@ def test_training_keeps_node_ranks_bit_identical(run):
     # the nodes share each epoch's batches (node claims): every batch once, 2 per node step
     per_node = [results[n * DEVICES]["global_step"] for n in range(NODES)]
     assert sum(per_node) == 2 * AH_TRAIN.batches * WORLD // DEVICES, per_node
+    # nodes differ: gossip, not DDP. After some steps, not at the end: with two nodes the last
+    # event may be their average, which leaves both with the same replica (seen on torch 2.15.0
+    # under load). Under DDP every step's replicas would be the same.
+    assert any(np.abs(np.subtract(a, b)).max() > 0
+               for a, b in zip(results[0]["steps"], results[DEVICES]["steps"], strict=False))
     finals = np.array([r["final"] for r in results])
-    assert np.abs(finals[0] - finals[DEVICES]).max() > 0  # nodes differ: gossip, not DDP
     assert np.abs(finals[0] - np.array(results[0]["start_weights"])).max() > 1e-3  # it trained
     assert _bytes_per_exchange(results) == [4 * TINY_BN_NUMEL / DEVICES] * WORLD
 

@@ -68,7 +68,11 @@ def test_node_gradients_are_the_mean_of_the_local_ones(run, case):
     finals = _arr(results, "final")
     for node in range(R.NODES):
         assert (finals[2 * node] == finals[2 * node + 1]).all()  # one replica per node
-    assert np.abs(finals[0] - finals[2]).max() > 0  # nodes differ: gossip, not DDP
+    # nodes differ: gossip, not DDP. After some steps, not at the end: with two nodes the last
+    # event may be their average, which leaves both with the same replica (seen on torch 2.15.0
+    # under load). Under DDP every step's replicas would be the same.
+    assert any(np.abs(np.subtract(a, b)).max() > 0
+               for a, b in zip(results[0]["steps"], results[2]["steps"], strict=False))
     started = [r["started_in_backward"] for r in results]
     overlapped = case.strategy_kwargs.get("node_allreduce") == "overlapped"
     if not overlapped:
