@@ -179,17 +179,20 @@ class Survivors:
             lost = self._await_finding()
         if lost is None or not self.survivable(lost):
             if self.heartbeat.excluded:  # this rank goes; the others went on without it
-                self._keep_groups_at_exit()
+                engine = self.set_engine(None)
+                self.set_engine(engine)  # (only read)
+                self._keep_at_exit(engine)
             raise error
         self.recover(lost)
 
-    def _keep_groups_at_exit(self) -> None:
-        """Never destroy the groups this rank shared with ranks that went on without it: their
-        gloo threads may wait on them, and destroying them at exit would abort the process."""
-        engine = self.set_engine(None)
-        self.set_engine(engine)
-        for group in (None, *((engine.control_group, engine.data_group) if engine else ())):
-            keep_alive_at_exit(group)
+    def _keep_at_exit(self, engine: AsyncGossip | None) -> None:
+        """Never destroy Lightning's group and ``engine`` with its groups: they were shared
+        with a rank that is gone (or went on without this one), so a gloo thread or a gossip
+        wait may still wait on it, and destroying them at exit aborts the process (the
+        operating system reclaims them)."""
+        kept = (engine, engine.control_group, engine.data_group) if engine else ()
+        for part in (self.membership.group, *kept):  # a group None: the default group
+            keep_alive_at_exit(part)
 
     def _await_finding(self) -> tuple[int, ...] | None:
         """The ranks the liveness monitor finds lost within a heartbeat timeout, or ``None``."""
@@ -221,12 +224,7 @@ class Survivors:
         old = self.set_engine(None)
         if old is not None:
             old.abandon()
-            # the old groups have a dead member and maybe abandoned work: destroying them at
-            # exit would join gloo threads that never end (an abort); the OS reclaims them
-            keep_alive_at_exit(old.control_group)
-            keep_alive_at_exit(old.data_group)
-            keep_alive_at_exit(old)
-        keep_alive_at_exit(membership.group)  # None: the default group
+        self._keep_at_exit(old)
         live = membership.decide(lost, self.deadline_s)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
