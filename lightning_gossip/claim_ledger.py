@@ -192,11 +192,10 @@ class ClaimLedger:
 
     def take_returned(self, epoch: int) -> int | None:
         """Take the next returned unit of ``epoch`` that no rank has taken (atomically: one
-        counter per queue position); ``None`` when none is left, or when this rank is not in
-        ``live()`` (the others went on without it)."""
+        counter per queue position); ``None`` when none is left."""
         tried = self._tried.get(epoch, 0)
         pushed = self._pushed(epoch)
-        if tried >= pushed or self.rank not in self.live():  # left behind: take nothing
+        if tried >= pushed:
             return None
         queue = self.returned(epoch)
         while tried < pushed:
@@ -212,7 +211,8 @@ class ClaimLedger:
 
         Marks this rank arrived, then polls (every ``poll_s``, calling ``on_wait`` first) until
         a returned unit can be taken (withdraws the arrival and returns the unit) or every rank
-        in ``live()`` has arrived and no returned unit is left (``None``).
+        in ``live()`` has arrived and no returned unit is left (``None``; also ``None`` once
+        this rank is not in ``live()``: the others went on without it).
 
         Raises:
             TimeoutError: after ``timeout`` seconds, naming the live ranks not arrived.
@@ -224,6 +224,8 @@ class ClaimLedger:
         while True:
             self.on_wait()
             ranks = [int(r) for r in self.live()]
+            if self.rank not in ranks:  # the others went on without this rank: take nothing
+                return None
             arrived = [self._key(epoch, "arrived", r) for r in ranks]
             # arrivals first, the queue after: a rank withdraws its arrival before it takes,
             # so a unit pushed before the all-arrived check is seen by the queue read

@@ -241,7 +241,7 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
 
     def broadcast_object(self, obj: Any, src: int, group: Any | None = None) -> Any:
         """:meth:`broadcast` within ``group`` (``src`` is a global rank of it)."""
-        return collectives.broadcast_object(obj, src, group or self.live_group, self.global_rank,
+        return collectives.broadcast_object(obj, src, group, self.global_rank,
                                             self.root_device, self.watched)
 
     # ------------------------------------------------------------------------------------------
