@@ -70,7 +70,9 @@ def test_a_frozen_rank_that_wakes_up_learns_it_was_left_behind(tmp_path: Path) -
                                  "batch": 8})
     assert result["finished"] and not result["hang"], result
     assert result["codes"][1] not in (0, None), result
-    assert "RankExcluded: rank 1 at step" in (tmp_path / "log.txt").read_text(), result
+    log = (tmp_path / "log.txt").read_text()  # noticed at a step boundary or in a gossip wait
+    assert "lightning_gossip.errors.RankExcluded: rank 1 " in log, result
+    assert "counted this rank lost" in log, result
     assert result["once"] and result["same_replica"] and result["orphans"] == [], result
 
 
