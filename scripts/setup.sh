@@ -20,6 +20,14 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
 fi
 
+if [ "$(id -u)" -eq 0 ] && ! command -v iptables >/dev/null 2>&1; then
+  # the emulated cluster's link latency where the kernel has no netem (testbed/link_delay.py);
+  # without it those tests skip and say why, so a failed install does not stop the set-up
+  echo "[setup] installing iptables (link latency of the emulated cluster)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null) \
+    || echo "[setup] iptables not installed: the emulated cluster's latency test will skip"
+fi
+
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt constraints.txt ]; then
   exit 0
 fi

@@ -13,10 +13,13 @@ Nothing is created in the namespace this process runs in: links are created dire
 new namespaces, the addresses exist only there and no route leads anywhere else. Processes on the
 same node talk over the node's loopback (the kernel routes a node's own address through ``lo``),
 so the veth counters (``/sys/class/net/IF/statistics/tx_bytes``, read inside the namespace)
-count exactly the inter-node traffic. With ``latency_ms`` > 0 a ``netem`` qdisc delays what a
-node sends by that much (one way), with the ``tbf`` below it (:func:`link_qdiscs`); kernels
-built without ``netem`` (``CONFIG_NET_SCH_NETEM``, not set on the 2-core machines of this
-project) cannot emulate latency, and :func:`netem_problem` says so before anything is built.
+count exactly the inter-node traffic. With ``latency_ms`` > 0 every packet between two nodes is
+delayed by that much each way: by a ``netem`` qdisc on what a node sends, with the ``tbf`` below
+it (:func:`link_qdiscs`), or, on kernels built without ``netem`` (``CONFIG_NET_SCH_NETEM``, not
+set on the 2-core machines of this project), by :mod:`testbed.link_delay` (``NFQUEUE`` on what a
+node receives, released by a real-time user-space process, its hold calibrated so that the
+measured round trip is the asked one). :func:`latency_problem` says before anything is built
+when neither works; the cluster records the round trip it measured (:mod:`testbed.rtt_probe`).
 
 :meth:`EmulatedCluster.close` kills every process left in the namespaces and deletes them (which
 deletes the veth pairs and the bridge with them); it is idempotent and is called on ``with``
@@ -40,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from testbed import link_delay, rtt_probe
 
 PREFIX = "lgc"
 """Default name prefix of every namespace and interface made here."""
@@ -127,6 +132,22 @@ def netem_problem(prefix: str = PREFIX) -> str | None:
     finally:
         _run(["ip", "netns", "del", probe], check=False)
     return None
+
+
+def latency_method(prefix: str = PREFIX) -> tuple[str | None, str | None]:
+    """How latency is emulated here: (``"netem"`` or ``"nfqueue"``, None), or (None, why not)."""
+    netem = netem_problem(prefix)
+    if netem is None:
+        return "netem", None
+    nfq = link_delay.problem()
+    if nfq is None:
+        return "nfqueue", None
+    return None, f"{netem}; nor by NFQUEUE: {nfq}"
+
+
+def latency_problem(prefix: str = PREFIX) -> str | None:
+    """``None`` when link latency can be emulated here (:func:`latency_method`), else why not."""
+    return latency_method(prefix)[1]
 
 
 def check_available(prefix: str = PREFIX) -> str | None:
@@ -246,7 +267,8 @@ class EmulatedCluster:
     Args:
         nodes: number of nodes (>= 1).
         rate_mbit: link rate in Mbit/s, each direction, of every node's link.
-        latency_ms: one-way delay (``netem``) of what every node sends; 0: none.
+        latency_ms: one-way delay between any two nodes (``netem`` where the kernel has it,
+            else :mod:`testbed.link_delay`); 0: none.
         prefix: name prefix of everything created (``--cleanup`` removes by it).
     """
 
@@ -259,6 +281,9 @@ class EmulatedCluster:
     members: list[Node] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
     closed: bool = False
+    latency_via: str | None = None
+    delay: link_delay.LinkDelay | None = None
+    latency_check: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -287,6 +312,11 @@ class EmulatedCluster:
 
     def build(self) -> EmulatedCluster:
         """Create the namespaces, links, bridge, addresses and rate limits (all or nothing)."""
+        if self.latency_ms > 0:
+            self.latency_via, problem = latency_method(self.prefix)
+            if problem:
+                raise ClusterUnavailable(f"no link latency can be emulated here: {problem}")
+        netem_ms = self.latency_ms if self.latency_via == "netem" else 0.0
         try:
             self._add_netns(self.bridge_ns)
             br = ["ip", "netns", "exec", self.bridge_ns]
@@ -301,13 +331,45 @@ class EmulatedCluster:
                 inside = ["ip", "netns", "exec", n.netns]
                 _run([*inside, "ip", "addr", "add", f"{n.address}/24", "dev", n.iface])
                 _run([*inside, "ip", "link", "set", n.iface, "up"])
-                self._tbf(n.netns, n.iface, self.latency_ms)  # the delay: once per way
+                self._tbf(n.netns, n.iface, netem_ms)  # the delay: once per way
                 self._tbf(self.bridge_ns, n.peer)
             self._wait_reachable()
+            if self.latency_ms > 0:
+                self._emulate_latency()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _rtt(self) -> dict[str, float] | None:
+        """The round trip from node 1 to node 0 (``None`` with one node)."""
+        if self.nodes < 2:
+            return None
+        return rtt_probe.rtt_ms(self.exec_prefix(0), self.exec_prefix(1), self.members[0].address)
+
+    def _emulate_latency(self) -> None:
+        """Start :mod:`testbed.link_delay` (no ``netem``), calibrate its hold so that the round
+        trip grows by twice the one-way latency, and record the round trips measured."""
+        check: dict[str, Any] = {"via": self.latency_via, "asked_rtt_added_ms": 2 * self.latency_ms}
+        if self.latency_via == "nfqueue":
+            links = [(n.netns, n.iface) for n in self.members]
+            base = self._rtt()
+            check["rtt_without_delay"] = base
+            self.delay = link_delay.LinkDelay(self.latency_ms, links).start()
+            first = self._rtt()
+            if base and first:
+                # the user-space round trip and wake-up add to the hold: take them off it once
+                extra = (first["median_ms"] - base["median_ms"]) / 2 - self.latency_ms
+                hold = max(0.0, self.latency_ms - extra)
+                if abs(extra) > 0.02 * self.latency_ms + 0.01:
+                    self.delay.stop()
+                    self.delay = link_delay.LinkDelay(self.latency_ms, links, hold).start()
+                check.update(uncalibrated_rtt=first, hold_ms=round(self.delay.hold_ms, 4))
+        check["rtt"] = self._rtt()
+        if check.get("rtt_without_delay") and check["rtt"]:
+            check["rtt_added_ms"] = round(check["rtt"]["median_ms"]
+                                          - check["rtt_without_delay"]["median_ms"], 4)
+        self.latency_check = check
 
     def _wait_reachable(self, timeout_s: float = 20.0) -> None:
         """Wait until every node's interface is up (bridge ports leave 'learning' quickly)."""
@@ -367,6 +429,8 @@ class EmulatedCluster:
             "nodes": self.nodes, "rate_mbit": self.rate_mbit, "qdisc": "tbf (both directions)",
             "burst_bytes": tbf_burst_bytes(self.rate_mbit),
             "latency_emulated": self.latency_ms > 0, "latency_ms": self.latency_ms,
+            "latency_check": self.latency_check,
+            "link_delay": self.delay.describe() if self.delay else None,
             "subnet": f"{SUBNET}.{self.subnet_octet}.0/24",
             "members": [{"node": n.index, "netns": n.netns, "iface": n.iface,
                          "address": n.address} for n in self.members],
@@ -379,6 +443,11 @@ class EmulatedCluster:
         if self.closed:
             return
         errors = []
+        if self.delay is not None:
+            try:
+                self.delay.stop()
+            except Exception as e:  # keep deleting
+                errors.append(f"stopping the link delay: {e}")
         try:
             self.kill_processes()
         except Exception as e:  # keep deleting

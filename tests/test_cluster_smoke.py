@@ -161,3 +161,26 @@ def test_missing_options_are_reported_not_faked(monkeypatch: pytest.MonkeyPatch)
     assert "'no_such_option'" in reason and "DPSGDStrategy" in reason
     assert cluster.unavailable_reason("ddp") is None
     assert cluster.unavailable_reason("adpsgd") is None
+
+
+def test_link_latency_is_emulated_and_measured(netns_available: None) -> None:
+    """A 5 ms one-way latency adds 10 ms to a round trip between two nodes (``netem``, or the
+    calibrated ``NFQUEUE`` delay where the kernel has none), the cluster records what it
+    measured, and its delay process ends with it."""
+    problem = cluster_net.latency_problem(PREFIX)
+    if problem:
+        pytest.skip(f"no link latency can be emulated here: {problem}")
+    cluster = cluster_net.EmulatedCluster(2, 100, prefix=PREFIX, latency_ms=5.0)
+    with cluster:
+        during = cluster.describe()
+    check = cluster.describe()["latency_check"]
+    assert check["via"] in ("netem", "nfqueue")
+    added = (check["rtt"]["median_ms"] - check["rtt_without_delay"]["median_ms"]
+             if check["via"] == "nfqueue" else check["rtt"]["median_ms"])
+    assert 9.5 <= added <= 11.5, check
+    if check["via"] == "nfqueue":
+        assert during["link_delay"]["alive"] is True
+        after = cluster.describe()["link_delay"]
+        assert after["alive"] is False
+        assert after["lateness"]["packets"] >= 2 * check["rtt"]["rounds"], after
+    assert _gone(cluster.describe()) == []

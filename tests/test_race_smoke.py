@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 def rules_args() -> list[str]:
     """The race rules' checks a smoke run on a shared machine must relax: latency only where
     ``netem`` exists, and a start above the load threshold (recorded as loaded)."""
-    latency = "0.5" if cluster_net.netem_problem(PREFIX) is None else "0"
+    latency = "0.5" if cluster_net.latency_problem(PREFIX) is None else "0"
     return ["--latency-ms", latency, "--allow-load"]
 
 #: this module's own name prefix, no extension of a benchmark's or another test's (see

@@ -25,8 +25,9 @@ The race rules (docs/benchmarks.md, "Race rules"; ``benchmarks/rules.py``) the r
 enforces itself: every case trains at ``--lr`` times the per-learner rule's factor
 (``rules.case_lr``: sqrt(learners) under Adam for every method that runs one optimizer per
 learner between averages), or at its tuned peak (``--case-peak``), and records it; link latency
-is emulated with ``tc netem`` (``--latency-ms``, default 0.5 ms one way; where the kernel has no
-``netem`` the race refuses unless ``--latency-ms 0`` is given, and such a record says so); the
+is emulated (``--latency-ms``, default 0.5 ms one way: ``tc netem``, or where the kernel has none
+``testbed/link_delay.py``; the record keeps the round trip measured on the cluster; where
+neither works the race refuses unless ``--latency-ms 0`` is given, and such a record says so); the
 race refuses to start above ``--max-load`` (the machine must be idle) and records the load,
 the CPU time other processes took during the run (``foreign_cpu_fraction``), the commit and
 the machine; a slow node gets one fixed handicap (``--slow-extra-s``) and every case records its
@@ -420,8 +421,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=2, help="processes (ranks) per node")
     p.add_argument("--rate", type=float, default=200.0, help="link rate, Mbit/s, each way")
     p.add_argument("--latency-ms", type=float, default=rules.DATA_CENTRE["latency_ms"],
-                   help="one-way link delay (tc netem); 0: none (the record says so, and no "
-                        "claim is made from it)")
+                   help="one-way link delay (tc netem or testbed/link_delay.py); 0: none (the "
+                        "record says so, and no claim is made from it)")
     p.add_argument("--slow-node", type=int, default=None, metavar="K",
                    help="node K slower: its ranks sleep --slow-extra-s after every step")
     p.add_argument("--slow-extra-s", type=float, default=None, metavar="S",
@@ -574,13 +575,13 @@ def skip_torchft(args: argparse.Namespace) -> str | None:
 def preflight(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(why the race cannot run here, None if it can; a warning to record, or None).
 
-    Refuses without network namespaces, without ``netem`` when a latency is asked for, and
+    Refuses without network namespaces, without a way to emulate a latency asked for, and
     above ``--max-load`` unless ``--allow-load`` (then a warning)."""
     reason = cluster_net.check_available(args.prefix)
     if reason:
         return reason, None
     if args.latency_ms > 0:
-        problem = cluster_net.netem_problem(args.prefix)
+        problem = cluster_net.latency_problem(args.prefix)
         if problem:
             return (f"{problem}; --latency-ms 0 runs without latency (the record says so and "
                     f"no claim is made from it)"), None

@@ -36,7 +36,8 @@ DEFAULT_MAX_LOAD = 1.0
 """The race refuses to start above this 1-minute load average (``--max-load``)."""
 
 DATA_CENTRE = {"rate_mbit": 200.0, "latency_ms": 0.5}
-"""Link of the data-centre races: rate each way, one-way delay (``tc netem``)."""
+"""Link of the data-centre races: rate each way, one-way delay (``tc netem`` or
+``testbed/link_delay.py``)."""
 
 TWO_SITES = {"rate_mbit": 100.0, "latency_ms": 25.0}
 """Link of the race between two sites."""

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The race campaign of docs/benchmarks.md ("Race rules"): three races under the rules (about 5
 # hours idle on 2 cores; the 1 Gbit/s race, about 1 hour, and the remedies' race, about 2 hours,
-# only when asked for), then the docs regenerated from their records. Needs root, an idle 2-core machine and a kernel with
-# `netem` (each race refuses otherwise and says why). Every race appends its record after each
-# case: started again, this script goes on where it stopped (finished races launch nothing).
+# only when asked for), then the docs regenerated from their records. Needs root and an idle
+# 2-core machine; link latency is `netem`'s, or testbed/link_delay.py's (iptables, installed here
+# if missing). Every race appends its record after each case: started again, this script goes
+# on where it stopped (finished races launch nothing).
 #
 #   sudo bash benchmarks/race/run_campaign.sh            # main, slow, sites; then the docs
 #   sudo RACES="remedies gbit" bash benchmarks/race/run_campaign.sh
@@ -29,6 +30,8 @@ REMEDIES=(ddp postlocal16 dpsgd_hier_bf16 dpsgd_hier_bf16_overlap adpsgd_hier_bf
 FEW=(ddp ddp_bf16 postlocal16 dpsgd_hier_bf16 adpsgd_hier_bf16)
 SLOW=(ddp ddp_bf16 dpsgd_hier_bf16 adpsgd_hier_bf16)
 MAIN=$OUT/asr_2x2_200mbit_0.5ms.json
+command -v iptables >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq iptables >/dev/null)
 
 race() {  # name, then the race's own arguments
   local name=$1; shift
