@@ -18,7 +18,17 @@ Mid-training evaluation of the average (a sync point every rank reaches)::
 
 Every rank must call the same sequence: :func:`attach`, the same number of optimizer steps
 between two sync points for ``"dpsgd"`` (any number for ``"adpsgd"``), and the sync points
-(:meth:`Gossip.consensus`, :meth:`Gossip.quiesce`, :meth:`Gossip.finish`) together.
+(:meth:`Gossip.consensus`, :meth:`Gossip.quiesce`, :meth:`Gossip.finish`) together. With
+``global_average_every_n_steps=n`` every n-th optimizer step is a sync point too (the exact
+average of all replicas, or with ``outer_lr`` the outer optimizer's step from it), so then
+every rank takes the same number of steps under ``"adpsgd"`` as well.
+
+With ``heartbeat_timeout`` (seconds) every rank beats in the rendezvous store from a thread of
+its own and every gossip wait watches the peers' beats: a frozen or killed peer is named by a
+:class:`~lightning_gossip.errors.PeerSilent` within about that time instead of the ``timeout``
+(docs/faults.md). ``Gossip.state_dict()`` holds the step count and the outer optimizer's
+state, so ``fabric.save(path, {"model": model, "optimizer": optimizer, "gossip": gossip})``
+and ``fabric.load`` carry them across a restart.
 
 What the hooks do: before ``optimizer.step()`` the engine's ``before_step(t)`` (D-PSGD:
 snapshot ``x_t`` and post the round; AD-PSGD: open a gossip phase after a meeting of all ranks
@@ -43,10 +53,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average
 from lightning_gossip.flat import FlatState
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.outer import OuterOptimizer
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.sync_gossip import SyncGossip
 from lightning_gossip.topology import Topology, build
@@ -82,6 +95,17 @@ class Gossip:
         backend: the backend of the engine's data group; default ``"nccl"`` for CUDA models,
             ``"gloo"`` otherwise.
         broadcast: start every replica from rank 0's weights (one broadcast now).
+        global_average_every_n_steps: every n-th optimizer step ends with the exact average of
+            all replicas on every rank (a sync point; ``None``: never).
+        outer_lr: an outer optimizer on that periodic average (SlowMo / DiLoCo,
+            :class:`~lightning_gossip.outer.OuterOptimizer`): each global average moves the
+            replicas from the previous one by ``outer_lr`` times the (momentum of the) move of
+            the average; ``outer_lr=1, outer_momentum=0`` is the plain average bit for bit.
+            Needs ``global_average_every_n_steps``.
+        outer_momentum: the outer momentum in ``[0, 1)``.
+        outer_nesterov: Nesterov outer momentum (default) or heavy ball.
+        heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
+            naming it (``None``, default: no heartbeat; the Trainer strategies default to 60).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -89,9 +113,18 @@ class Gossip:
                  pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
                  overlap: bool = True, delay_by_one: bool = False, wire_dtype: str = "fp32",
                  timeout: timedelta | float = 60.0, backend: str | None = None,
-                 broadcast: bool = True) -> None:
+                 broadcast: bool = True, global_average_every_n_steps: int | None = None,
+                 outer_lr: float | None = None, outer_momentum: float = 0.0,
+                 outer_nesterov: bool = True, heartbeat_timeout: float | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        #: the outer optimizer of the periodic global average (``None``: the plain average)
+        self.outer = check_periodic(global_average_every_n_steps, outer_lr, outer_momentum,
+                                    outer_nesterov)
+        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
+            raise ValueError(f"heartbeat_timeout must be positive or None, got "
+                             f"{heartbeat_timeout!r}")
+        self.global_average_every_n_steps = global_average_every_n_steps
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("lightning_gossip.attach needs an initialised default process "
                                "group: call torch.distributed.init_process_group() first "
@@ -112,6 +145,14 @@ class Gossip:
             start = self.flat.pack()
             dist.broadcast(start, src=0)
             self.flat.copy_(start)
+        if self.outer is not None:
+            self.outer.start(self.flat.pack())  # the anchor: where every replica starts
+        #: this rank's heartbeat (``heartbeat_timeout``; ``None`` without, or alone)
+        self.heartbeat: Heartbeat | None = None
+        if heartbeat_timeout is not None and self.world_size > 1:
+            self.heartbeat = Heartbeat.connect(self.rank, self.world_size, heartbeat_timeout,
+                                               fallback=_compat.default_store())
+            self.heartbeat.start()
         # The engine's groups, created on every rank in the same order. ``meet`` (gloo) is the
         # training thread's: the meeting before an AD-PSGD phase and the exact averages.
         self._meet = dist.new_group(backend="gloo", timeout=self.timeout)
@@ -123,7 +164,7 @@ class Gossip:
             group = dist.new_group(backend=backend, timeout=self.timeout)
             self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
                                      overlap=overlap, delay_by_one=delay_by_one,
-                                     wire_dtype=wire)
+                                     heartbeat=self.heartbeat, wire_dtype=wire)
         elif self.world_size > 1:
             control = dist.new_group(backend="gloo", timeout=self.timeout)
             data = dist.new_group(backend=backend, timeout=self.timeout)
@@ -131,7 +172,8 @@ class Gossip:
                                       Pairing(pairing, self.world_size, seed),
                                       control_group=control, data_group=data,
                                       timeout=self.timeout, max_staleness=max_staleness,
-                                      delay_by_one=delay_by_one, wire_dtype=wire)
+                                      delay_by_one=delay_by_one, heartbeat=self.heartbeat,
+                                      wire_dtype=wire)
         self._average_group = self._meet if device.type == "cpu" else None
         if self.engine is not None:
             self.engine.start()
@@ -143,6 +185,8 @@ class Gossip:
     # -- the step: called by the optimizer's hooks (or by an owner that drives it) ------------
     def before_step(self) -> None:
         """Before ``optimizer.step()`` (after backward): start step :attr:`step`'s gossip."""
+        if self.heartbeat is not None and self.heartbeat.has_finding:
+            self.heartbeat.check(f"rank {self.rank} at step {self.step}")
         if isinstance(self.engine, AsyncGossip) and not self.engine.in_phase:
             dist.barrier(group=self._meet)  # every rank opens the phase together
         if self.engine is not None:
@@ -153,6 +197,9 @@ class Gossip:
         if self.engine is not None:
             self.engine.after_step(self.step)
         self.step += 1
+        n = self.global_average_every_n_steps
+        if n is not None and self.step % n == 0:
+            self.become_average()
 
     def _pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.before_step()
@@ -192,9 +239,28 @@ class Gossip:
             self.flat.copy_(mine)
 
     def become_average(self) -> None:
-        """Every replica becomes the exact average of all replicas (a sync point; gossip goes
-        on at the next optimizer step)."""
-        self.flat.copy_(self.average())
+        """Every replica becomes the exact average of all replicas, or with ``outer_lr`` the
+        outer optimizer's step from it (a sync point; gossip goes on at the next optimizer
+        step)."""
+        average = self.average()
+        self.flat.copy_(average if self.outer is None else self.outer.step(average))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step count and the outer optimizer's state (for ``fabric.save``/a checkpoint;
+        the replica itself is the model's)."""
+        return {"step": self.step,
+                "outer": None if self.outer is None else self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after the model's weights are loaded)."""
+        self.step = int(state["step"])
+        if (state.get("outer") is None) != (self.outer is None):
+            raise ValueError("the checkpoint's gossip state was saved with"
+                             + (" an" if state.get("outer") is not None else "out an")
+                             + " outer optimizer; this Gossip is built with"
+                             + (" one" if self.outer is not None else "out one"))
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
 
     def finish(self) -> None:
         """The end of training: every replica becomes the exact average of all replicas, the
@@ -211,6 +277,35 @@ class Gossip:
             self._closed = True
             if self.engine is not None:
                 self.engine.close()
+            if self.heartbeat is not None:
+                self.heartbeat.leave(failed=False)
+
+
+def check_periodic(every_n_steps: int | None, outer_lr: float | None, outer_momentum: float,
+                   outer_nesterov: bool) -> OuterOptimizer | None:
+    """Check the periodic global average's options (``ValueError`` naming the option); the
+    outer optimizer, or ``None`` without ``outer_lr``.
+
+    >>> check_periodic(8, 0.7, 0.9, True)
+    OuterOptimizer(lr=0.7, momentum=0.9, nesterov=True)
+    >>> check_periodic(None, 0.7, 0.0, True)
+    Traceback (most recent call last):
+    ...
+    ValueError: outer_lr acts at the periodic global average: give global_average_every_n_steps too
+    """
+    if every_n_steps is not None and (isinstance(every_n_steps, bool)
+                                      or not isinstance(every_n_steps, int) or every_n_steps < 1):
+        raise ValueError(f"global_average_every_n_steps must be a positive int or None, got "
+                         f"{every_n_steps!r}")
+    if outer_lr is None:
+        if outer_momentum != 0 or outer_nesterov is not True:
+            raise ValueError("outer_momentum and outer_nesterov configure the outer optimizer: "
+                             "give outer_lr too")
+        return None
+    if every_n_steps is None:
+        raise ValueError("outer_lr acts at the periodic global average: give "
+                         "global_average_every_n_steps too")
+    return OuterOptimizer(outer_lr, outer_momentum, outer_nesterov)
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "adpsgd",
@@ -221,7 +316,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "
     From then on every ``optimizer.step()`` is a gossip step; :meth:`Gossip.finish` at the end
     leaves the exact average of the replicas on every rank. ``options`` are
     :class:`Gossip`'s keywords (``topology``, ``pairing``, ``seed``, ``max_staleness``,
-    ``overlap``, ``delay_by_one``, ``wire_dtype``, ``timeout``, ``backend``, ``broadcast``).
+    ``overlap``, ``delay_by_one``, ``wire_dtype``, ``timeout``, ``backend``, ``broadcast``,
+    ``global_average_every_n_steps``, ``outer_lr``, ``outer_momentum``, ``outer_nesterov``,
+    ``heartbeat_timeout``).
 
     >>> attach(None, None, strategy="ddp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):

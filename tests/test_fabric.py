@@ -34,12 +34,44 @@ def test_fabric_names_registered_on_import() -> None:
 def test_fabric_classes_take_the_strategies_options() -> None:
     from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
 
-    d = FabricDPSGDStrategy(topology="random_ring", seed=3, overlap=False, wire_dtype="bf16")
+    d = FabricDPSGDStrategy(topology="random_ring", seed=3, overlap=False, wire_dtype="bf16",
+                            global_average_every_n_steps=8, outer_lr=0.7, outer_momentum=0.9)
     assert d.gossip_options() == {"topology": "random_ring", "seed": 3, "overlap": False,
-                                  "delay_by_one": False, "wire_dtype": "bf16"}
-    a = FabricADPSGDStrategy(pairing="random", max_staleness=None, delay_by_one=True)
+                                  "delay_by_one": False, "wire_dtype": "bf16",
+                                  "global_average_every_n_steps": 8, "outer_lr": 0.7,
+                                  "outer_momentum": 0.9, "outer_nesterov": True,
+                                  "heartbeat_timeout": 60.0}
+    a = FabricADPSGDStrategy(pairing="random", max_staleness=None, delay_by_one=True,
+                             heartbeat_timeout=None)
     assert a.gossip_options() == {"pairing": "random", "seed": 0, "max_staleness": None,
-                                  "delay_by_one": True, "wire_dtype": "fp32"}
+                                  "delay_by_one": True, "wire_dtype": "fp32",
+                                  "global_average_every_n_steps": None, "outer_lr": None,
+                                  "outer_momentum": 0.0, "outer_nesterov": True,
+                                  "heartbeat_timeout": None}
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"outer_lr": 0.5}, "give global_average_every_n_steps too"),
+    ({"global_average_every_n_steps": 0}, "global_average_every_n_steps must be a positive"),
+    ({"global_average_every_n_steps": 4, "outer_momentum": 0.9}, "give outer_lr too"),
+    ({"global_average_every_n_steps": 4, "outer_lr": 0.0}, "outer_lr must be a positive"),
+    ({"heartbeat_timeout": 0}, "heartbeat_timeout must be positive"),
+])
+def test_fabric_classes_refuse_bad_options(options: dict, match: str) -> None:
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+
+    for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
+        with pytest.raises(ValueError, match=match):
+            cls(**options)
+
+
+def test_fabric_classes_say_hierarchical_and_elastic_are_the_trainers() -> None:
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+
+    for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
+        for option in ("hierarchical", "elastic"):
+            with pytest.raises(ValueError, match=f"{option}=True.*not available under Fabric"):
+                cls(**{option: True})
 
 
 def test_attach_needs_a_process_group() -> None:
@@ -90,6 +122,37 @@ def test_adpsgd_keeps_the_sum_of_the_replicas(results: list[dict], front: str) -
     np.testing.assert_allclose(x.sum(0), x0.sum(0), **FP32)
     np.testing.assert_allclose(np.array([a["final"], b["final"]]),
                                np.repeat(x0.mean(0, keepdims=True), 2, 0), **FP32)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["dpsgd", "adpsgd"])
+def test_fabric_periodic_average_takes_the_outer_step(results: list[dict], kind: str) -> None:
+    """lr=0: after n steps both replicas are the outer optimizer's point from the exact average
+    of the starting replicas (gossip keeps their mean), bit for bit the same on both ranks;
+    the gossip state goes through fabric.save / fabric.load."""
+    a, b = (r[f"fabric-outer-{kind}"] for r in results)
+    x0 = np.array([a["x0"], b["x0"]], dtype=np.float64)
+    anchor, avg = np.array(a["anchor"]), x0.mean(0)
+    assert np.abs(x0[0] - x0[1]).min() > 0.05  # the replicas differed
+    assert a["x"] == b["x"] and a["step"] == b["step"] > 0
+    delta = anchor - avg
+    # dpsgd: outer lr 0.5, Nesterov momentum 0.5 (first step: direction 1.5 delta);
+    # adpsgd: outer lr 1, momentum 0: the plain average
+    expected = avg - (0.5 * 1.5 * delta - delta) if kind == "dpsgd" else avg
+    np.testing.assert_allclose(np.array(a["x"]), expected, **FP32)
+    assert a["heartbeat"] and b["heartbeat"]
+    assert a["restored_step"] == a["step"] and a["restored_outer_equal"]
+
+
+@pytest.mark.multiprocess
+def test_fabric_frozen_peer_is_named_by_the_heartbeat() -> None:
+    """heartbeat_timeout under Fabric: rank 1 freezes (SIGSTOP) mid-loop; rank 0's gossip wait
+    fails with PeerSilent naming rank 1, not with the group's 300 s timeout."""
+    result = run_torchrun(ROOT / "tests" / "scripts" / "fabric_silent_peer.py", nprocs=2,
+                          timeout=240)
+    lines = [ln for ln in result.stdout.splitlines() if "SILENT" in ln]
+    assert lines and lines[0].split()[:2] == ["SILENT", "PeerSilent"], result.stdout[-3000:]
+    assert "rank(s) 1 sent no heartbeat" in lines[0], lines[0]
 
 
 @pytest.mark.multiprocess

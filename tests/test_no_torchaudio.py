@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from testbed.launch import ROOT, base_env
 from tests.conftest import TORCHAUDIO_REASON, imports_torchaudio
 
@@ -27,6 +29,7 @@ def test_modules_that_import_the_asr_recipe_are_found():
         assert not imports_torchaudio(ROOT / name), name
 
 
+@pytest.mark.multiprocess  # a pytest run in a process of its own (50-85 s): not make test-fast's
 def test_asr_tests_skip_with_the_reason_without_torchaudio():
     # -k asr: of test_recipes_resume.py only its ASR case (skipped by its name), no launch
     cmd = [sys.executable, "-c", HIDE, "-q", "-rs", "-p", "no:cacheprovider",

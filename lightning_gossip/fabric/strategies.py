@@ -35,7 +35,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gossip import _compat
-from lightning_gossip.plain_loop import Gossip
+from lightning_gossip.plain_loop import Gossip, check_periodic
 from lightning_gossip.topology import Topology
 
 __all__ = ["FabricADPSGDStrategy", "FabricDPSGDStrategy", "FabricGossipStrategy"]
@@ -80,6 +80,33 @@ class FabricGossipStrategy(DDPStrategy):
     def gossip_options(self) -> dict[str, Any]:
         """The keywords of :class:`Gossip` (subclasses)."""
         raise NotImplementedError
+
+    def _set_common(self, global_average_every_n_steps: int | None, outer_lr: float | None,
+                    outer_momentum: float, outer_nesterov: bool,
+                    heartbeat_timeout: float | None, hierarchical: bool = False,
+                    elastic: bool = False) -> None:
+        """Keep the options both strategies take (checked here, at construction)."""
+        for name, value in (("hierarchical", hierarchical), ("elastic", elastic)):
+            if value:
+                raise ValueError(
+                    f"{type(self).__name__}({name}=True) is not available under Fabric: the "
+                    f"Trainer strategies (DPSGDStrategy, ADPSGDStrategy) have it "
+                    f"(docs/fabric.md)")
+        check_periodic(global_average_every_n_steps, outer_lr, outer_momentum, outer_nesterov)
+        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
+            raise ValueError(f"heartbeat_timeout must be positive or None, got "
+                             f"{heartbeat_timeout!r}")
+        self.global_average_every_n_steps = global_average_every_n_steps
+        self.outer_lr = outer_lr
+        self.outer_momentum = outer_momentum
+        self.outer_nesterov = outer_nesterov
+        self.heartbeat_timeout = heartbeat_timeout
+
+    def _common_options(self) -> dict[str, Any]:
+        return {"global_average_every_n_steps": self.global_average_every_n_steps,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                "outer_nesterov": self.outer_nesterov,
+                "heartbeat_timeout": self.heartbeat_timeout}
 
     @override
     def setup_module(self, module: Module) -> Module:
@@ -164,9 +191,17 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
             (``False``: exchange the stepped weights, blocking).
         delay_by_one: add each round's change one step later (hides it behind a whole step).
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        global_average_every_n_steps: every n-th optimizer step ends with the exact average of
+            all replicas (``None``: never).
+        outer_lr, outer_momentum, outer_nesterov: an outer (Nesterov) momentum step at that
+            periodic average (``lightning_gossip.outer``; ``None``: the plain average).
+        heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
+            naming it (``PeerSilent``; default 60, as the Trainer strategies; ``None``: off).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Every rank must take the same number of optimizer steps between sync points.
+    ``hierarchical=True`` and ``elastic=True`` are the Trainer strategies' only: refused here
+    with a ``ValueError`` that says so.
     """
 
     kind = "dpsgd"
@@ -184,11 +219,17 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
                  checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
                  *, topology: str | Topology = "ring", seed: int = 0, overlap: bool = True,
                  delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 global_average_every_n_steps: int | None = None,
+                 outer_lr: float | None = None, outer_momentum: float = 0.0,
+                 outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
+                 hierarchical: bool = False, elastic: bool = False,
                  process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
+        self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
+                         outer_nesterov, heartbeat_timeout, hierarchical, elastic)
         self.topology = topology
         self.seed = int(seed)
         self.overlap = bool(overlap)
@@ -197,9 +238,11 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
 
     @override
     def gossip_options(self) -> dict[str, Any]:
-        """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype``."""
+        """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype`` and the
+        periodic average's, outer optimizer's and heartbeat's options."""
         return {"topology": self.topology, "seed": self.seed, "overlap": self.overlap,
-                "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype}
+                "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype,
+                **self._common_options()}
 
 
 class FabricADPSGDStrategy(FabricGossipStrategy):
@@ -213,10 +256,19 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
             not yet gossiped (``None``: never).
         delay_by_one: apply each exchange's delta one step later.
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        global_average_every_n_steps: every n-th optimizer step ends with the exact average of
+            all replicas, a sync point (``None``: never); then every rank must take the same
+            number of steps.
+        outer_lr, outer_momentum, outer_nesterov: an outer (Nesterov) momentum step at that
+            periodic average (``lightning_gossip.outer``; ``None``: the plain average).
+        heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
+            naming it (``PeerSilent``; default 60, as the Trainer strategies; ``None``: off).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Ranks may take different numbers of steps; a phase of gossip opens at the first step after
     a sync point (after a meeting of all ranks) and ends at the next sync point.
+    ``hierarchical=True`` and ``elastic=True`` are the Trainer strategies' only: refused here
+    with a ``ValueError`` that says so.
     """
 
     kind = "adpsgd"
@@ -238,11 +290,17 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
                  checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
                  *, pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
                  delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 global_average_every_n_steps: int | None = None,
+                 outer_lr: float | None = None, outer_momentum: float = 0.0,
+                 outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
+                 hierarchical: bool = False, elastic: bool = False,
                  process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
+        self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
+                         outer_nesterov, heartbeat_timeout, hierarchical, elastic)
         self.pairing = pairing
         self.seed = int(seed)
         self.max_staleness = max_staleness
@@ -251,7 +309,8 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
 
     @override
     def gossip_options(self) -> dict[str, Any]:
-        """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype``."""
+        """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype`` and the
+        periodic average's, outer optimizer's and heartbeat's options."""
         return {"pairing": self.pairing, "seed": self.seed,
                 "max_staleness": self.max_staleness, "delay_by_one": self.delay_by_one,
-                "wire_dtype": self.wire_dtype}
+                "wire_dtype": self.wire_dtype, **self._common_options()}

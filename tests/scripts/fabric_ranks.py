@@ -8,6 +8,9 @@ ranks (process start-up dominates): ``tests/test_fabric.py``.
    2-rank topology (the replicas after k steps are ``prod_t W_t X0``), ``adpsgd`` (the sum of
    the replicas is kept); the same two under ``attach``.
 3. ``docs/examples/fabric_loop.py``'s loop under ``ddp``, ``adpsgd`` and ``dpsgd``.
+4. The periodic global average with an outer optimizer under Fabric, lr=0: ``dpsgd`` (outer lr
+   0.5: every replica ends at ``anchor + 0.5 (mean(X0) - anchor)``) and ``adpsgd`` (outer lr 1,
+   momentum 0: the plain average); the gossip state through ``fabric.save`` / ``fabric.load``.
 
 Writes ``OUT_DIR/rank<r>.json``: ``{case: result}``.
 """
@@ -105,6 +108,40 @@ def attach_exactness(kind: str, rank: int) -> dict:
     return out
 
 
+def fabric_outer(kind: str, rank: int, out_dir: Path) -> dict:
+    every = STEPS["dpsgd"] if kind == "dpsgd" else 10
+    options = {"global_average_every_n_steps": every, "heartbeat_timeout": 30.0}
+    strategy = (FabricDPSGDStrategy(topology=Pair(2), outer_lr=0.5, outer_momentum=0.5,
+                                    **options) if kind == "dpsgd"
+                else FabricADPSGDStrategy(max_staleness=2, outer_lr=1.0, **options))
+    fabric = Fabric(strategy=strategy, accelerator="cpu", devices=2)
+    fabric.launch()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer = fabric.setup(model, optimizer)
+    flat = FlatState(model.module)
+    anchor = flat.pack().tolist()
+    _offset(model.module, rank)
+    x0 = flat.pack().tolist()
+    _steps(model, optimizer, every, fabric)
+    gossip = fabric.strategy.gossip
+    out = {"anchor": anchor, "x0": x0, "x": flat.pack().tolist(), "step": gossip.step,
+           "heartbeat": gossip.heartbeat is not None}
+    saved = gossip.state_dict()
+    path = out_dir / f"outer-{kind}.ckpt"
+    fabric.save(path, {"model": model, "gossip": gossip})
+    gossip.step = 0
+    gossip.outer.start(torch.zeros(flat.numel))
+    fabric.load(path, {"gossip": gossip})
+    restored = gossip.state_dict()
+    out["restored_step"] = restored["step"]
+    out["restored_outer_equal"] = all(
+        torch.equal(torch.as_tensor(a), torch.as_tensor(b)) if a is not None else b is None
+        for a, b in zip(saved["outer"].values(), restored["outer"].values()))
+    fabric.strategy.finish()
+    return out
+
+
 def main(out_dir: Path) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
@@ -114,6 +151,7 @@ def main(out_dir: Path) -> None:
         results[f"attach-example-{kind}"] = attach_example["main"](kind)
         results[f"attach-exact-{kind}"] = attach_exactness(kind, rank)
         results[f"fabric-exact-{kind}"] = fabric_exactness(kind, rank)
+        results[f"fabric-outer-{kind}"] = fabric_outer(kind, rank, out_dir)
     fabric_example = runpy.run_path(str(ROOT / "docs" / "examples" / "fabric_loop.py"))
     for strategy in ("ddp", "adpsgd", "dpsgd"):
         fabric = Fabric(strategy=strategy, accelerator="cpu", devices=2)
