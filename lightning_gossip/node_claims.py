@@ -100,6 +100,7 @@ class Claims:
         share = self.share
         offset = self.start.get(epoch, 0)
         if share is None:
+            first = epoch not in self._claims
             self._claims[epoch] = units
             ledger = self.ledger
             if ledger is None:
@@ -107,6 +108,8 @@ class Claims:
                 return index if index < units else None
             if ledger.rank not in ledger.live():  # the others went on without this rank
                 return None
+            if first and epoch >= 2:
+                ledger.forget(epoch - 2)  # every live rank has left it (ClaimLedger.forget)
             unit = ledger.take_returned(epoch)
             if unit is None:
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset

@@ -289,3 +289,17 @@ def test_forget_deletes_this_ranks_records_of_an_epoch() -> None:
     assert store.num_keys() == keys - 3
     assert (mine.claimed(0, 0), mine.finished(0, 0)) == ([], 0)
     assert (mine.claimed(0, 1), mine.finished(0, 1)) == ([1], 1)  # the other rank's stay
+
+
+def test_a_sampler_forgets_the_epoch_before_last_when_it_starts_an_epoch() -> None:
+    """The store keeps this rank's records of two epochs at most (the current and the last)."""
+    store = dist.HashStore()
+    ledger = ClaimLedger(store, "run", 0, lambda: [0])
+    sampler = SharedCursorSampler(8, chunk_size=2, store=store, key="run", ledger=ledger)
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        assert sorted(sampler) == list(range(8))
+        for _ in range(4):
+            ledger.record_finished(epoch)
+        remembered = [e for e in range(epoch + 1) if ledger.claimed(e, 0)]
+        assert remembered == list(range(max(0, epoch - 1), epoch + 1)), (epoch, remembered)
