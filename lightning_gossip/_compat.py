@@ -76,6 +76,55 @@ def default_store() -> dist.Store:
     return distributed_c10d._get_default_store()
 
 
+def named_group(ranks: list[int], rank: int, backend: str, store: dist.Store, name: str,
+                timeout: Any) -> dist.ProcessGroup:
+    """A process group over the global ``ranks`` (``rank``, this one, among them) whose keys
+    live under ``name`` in ``store``: every member builds the same group from the same name,
+    also a process that joined the fit later (``new_group`` names a group by a count of the
+    calling process's groups, which differs between a survivor and a newcomer). The members
+    meet in the group's construction (gloo connects them all); non-members do not call it.
+
+    torch 2.9.1: ``distributed_c10d._new_process_group_helper(size, group_rank, ranks,
+    backend, store, name, timeout=...)``, then ``_world.pg_group_ranks`` (``new_group`` fills
+    it after the helper, the helper does not).
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    pg, _ = c10d._new_process_group_helper(len(ranks), ranks.index(rank), list(ranks), backend,
+                                          store, name, timeout=timeout)
+    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+    return pg
+
+
+def join_as_default_group(store: dist.Store, name: str, rank: int, world_size: int,
+                          backend: str, timeout: Any) -> None:
+    """Initialise this process's default group as the group the other members build with
+    :func:`named_group` (``store``, ``name``): a process that joins a running fit.
+
+    ``name`` must end in ``"default_pg/0"``: torch 2.9.1 names a new process's default group
+    ``"0"`` and, given a store, prefixes nothing of its own, so its keys are
+    ``<name>/`` of ``store`` when its store is ``PrefixStore(<name without "/0">, store)``.
+    """
+    head = name.removesuffix("/0")
+    if head == name or not head.endswith("default_pg"):
+        raise ValueError(f"a joiner's default group needs a name ending in 'default_pg/0', "
+                         f"got {name!r}")
+    dist.init_process_group(backend, store=dist.PrefixStore(head, store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+
+
+def default_store_view(client: dist.Store) -> dist.Store:
+    """What :func:`default_store` returns in the processes whose default group
+    ``init_process_group`` made from the rendezvous store (``MASTER_ADDR``/``MASTER_PORT``),
+    seen through ``client``, a new process's own client of that store (a newcomer has no such
+    group yet).
+
+    torch 2.9.1: ``init_process_group`` wraps the rendezvous store in ``PrefixStore(
+    "default_pg")`` and the default group's helper in ``PrefixStore("0/")`` (its name).
+    """
+    return dist.PrefixStore("0/", dist.PrefixStore("default_pg", client))
+
+
 def foreach_add_(tensors: list[Tensor], others: list[Tensor]) -> None:
     """``tensors[i] += others[i]`` in one fused call (torch 2.9.1 and 2.15.0:
     ``torch._foreach_add_``)."""

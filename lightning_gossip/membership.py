@@ -13,9 +13,18 @@ survivor writes its view (the ranks it believes live) under the generation and w
 every rank of its view has written one; the first survivor to see its view complete decides
 (an atomic ``compare_set``), and every survivor adopts that decision. A rank left out of the
 decision (a live rank that others took for lost) fails with :class:`~lightning_gossip.errors.
-PeerSilent`, so no two groups of survivors go on apart. Groups are made with
-``new_group(ranks, use_local_synchronization=True)``: only the members meet, and every member
-creates its groups in the same order.
+PeerSilent`, so no two groups of survivors go on apart. Groups are built by name
+(:func:`~lightning_gossip._compat.named_group`: ``<name>/gen<g>/default_pg/0``, then
+``<name>/gen<g>/<i>``, keys in the fit's store): only the members meet, every member creates
+its groups in the same order, and a process that joins later builds the same groups.
+
+**A join.** A process that takes a free rank slot (a lost rank's, or one the fit has not
+filled yet) asks in the store (:meth:`Membership.ask_to_join`); the members find the request
+when they :meth:`poll` (a store read at most every :data:`POLL_EVERY_S` seconds), and the
+next generation is decided the same way with the newcomer added (:meth:`decide` with
+``joined``). The newcomer reads the decision (:meth:`Membership.await_admission`) and builds
+the generation's groups with the members, its default group being the first of them
+(:meth:`join_groups`).
 
 Example (one process, a store of its own: the only rank, nobody lost)::
 
@@ -39,12 +48,25 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from lightning_gossip import _compat
 from lightning_gossip.errors import PeerSilent
 
 __all__ = ["Membership"]
 
 POLL_S = 0.05
 """Seconds between two reads of the store while the survivors gather."""
+
+POLL_EVERY_S = 1.0
+"""Members look for join requests and started generations at most this often (:meth:`poll`)."""
+
+
+def group_name(name: str, generation: int, index: int) -> str:
+    """The name of group ``index`` of ``generation`` (the first: a joiner's default group).
+
+    >>> group_name("run0", 2, 0), group_name("run0", 2, 1)
+    ('run0/gen2/default_pg/0', 'run0/gen2/1')
+    """
+    return f"{name}/gen{generation}/" + ("default_pg/0" if index == 0 else str(index))
 
 
 class Membership:
@@ -53,18 +75,25 @@ class Membership:
     Args:
         store: a store shared by all ranks (the rendezvous store, prefixed per fit).
         rank: this rank (global).
-        world_size: the ranks the fit started with.
+        world_size: the rank slots of the fit (the ranks it was planned with).
         timeout: the groups' timeout.
+        name: the fit's name, the same on every rank: it prefixes the groups' names, which
+            are unique within a process.
+        live: the ranks in the fit now (default: every slot).
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int,
-                 timeout: timedelta) -> None:
+                 timeout: timedelta, name: str = "fit",
+                 live: Sequence[int] | None = None) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
+        self.name = name
         #: the ranks in the fit now, sorted
-        self.live: tuple[int, ...] = tuple(range(world_size))
+        self.live: tuple[int, ...] = tuple(sorted(range(world_size) if live is None
+                                                  else live))
+        self._polled = 0.0
         #: how many membership changes this fit has had
         self.generation = 0
         #: Lightning's collectives run over this group (``None``: the default group, everyone)
@@ -84,23 +113,27 @@ class Membership:
         return f"gen{generation}/{what}"
 
     def decide(self, lost: Iterable[int], deadline_s: float,
-               arrived: Callable[[Sequence[int]], bool] | None = None) -> tuple[int, ...]:
-        """Agree with the other survivors on the live ranks after ``lost`` (see the module
-        docstring); returns the new :attr:`live`. ``arrived(ranks)``: whether every one of
-        ``ranks`` has written its view (default: read the store). Raises :class:`PeerSilent`
-        when this rank is left out, or when the survivors do not gather within ``deadline_s``
-        (naming those that did not come)."""
+               arrived: Callable[[Sequence[int]], bool] | None = None,
+               joined: Iterable[int] = ()) -> tuple[int, ...]:
+        """Agree with the other members on the live ranks after ``lost`` (and with ``joined``,
+        newcomers that asked to join; see the module docstring); returns the new :attr:`live`.
+        ``arrived(ranks)``: whether every one of ``ranks`` has written its view (default: read
+        the store; a newcomer writes none). Raises :class:`PeerSilent` when this rank is left
+        out, or when the members do not gather within ``deadline_s`` (naming those that did
+        not come)."""
         gen = self.generation + 1
-        view = tuple(r for r in self.live if r not in set(lost))
+        members = tuple(r for r in self.live if r not in set(lost))
+        view = tuple(sorted(set(members) | set(joined)))
         if self.rank not in view:
             raise ValueError(f"rank {self.rank} cannot count itself lost")
+        self.store.set(self._key(gen, "started"), "1")
         self.store.set(self._key(gen, f"view/{self.rank}"), json.dumps(view))
-        keys = [self._key(gen, f"view/{r}") for r in view]
+        keys = [self._key(gen, f"view/{r}") for r in members]
         came = arrived if arrived is not None else (lambda _: self.store.check(keys))
         deadline = time.monotonic() + deadline_s
-        while not came(view):
+        while not came(members):
             if time.monotonic() > deadline:
-                missing = [r for r, k in zip(view, keys) if not self.store.check([k])]
+                missing = [r for r, k in zip(members, keys) if not self.store.check([k])]
                 raise PeerSilent(
                     f"rank {self.rank}: the survivors of the loss of rank(s) "
                     f"{', '.join(map(str, sorted(set(self.live) - set(view))))} did not gather "
@@ -109,6 +142,9 @@ class Membership:
             time.sleep(POLL_S)
         decided = self.store.compare_set(self._key(gen, "decision"), "", json.dumps(view))
         agreed = tuple(json.loads(decided.decode() if isinstance(decided, bytes) else decided))
+        for r in set(agreed) - set(self.live):  # admitted: their requests are answered
+            self.store.set(_join_key(r), f"admitted {gen}")
+        self.store.set("latest", str(gen))
         if self.rank not in agreed:
             raise PeerSilent(
                 f"rank {self.rank}: the other survivors of generation {gen} counted this rank "
@@ -128,13 +164,80 @@ class Membership:
                                            else decided)
 
     def new_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
-        """One new group per entry of ``backends`` over :attr:`live` (only the members meet;
-        every member calls this in the same order); the first becomes :attr:`group`."""
-        groups = []
-        for backend in backends:
-            group = dist.new_group(list(self.live), timeout=self.timeout, backend=backend,
-                                   use_local_synchronization=True)
-            assert group is not None  # this rank is a member
-            groups.append(group)
+        """One new group per entry of ``backends`` over :attr:`live`, by name (only the members
+        meet; every member calls this in the same order, a newcomer :meth:`join_groups`); the
+        first becomes :attr:`group`."""
+        groups = [_compat.named_group(list(self.live), self.rank, backend, self.store,
+                                      group_name(self.name, self.generation, i), self.timeout)
+                  for i, backend in enumerate(backends)]
         self.group = groups[0]
         return groups
+
+    # -- joins ------------------------------------------------------------------------------------
+    def poll(self) -> tuple[int, ...] | None:
+        """The ranks that asked to join (``()``: none, but another member started the next
+        generation), or ``None`` when nothing is pending; reads the store at most every
+        :data:`POLL_EVERY_S` seconds (``None`` in between)."""
+        now = time.monotonic()
+        if now < self._polled + POLL_EVERY_S:
+            return None
+        self._polled = now
+        free = [r for r in range(self.world_size) if r not in self.live]
+        asked = tuple(r for r in free if self.store.check([_join_key(r)])
+                      and _read(self.store, _join_key(r)) == ASKED)
+        if asked or self.store.check([self._key(self.generation + 1, "started")]):
+            return asked
+        return None
+
+    @staticmethod
+    def ask_to_join(store: dist.Store, rank: int) -> None:
+        """A newcomer asks for rank slot ``rank`` (free: a lost rank's, or never filled)."""
+        store.set(_join_key(rank), ASKED)
+
+    @classmethod
+    def await_admission(cls, store: dist.Store, rank: int, world_size: int,
+                        timeout: timedelta, name: str, deadline_s: float) -> Membership:
+        """A newcomer's :class:`Membership` once the members admitted it (after
+        :meth:`ask_to_join`): its :attr:`live` and :attr:`generation` are the decision's.
+        Raises :class:`PeerSilent` when no decision admits it within ``deadline_s``."""
+        deadline = time.monotonic() + deadline_s
+        key = _join_key(rank)
+        while True:
+            answer = _read(store, key) if store.check([key]) else ""
+            if answer.startswith("admitted "):
+                gen = int(answer.split()[1])
+                agreed = json.loads(_read(store, f"gen{gen}/decision"))
+                member = cls(store, rank, world_size, timeout, name, live=agreed)
+                member.generation = gen
+                return member
+            if time.monotonic() > deadline:
+                raise PeerSilent(f"rank {rank}: the fit did not admit this process within "
+                                 f"{deadline_s:.0f} s (asked for rank slot {rank})", [])
+            time.sleep(POLL_S)
+
+    def join_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
+        """A newcomer's :meth:`new_groups`: the first group becomes its default group
+        (:func:`~lightning_gossip._compat.join_as_default_group`), the others are built by
+        name as the members build them."""
+        _compat.join_as_default_group(self.store, group_name(self.name, self.generation, 0),
+                                      self.live.index(self.rank), len(self.live),
+                                      backends[0], self.timeout)
+        groups = [dist.group.WORLD] + [
+            _compat.named_group(list(self.live), self.rank, backend, self.store,
+                                group_name(self.name, self.generation, i), self.timeout)
+            for i, backend in enumerate(backends) if i > 0]
+        self.group = groups[0]
+        return groups
+
+
+ASKED = "asked"
+"""A join request's value until a decision answers it (``"admitted <generation>"``)."""
+
+
+def _join_key(rank: int) -> str:
+    return f"join/{rank}"
+
+
+def _read(store: dist.Store, key: str) -> str:
+    value = store.get(key)
+    return value.decode() if isinstance(value, bytes) else value

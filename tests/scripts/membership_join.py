@@ -1,0 +1,81 @@
+"""Membership joins with real processes and gloo groups (``tests/test_membership_join.py``).
+
+Started as ``srun`` starts tasks (one process each, ``RANK``/``WORLD_SIZE``/``MASTER_*``),
+4 ranks: rank 3 leaves after the first all-reduce (``os._exit``); the survivors agree on
+(0, 1, 2) and build their groups by name; a newcomer started with ``RANK=3`` and ``JOINER=1``
+asks for the free slot, the survivors admit it at their next poll, and all four build the next
+generation's groups: the newcomer's default group is the first. Every process prints
+``RESULT <json>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lightning_gossip import _compat
+from lightning_gossip.membership import Membership
+
+TIMEOUT = timedelta(seconds=60)
+RUN = "join-test"
+
+
+def store_of(default: dist.Store) -> dist.Store:
+    return dist.PrefixStore(f"{RUN}/", default)
+
+
+def total(group: dist.ProcessGroup | None, value: float) -> float:
+    t = torch.tensor([value])
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
+def member(rank: int) -> dict:
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    first = total(None, rank)
+    if rank == 3:
+        os._exit(0)  # lost: no goodbye
+    m = Membership(store_of(_compat.default_store()), rank, 4, TIMEOUT, name=RUN)
+    after_loss = m.decide(lost=(3,), deadline_s=60)
+    group, data = m.new_groups(["gloo", "gloo"])
+    survivors_sum = total(group, rank)
+    deadline = time.monotonic() + 90
+    while (asked := m.poll()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("no join request")
+        time.sleep(0.05)
+    after_join = m.decide(lost=(), joined=asked, deadline_s=60)
+    group, data = m.new_groups(["gloo", "gloo"])
+    if rank == 0:
+        dist.send(torch.tensor([42.0]), dst=3, group=data)
+    return {"rank": rank, "first": first, "after_loss": after_loss, "survivors_sum": survivors_sum,
+            "asked": asked, "after_join": after_join, "joined_sum": total(group, rank + 10),
+            "data_sum": total(data, rank), "generation": m.generation}
+
+
+def joiner(rank: int) -> dict:
+    time.sleep(3)  # relaunched after the loss, as a scheduler would
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           is_master=False, timeout=TIMEOUT)
+    store = store_of(_compat.default_store_view(client))
+    Membership.ask_to_join(store, rank)
+    m = Membership.await_admission(store, rank, 4, TIMEOUT, RUN, deadline_s=90)
+    group, data = m.join_groups(["gloo", "gloo"])
+    got = torch.zeros(1)
+    dist.recv(got, src=0, group=data)
+    return {"rank": rank, "after_join": m.live, "joined_sum": total(group, rank + 10),
+            "default_is_group": group is dist.group.WORLD, "world": dist.get_world_size(),
+            "received": got.item(), "data_sum": total(data, rank), "generation": m.generation}
+
+
+if __name__ == "__main__":
+    r = int(os.environ["RANK"])
+    out = joiner(r) if os.environ.get("JOINER") == "1" else member(r)
+    print("RESULT " + json.dumps(out), flush=True)
+    time.sleep(1)  # the others finish their last collective before this process goes
+    os._exit(0)
