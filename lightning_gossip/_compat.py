@@ -66,14 +66,27 @@ def work_source_rank(work: dist.Work) -> int:
     return int(work._source_rank())
 
 
+_JOINED_STORE: list[dist.Store] = []  # a newcomer's view of the members' default store
+
+
 def default_store() -> dist.Store:
-    """The c10d key-value store of the default process group.
+    """The c10d key-value store of the default process group (in a process that joined a
+    running fit: the members' one, :func:`use_default_store`).
 
     torch 2.9.1 and 2.15.0: ``torch.distributed.distributed_c10d._get_default_store()``.
     """
+    if _JOINED_STORE:
+        return _JOINED_STORE[0]
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_store()
+
+
+def use_default_store(store: dist.Store) -> None:
+    """From now on :func:`default_store` is ``store`` in this process: a process that joined a
+    running fit has a default group of its own, but shares the members' keys (the shared
+    cursor, the claims, the membership) through ``store`` (:func:`default_store_view`)."""
+    _JOINED_STORE[:] = [store]
 
 
 def named_group(ranks: list[int], rank: int, backend: str, store: dist.Store, name: str,
@@ -293,6 +306,18 @@ def hpc_save_path(trainer: Any) -> str:
     """The next ``hpc_ckpt_<n>.ckpt`` in ``trainer.default_root_dir`` (lightning 2.6.6:
     ``_CheckpointConnector.hpc_save_path``, what the auto-requeue handler writes)."""
     return str(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
+
+
+def preload_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """Make Lightning restore ``checkpoint`` in the fit it is setting up, as if it had loaded
+    it from a file (model, then optimizers, schedulers, loops, callbacks): set before the
+    restore, with no ``ckpt_path``.
+
+    lightning 2.6.6: ``trainer._checkpoint_connector._loaded_checkpoint`` (``resume_start``
+    without a path leaves it, ``restore_model`` and ``restore_training_state`` read it,
+    ``resume_end`` clears it).
+    """
+    trainer._checkpoint_connector._loaded_checkpoint = checkpoint
 
 
 def dump_checkpoint(trainer: Any) -> dict[str, Any]:

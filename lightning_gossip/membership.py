@@ -57,7 +57,7 @@ POLL_S = 0.05
 """Seconds between two reads of the store while the survivors gather."""
 
 POLL_EVERY_S = 1.0
-"""Members look for join requests and started generations at most this often (:meth:`poll`)."""
+"""Members look for join requests and started generations about this often (:meth:`poll`)."""
 
 
 def group_name(name: str, generation: int, index: int) -> str:
@@ -93,7 +93,6 @@ class Membership:
         #: the ranks in the fit now, sorted
         self.live: tuple[int, ...] = tuple(sorted(range(world_size) if live is None
                                                   else live))
-        self._polled = 0.0
         #: how many membership changes this fit has had
         self.generation = 0
         #: Lightning's collectives run over this group (``None``: the default group, everyone)
@@ -176,18 +175,24 @@ class Membership:
     # -- joins ------------------------------------------------------------------------------------
     def poll(self) -> tuple[int, ...] | None:
         """The ranks that asked to join (``()``: none, but another member started the next
-        generation), or ``None`` when nothing is pending; reads the store at most every
-        :data:`POLL_EVERY_S` seconds (``None`` in between)."""
-        now = time.monotonic()
-        if now < self._polled + POLL_EVERY_S:
-            return None
-        self._polled = now
+        generation), or ``None`` when nothing is pending (a few store reads: callers call it
+        every :data:`POLL_EVERY_S` seconds or so)."""
         free = [r for r in range(self.world_size) if r not in self.live]
         asked = tuple(r for r in free if self.store.check([_join_key(r)])
                       and _read(self.store, _join_key(r)) == ASKED)
         if asked or self.store.check([self._key(self.generation + 1, "started")]):
             return asked
         return None
+
+    @staticmethod
+    def decided(store: dist.Store, generation: int) -> tuple[int, ...]:
+        """The live ranks ``generation`` decided (``()`` when it decided nothing yet)."""
+        key = f"gen{generation}/decision"
+        return tuple(json.loads(_read(store, key))) if store.check([key]) else ()
+
+    def end(self) -> None:
+        """The fit is over: a process that comes to join it later starts on its own."""
+        self.store.set("ended", "1")
 
     @staticmethod
     def ask_to_join(store: dist.Store, rank: int) -> None:

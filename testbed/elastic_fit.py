@@ -3,7 +3,9 @@ benchmarks/perf/elastic_loss.py: an elastic ``adpsgd`` fit that loses one rank m
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
 ``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost).
-The victim writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s (``KIND``
+A survivor writes ``OUT/recovered`` after the recovery (a replacement of the victim, started
+with its environment, may then join: ``python -m testbed.elastic_fit OUT -1 0``). The victim
+writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s (``KIND``
 ``kill``, default) or ``SIGSTOP``\\ s (``stop``, ``cont``: frozen) itself at the start of its
 ``BATCH``-th training batch of epoch ``EPOCH`` (default 0): its earlier batches are trained,
 the current one and the loader's prefetched ones are claimed but not trained. At its first batch
@@ -39,6 +41,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning_gossip
 
 SAMPLES, BATCH_SIZE, EPOCHS = 192, 4, 3
+STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
+"""Seconds each training step sleeps (longer: a replacement has time to start and join)."""
 
 
 class Indexed(L.LightningModule):
@@ -47,7 +51,7 @@ class Indexed(L.LightningModule):
         self.net = nn.Linear(6, 2)
 
     def training_step(self, batch, batch_idx):
-        time.sleep(0.03)  # a step that takes a little time, as a real one does
+        time.sleep(STEP_S)  # a step that takes a little time, as a real one does
         x, y, _ = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
@@ -77,6 +81,8 @@ class Record(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         survivors = trainer.strategy.survivors
+        if survivors is not None and survivors.losses and not (self.out / "recovered").exists():
+            (self.out / "recovered").write_text(str(time.time()))  # a replacement may start
         if (self.kind in ("stop", "cont") and survivors is not None and survivors.losses
                 and self.rank == min(survivors.live) and self.victim not in survivors.live):
             # the frozen victim was left behind: end it (a scheduler would, some time), or
@@ -126,6 +132,9 @@ def outcome(out: Path, ranks: int, victim: int) -> dict[str, Any]:
     return result
 
 
+STARTED = time.time()  # after the imports: a replacement's start, imports excluded
+
+
 def main() -> None:
     out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # victim -1: none
     kind, epoch = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("kill", 0)
@@ -152,6 +161,10 @@ def main() -> None:
         "recoveries": [] if survivors is None else [{"step": step, "began": began, "took_s": took}
                                                    for step, _, began, took in survivors.losses],
         "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "joins": [] if survivors is None else [[list(map(int, new)), step, took]
+                                               for step, new, _, took in survivors.joins],
+        "joined": strategy.elastic_parts.newcomer is not None,
+        "started": STARTED,
     }))
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import csv
 import json
 import random
+import shlex
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from testbed.elastic_fuzz import fuzz_case, run_case
-from testbed.launch import run_fake_slurm_each
+from testbed.launch import fake_slurm_commands, launch_processes, run_fake_slurm_each
 
 SCRIPT = "testbed.elastic_fit"
 SAMPLES, EPOCHS = 192, 3  # as in the script
@@ -57,6 +58,46 @@ def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
                 if row.get("gossip/live_learners")]
     assert live == [4.0, 3.0], live
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
+
+
+@pytest.mark.multiprocess
+def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path) -> None:
+    """Rank 2 is killed mid-epoch; once the survivors went on, a replacement is started with
+    rank 2's environment (as ``srun`` relaunching the task would): it is admitted at the
+    survivors' next step boundary, resumes from the lowest survivor's state (the survivors'
+    exact average), takes batches from the shared cursor, and all four finish every epoch with
+    the same final replica; every sample is trained once per epoch among all processes."""
+    victim, ranks = 2, 4
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks)
+    for _, env in commands:  # 1 s steps: the fit lasts while the replacement starts
+        env["ELASTIC_FIT_STEP_S"] = "1.0"
+    argv, env = commands[victim]
+    start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
+    commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "
+                                     f"done; exec {start}"], env))
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    assert result.returncodes[victim] == -9, (result.returncodes, out)
+    assert [result.returncodes[r] for r in (0, 1, 3, 4)] == [0, 0, 0, 0], (result.returncodes,
+                                                                         out)
+    assert "elastic fit: rank(s) 2 joined at step" in result.stdout, out
+    for epoch in range(EPOCHS):
+        seen = Counter(i for r in range(ranks) for rec in trained(tmp_path, r)
+                       if rec["epoch"] == epoch for i in rec["idx"])
+        assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
+        assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
+    done = {r: json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)}
+    assert done[victim]["joined"] and not done[0]["joined"], done
+    lost_at = json.loads((tmp_path / "victim.json").read_text())["t"]
+    assert any(rec["t"] > lost_at for rec in trained(tmp_path, victim))  # the replacement's
+    assert all(d["joins"] and d["joins"][0][0] == [victim] for r, d in done.items()
+               if r != victim), done
+    assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
+                if row.get("gossip/live_learners")]
+    assert live == [4.0, 3.0, 4.0], live
 
 
 @pytest.mark.multiprocess

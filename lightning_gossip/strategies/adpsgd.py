@@ -10,7 +10,6 @@ nodes, each local rank gossiping its slice of the replica.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -37,6 +36,7 @@ from lightning_gossip.pairing import check_pairing_name as check_pairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_parts import SETUP_BARRIERS, ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
@@ -44,7 +44,7 @@ from lightning_gossip.strategies.options import check_max_staleness as check_sta
 
 __all__ = ["ADPSGDStrategy"]
 
-_run_ids = itertools.count()  # fits in this process, counted the same way on every rank
+_fits = [0]  # fits in this process, counted the same way on every rank (a newcomer's next: 0)
 
 
 class ADPSGDStrategy(GossipStrategy):
@@ -109,23 +109,15 @@ class ADPSGDStrategy(GossipStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         *,
-        pairing: PairingName = "ring",
-        seed: int = 0,
-        max_staleness: int | None = 4,
-        delay_by_one: bool = False,
-        shared_cursor: bool = True,
-        final_average: bool = True,
-        evaluate: Evaluate = "consensus",
-        consensus_every_n_steps: int | None = 100,
-        global_average_every_n_steps: int | None = None,
-        hierarchical: bool = False,
+        pairing: PairingName = "ring", seed: int = 0, max_staleness: int | None = 4,
+        delay_by_one: bool = False, shared_cursor: bool = True, final_average: bool = True,
+        evaluate: Evaluate = "consensus", consensus_every_n_steps: int | None = 100,
+        global_average_every_n_steps: int | None = None, hierarchical: bool = False,
         wire_dtype: WireDtype = "fp32",
         outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
-        node_allreduce: NodeAllreduce = "after_backward",
-        elastic: bool = False,
+        node_allreduce: NodeAllreduce = "after_backward", elastic: bool = False,
         process_group_backend: Backend | None = None,
-        timeout: timedelta | float = default_pg_timeout,
-        heartbeat_timeout: float | None = 60.0,
+        timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
         check_elastic(elastic, hierarchical, heartbeat_timeout)
         super().__init__(
@@ -134,18 +126,18 @@ class ADPSGDStrategy(GossipStrategy):
             global_average_every_n_steps=global_average_every_n_steps, wire_dtype=wire_dtype,
             outer_lr=outer_lr, outer_momentum=outer_momentum, outer_nesterov=outer_nesterov,
             final_average=final_average, evaluate=evaluate, node_allreduce=node_allreduce,
-            consensus_every_n_steps=consensus_every_n_steps,
-            process_group_backend=process_group_backend, timeout=timeout,
-            heartbeat_timeout=heartbeat_timeout)
+            consensus_every_n_steps=consensus_every_n_steps, timeout=timeout,
+            process_group_backend=process_group_backend, heartbeat_timeout=heartbeat_timeout)
         check_pairing(pairing)
         check_staleness(max_staleness)
-        #: the pairing's name as given (``"ring"`` or ``"random"``)
-        self.pairing_name = pairing
-        #: the built :class:`~lightning_gossip.pairing.Pairing` (``None`` before set-up)
-        self.pairing: Pairing | None = None
+        #: the pairing's name as given (``"ring"`` or ``"random"``); the built
+        #: :class:`~lightning_gossip.pairing.Pairing` is :attr:`pairing` (after set-up)
+        self.pairing_name, self.pairing = pairing, None
         self.max_staleness = max_staleness
-        self.shared_cursor = bool(shared_cursor)
-        self.elastic = bool(elastic)
+        self.shared_cursor, self.elastic = bool(shared_cursor), bool(elastic)
+        #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed))
+        self.before_init = self._join_running_fit if self.elastic else None
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
         self.engine: AsyncGossip | None = None
@@ -173,7 +165,7 @@ class ADPSGDStrategy(GossipStrategy):
         """Check the node layout (``hierarchical``), build :attr:`pairing` (over ranks, or over
         nodes), the groups, and start the gossip thread. Bad input fails here on every rank."""
         self.phases.check_trainer(trainer, sync_batchnorm=_compat.layer_sync(self) is not None)
-        self._run_id = next(_run_ids)
+        self._run_id, _fits[0] = _fits[0], _fits[0] + 1
         nodes, devices = self.num_nodes, self.num_processes
         if self.hierarchical:
             self._check_node_layout()
@@ -181,8 +173,8 @@ class ADPSGDStrategy(GossipStrategy):
             # every rank, same order, main thread; see hierarchy.make_async_groups
             if self._sharded:
                 self.layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
-            self._groups = make_async_groups(self.layout, self.process_group_backend,
-                                             self.timeout)
+            self._groups = self.elastic_parts.groups() or make_async_groups(
+                self.layout, self.process_group_backend, self.timeout)
         assert self._flat is not None
         self.node = self._node_averager(self.layout, self._groups) if self._sharded else None
         if self._sharded and nodes == 1:
@@ -194,11 +186,18 @@ class ADPSGDStrategy(GossipStrategy):
             self.engine = self._make_engine(self.pairing)
             self.engine.start()
             self.survivors = self._make_survivors(trainer) if self.elastic else None
+            self.step = self.elastic_parts.open_phase(self.engine, self.step)  # a newcomer
+
+    def _join_running_fit(self) -> None:
+        """``before_init`` (elastic): in a free rank slot of a running fit, join it."""
+        beat = self.elastic_parts.join(f"run{_fits[0]}", self.cluster_environment,
+                                       self.process_group_backend, self.lightning_module.trainer)
+        if beat is not None:
+            self.heartbeat, self.joining, self.joined = beat, set(SETUP_BARRIERS), True
 
     @override
     def begin_fit(self, fit: Fit) -> None:
-        """The base's, with the engine (``None`` on one node: nothing to gossip with); the
-        phases get the fit too (their callback joins the trainer's)."""
+        """The base's, with the engine (``None`` on one node); the phases get the fit too."""
         fit = replace(fit, engine=self.engine)
         super().begin_fit(fit)
         self.phases.begin_fit(fit)
@@ -217,19 +216,19 @@ class ADPSGDStrategy(GossipStrategy):
             node_gather=self.node.all_gather if layout and self.node else None)
 
     def _make_survivors(self, trainer: pl.Trainer) -> Survivors:
-        """The fit's recovery from lost ranks (``elastic``): see :mod:`~.elastic`."""
-        assert self.process_group_backend is not None
-        survivors = Survivors(
-            f"run{self._run_id}", self.global_rank, self.world_size, self.timeout,
-            heartbeat=self.heartbeat,
-            backend=self.process_group_backend, pairing=(self.pairing_name, self.seed),
+        """The fit's recovery from lost ranks and admission of newcomers (``elastic``)."""
+        assert self.process_group_backend is not None and self._flat is not None
+        survivors = self.elastic_parts.survivors(
+            run=f"run{self._run_id}", rank=self.global_rank, world_size=self.world_size,
+            heartbeat=self.heartbeat, backend=self.process_group_backend,
             make_engine=self._make_engine, set_engine=self._set_engine,
             step=lambda: self.step, epoch=lambda: trainer.current_epoch,
-            loggers=trainer.loggers if self.is_global_zero else [])
+            loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
+            replicas=self.replicas, trainer=trainer)
         self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
         return survivors
 
-    def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:
+    def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:  # survivors'
         old, self.engine = self.engine, engine
         self.phases.fit = replace(self.phases.fit, engine=engine) if self.phases.fit else None
         return old
@@ -238,6 +237,8 @@ class ADPSGDStrategy(GossipStrategy):
     def teardown_gossip(self) -> None:
         """Stop the gossip thread, keep its counters (:attr:`gossip_stats`), end the phases."""
         self.phases.end_fit()
+        if self.survivors is not None:
+            self.survivors.end()
         if self.engine is not None:
             self.engine.close()
             self._last_stats = dict(vars(self.engine.stats))
@@ -269,7 +270,7 @@ class ADPSGDStrategy(GossipStrategy):
         """The local optimizer step, then signal the gossip thread (never waits for gossip,
         except for the ``max_staleness`` bound). First, a rank that the liveness monitor found
         silent or departed is raised as ``PeerSilent`` (``docs/faults.md``)."""
-        self.phases.survive(lambda: self.check_liveness(self.step))
+        self.survivors.poll() if self.survivors else self.check_liveness(self.step)
         if self.engine is not None and not self.engine.in_phase:
             self.phases.begin()  # e.g. manual optimization outside the usual epoch hooks
         if self.node:
@@ -288,8 +289,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     @property
     def gossip_stats(self) -> dict[str, float]:
-        """This rank's counters (:class:`~lightning_gossip.async_gossip.state.GossipStats`;
-        of the last fit once it has ended)."""
+        """This rank's counters (:class:`~.async_gossip.state.GossipStats`; the last fit's)."""
         return dict(vars(self.engine.stats)) if self.engine is not None else self._last_stats
 
     @override

@@ -15,6 +15,12 @@ collective at a meeting. :meth:`Survivors.recover` then, on every survivor:
 5. starts a new gossip engine over the live ranks (a pairing over them) and opens its phase;
 6. warns, naming the lost ranks and the step, and logs ``gossip/live_learners``.
 
+A process that takes a lost rank's slot (:mod:`~.newcomer`) asks in the store;
+:meth:`Survivors.poll` finds the request at a step boundary and :meth:`Survivors.admit` lets it
+in: the same steps 1-3 with the newcomer added, then the members' exact average and the lowest
+member's checkpoint are handed over (:func:`~.newcomer.hand_over`), and the new engine pairs
+over every live rank.
+
 The loss of the rank that hosts the rendezvous store (rank 0 under Lightning's launcher and
 ``srun``) cannot be survived this way: every survivor's store call fails, and the fit falls back
 to the emergency checkpoint (``docs/faults.md``).
@@ -35,7 +41,8 @@ from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.claim_ledger import ClaimLedger
 from lightning_gossip.errors import PeerSilent
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
-from lightning_gossip.membership import Membership
+from lightning_gossip.liveness.store import bounded
+from lightning_gossip.membership import POLL_EVERY_S, Membership
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.shared_cursor import default_store
 
@@ -88,6 +95,10 @@ class Survivors:
         epoch: the current epoch (the lost ranks' untrained batches of it go back to the
             shared cursor, through the :meth:`ledger` of the training loader).
         loggers: where :data:`LIVE_METRIC` goes (rank 0's loggers; empty elsewhere).
+        membership: a newcomer's (admitted to a running fit); default: a new one, every rank
+            live.
+        hand_over: ``(old group, new group, newcomers, lowest)``: the members' side of a join
+            (:func:`~.newcomer.hand_over` with the fit's values); ``None``: joins are refused.
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -95,12 +106,17 @@ class Survivors:
                  pairing: tuple[PairingName, int], make_engine: Callable[..., AsyncGossip],
                  set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
                  step: Callable[[], int], epoch: Callable[[], int],
-                 loggers: Sequence[Any] = ()) -> None:
+                 loggers: Sequence[Any] = (), membership: Membership | None = None,
+                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
         store = dist.PrefixStore(f"elastic/{run}/", default_store())
-        self.membership = Membership(store, rank, world_size, timeout)
+        self.membership = membership or Membership(store, rank, world_size, timeout, run)
+        self.hand_over = hand_over
+        self._polled = 0.0  # when the membership was last polled for joins
+        #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
+        self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
         self.heartbeat = heartbeat
         self.backend = backend
         #: the rank whose loss cannot be survived: it hosts the store (``None``: a launcher)
@@ -163,13 +179,32 @@ class Survivors:
 
     def poll(self) -> None:
         """Recover when the liveness monitor found lost ranks (a read of one attribute
-        otherwise): called at step boundaries and while waiting at an epoch end."""
+        otherwise), admit the processes that asked to join (a store read at most once a
+        second): called at step boundaries and while waiting at an epoch end."""
         beat = self.heartbeat
         if beat.has_finding:
             try:
                 beat.check(f"rank {self.membership.rank} at step {self.step()}")
             except PeerSilent as e:
                 self.survive(e)
+        now = time.monotonic()
+        if self.hand_over is None or beat.has_finding or now < self._polled + POLL_EVERY_S:
+            return
+        self._polled = now
+        try:  # bounded: a frozen or dead store host is not waited for
+            asked = bounded(self.membership.poll, beat.timeout, "looking for joins")
+        except Exception:  # noqa: BLE001 - the heartbeat monitor names the store's host
+            return
+        if asked is not None:
+            self.retry(lambda: self.admit(asked))
+
+    def end(self) -> None:
+        """The fit is over: later newcomers start on their own (never raises: after a lost
+        store host nobody can join anyway)."""
+        try:
+            bounded(self.membership.end, self.heartbeat.timeout, "ending the fit's membership")
+        except Exception as e:  # noqa: BLE001
+            log.debug("rank %d: could not mark the fit ended: %s", self.membership.rank, e)
 
     def survive(self, error: BaseException) -> None:
         """Recover from the loss ``error`` names, or re-raise it (not a loss, or the store's
@@ -231,16 +266,49 @@ class Survivors:
         _, control, data = membership.new_groups([self.backend, "gloo", self.backend])
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
-        if len(live) > 1:
-            name, seed = self.pairing
-            engine = self.make_engine(RankPairing(Pairing(name, len(live), seed), live),
-                                      control, data)
-            engine.start()
-            engine.before_step(step)
-            self.set_engine(engine)
+        self._start_engine(live, control, data, step)
         took = time.monotonic() - start
         self.losses.append((step, gone, wall, took))
         rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
                        f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
                        f"({', '.join(map(str, live))}) after {took:.1f} s")
         self.log_live(len(live), step)
+
+    def admit(self, joined: Sequence[int]) -> None:
+        """Let the processes that asked for rank slots ``joined`` in (see the module docstring;
+        every member comes here, also one that found only the next generation started)."""
+        start, wall = time.monotonic(), time.time()
+        membership, step = self.membership, self.step()
+        assert self.hand_over is not None
+        before, old_group = membership.live, membership.group
+        old = self.set_engine(None)
+        if old is not None:  # every member is here: end the phase cleanly (no waits left)
+            try:
+                old.quiesce()
+            except BaseException:
+                self.set_engine(old)  # a loss in the meantime: recover() abandons it
+                raise
+            old.close()
+        live = membership.decide((), self.deadline_s, joined=joined)
+        new = [r for r in live if r not in before]
+        self.heartbeat.forgotten.difference_update(new)
+        self.heartbeat.forget(())  # watch them: they beat since before they asked
+        group, control, data = membership.new_groups([self.backend, "gloo", self.backend])
+        self.hand_over(old_group, group, new, membership.rank == min(before))
+        self._start_engine(live, control, data, step)
+        took = time.monotonic() - start
+        self.joins.append((step, tuple(new), wall, took))
+        rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, new))} joined at step {step} "
+                       f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
+                       f"after {took:.1f} s")
+        self.log_live(len(live), step)
+
+    def _start_engine(self, live: Sequence[int], control: Any, data: Any, step: int) -> None:
+        """A new gossip engine over ``live`` (none for a lone rank), its phase open."""
+        if len(live) > 1:
+            name, seed = self.pairing
+            engine = self.make_engine(RankPairing(Pairing(name, len(live), seed), tuple(live)),
+                                      control, data)
+            engine.start()
+            engine.before_step(step)
+            self.set_engine(engine)

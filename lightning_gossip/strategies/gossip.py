@@ -138,11 +138,9 @@ class GossipStrategy(ProcessGroupStrategy):
 
     def gossip_config(self) -> dict[str, Any]:
         """This rank's gossip configuration, compared between ranks at set-up
-        (:func:`~lightning_gossip.agreement.check_agreement`).
-
-        The options named in :attr:`AGREED_OPTIONS` (plain values as they are, others by
-        their ``repr``), plus the strategy, world and node sizes, the backend and the timeout.
-        """
+        (:func:`~lightning_gossip.agreement.check_agreement`): the options named in
+        :attr:`AGREED_OPTIONS` (plain values as they are, others by their ``repr``), plus the
+        strategy, world and node sizes, the backend and the timeout."""
         config: dict[str, Any] = {
             "strategy": type(self).__name__,
             "world_size": self.world_size,
@@ -188,10 +186,12 @@ class GossipStrategy(ProcessGroupStrategy):
                 "without gossip."
             )
             return
-        check_agreement(self.gossip_config(), self.global_rank, self.world_size)
-        self.replicas.check_match()
+        if not self.joined:  # a newcomer to a running fit: the others did this at their start
+            check_agreement(self.gossip_config(), self.global_rank, self.world_size)
+            self.replicas.check_match()
         if fitting:
-            self.replicas.broadcast_initial()
+            if not self.joined:
+                self.replicas.broadcast_initial()
             if self.outer is not None:  # the anchor: where every replica starts (or resumed)
                 self.outer.start(self._flat.pack())
             self.setup_gossip(trainer)

@@ -11,6 +11,7 @@ that is :class:`~lightning_gossip.strategies.gossip.GossipStrategy`, its subclas
 from __future__ import annotations
 
 from abc import ABC
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +75,15 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         #: an elastic fit's recovery from lost ranks (:class:`~.elastic.Survivors`; ``None``
         #: otherwise); after the fit it still holds the survivors' group
         self.survivors: Survivors | None = None
+        #: called before the default group is made (an elastic fit: a process in a free rank
+        #: slot of a running fit joins it there, and makes its default group itself)
+        self.before_init: Callable[[], None] | None = None
+        #: a process that joined a running fit: the names of Lightning's set-up barriers it
+        #: skips, once each (the others passed theirs at their start); while ``"run-stage"``
+        #: is among them (set-up), broadcasts stay local too. Empty otherwise.
+        self.joining: set[str] = set()
+        #: this process joined a running fit (elastic; its default group is the fit's newest)
+        self.joined = False
         self._num_nodes = 1
 
     # ------------------------------------------------------------------------------------------
@@ -156,6 +166,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         kwargs: dict[str, Any] = {"timeout": self._timeout}
         if self.root_device.type != "cpu":
             kwargs["device_id"] = self.root_device
+        if self.before_init is not None:
+            self.before_init()  # a newcomer leaves Lightning's init nothing to do
         _compat.init_dist_connection(
             self.cluster_environment, self._process_group_backend, **kwargs
         )
@@ -228,14 +240,18 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
 
     @override
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
-        """Wait for every rank (no-op without a process group); a watched wait."""
+        """Wait for every rank (no-op without a process group, and for the set-up barriers of a
+        process that joined a running fit: :attr:`joining`); a watched wait."""
+        if name in self.joining:
+            self.joining.discard(name)
+            return
         collectives.barrier(name, self.root_device, self.watched)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """``obj`` from rank ``src`` on every rank (a picklable object): its pickled bytes
         are broadcast as a length and a byte tensor, each a watched wait."""
-        if not _compat.distributed_is_initialized():
+        if not _compat.distributed_is_initialized() or "run-stage" in self.joining:
             return obj
         return self.broadcast_object(obj, src)
 

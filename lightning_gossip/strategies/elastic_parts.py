@@ -1,0 +1,92 @@
+"""The elastic parts of an ``ADPSGDStrategy(elastic=True)`` fit, set up from the strategy's
+values: a newcomer's join before the default group exists (:mod:`~.newcomer`), and the
+:class:`~.elastic.Survivors` of the fit with their side of a join (:func:`~.newcomer.hand_over`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from lightning_gossip import _compat
+from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.hierarchy import NodeGroups
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.pairing import PairingName
+from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
+
+__all__ = ["SETUP_BARRIERS", "ElasticParts"]
+
+SETUP_BARRIERS = frozenset({"pre_setup", "post_setup", "run-stage", "train_dataloader()",
+                            "val_dataloader()", "_CheckpointConnector.resume_end"})
+"""Lightning's named barriers of a fit's set-up (lightning 2.6.6): a newcomer skips them, the
+members passed theirs at their start (``ProcessGroupStrategy.joining``)."""
+
+
+class ElasticParts:
+    """A newcomer's admission (:meth:`join`) and the fit's :class:`~.elastic.Survivors`
+    (:meth:`survivors`).
+
+    Args:
+        timeout: the process groups' timeout.
+        heartbeat_timeout: the heartbeat's.
+        pairing: the pairing's name and seed.
+    """
+
+    def __init__(self, timeout: timedelta, heartbeat_timeout: float | None,
+                 pairing: tuple[PairingName, int]) -> None:
+        self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.pairing = pairing
+        #: this process, admitted to a running fit (``None``: it started with the fit)
+        self.newcomer: Newcomer | None = None
+
+    def join(self, run: str, env: Any, backend: str | None, trainer: Any) -> Heartbeat | None:
+        """Join the running fit ``run`` if there is one (:func:`~.newcomer.join_running_fit`;
+        ``env``: Lightning's cluster environment): its checkpoint is handed to Lightning to
+        restore; the newcomer's heartbeat, or ``None`` (a normal start)."""
+        assert self.heartbeat_timeout is not None and backend is not None
+        self.newcomer = join_running_fit(run, env.global_rank(), env.world_size(),
+                                         env.main_address, env.main_port, self.timeout,
+                                         self.heartbeat_timeout, backend)
+        if self.newcomer is None:
+            return None
+        _compat.preload_checkpoint(trainer, self.newcomer.checkpoint)
+        return self.newcomer.heartbeat
+
+    def groups(self) -> NodeGroups | None:
+        """A newcomer's gossip groups (data, control) of its generation; ``None`` otherwise."""
+        if self.newcomer is None:
+            return None
+        _, control, data = self.newcomer.groups
+        return NodeGroups(data, data, control=control)
+
+    def open_phase(self, engine: AsyncGossip, step: int) -> int:
+        """A newcomer's first step (the lowest member's at the handover), its engine's phase
+        open at it (the members opened theirs: no meeting); ``step`` for any other rank."""
+        if self.newcomer is None:
+            return step
+        engine.before_step(self.newcomer.step)
+        return self.newcomer.step
+
+    def survivors(self, *, run: str, rank: int, world_size: int, heartbeat: Heartbeat | None,
+                  backend: str, make_engine: Callable[..., AsyncGossip],
+                  set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
+                  step: Callable[[], int], epoch: Callable[[], int], loggers: Sequence[Any],
+                  pack: Callable[[], Any], replicas: Any, trainer: Any) -> Survivors:
+        """The fit's :class:`~.elastic.Survivors` (a newcomer's keep its membership); a join
+        hands over the average of ``pack()`` and the lowest member's checkpoint with it."""
+        def checkpoint(average: Any) -> dict[str, Any]:
+            with replicas.weights_as_is(average):  # no collective: only this member is here
+                return _compat.dump_checkpoint(trainer)
+
+        def members_side(old: Any, new: Any, newcomers: list[int], lowest: bool) -> None:
+            hand_over(pack(), old, new, newcomers, lowest, checkpoint, step(), self.timeout)
+
+        return Survivors(run, rank, world_size, self.timeout, heartbeat=heartbeat,
+                         backend=backend, pairing=self.pairing, make_engine=make_engine,
+                         set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
+                         membership=self.newcomer.membership if self.newcomer else None,
+                         hand_over=members_side)
