@@ -1,0 +1,98 @@
+"""What it takes a replacement to join a running elastic ``adpsgd`` fit.
+
+Each repeat runs ``testbed.elastic_fit`` on 4 ranks started as ``srun`` starts tasks (gloo,
+loopback, ``heartbeat_timeout=3``, 1 s training steps so that the fit outlasts the
+replacement's start-up): rank 2 is killed at the start of its 4th batch of epoch 0, and once a
+survivor has recovered, a replacement is started with rank 2's environment (as ``srun``
+relaunching the task would). Measured from the processes' wall clocks (one machine):
+
+* ``start_to_first_batch_s``: the replacement's process start (after its imports: the module
+  is loaded) to its first trained batch (its engine runs from set-up, so the first exchange is
+  at that step at the latest): the issue's goal is at most 30 s;
+* ``admit_s``: the longest member-side admission (quiesce, agree, new groups, hand-over, new
+  engine);
+* ``once``: every sample of every epoch trained exactly once among all processes;
+* ``same_replica``: every process ends with the same replica (the final average).
+
+Usage::
+
+    python -m benchmarks.perf.elastic_join                 # 3 repeats, about 3 minutes
+    python -m benchmarks.perf.elastic_join --repeats 1 --out /tmp/join.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.harness import describe_machine, machine_info, median, write_json
+from testbed.elastic_fit import EPOCHS, SAMPLES, records
+from testbed.launch import ROOT, fake_slurm_commands, launch_processes
+
+RANKS, VICTIM, BATCH, STEP_S = 4, 2, 3, "1.0"
+OUT = ROOT / "benchmarks" / "results" / "elastic" / "join.json"
+
+
+def measure(out: Path) -> dict[str, Any]:
+    """One fit with a loss and a replacement; what the join cost."""
+    commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(VICTIM), str(BATCH),
+                                   ntasks=RANKS)
+    for _, env in commands:
+        env["ELASTIC_FIT_STEP_S"] = STEP_S
+    argv, env = commands[VICTIM]
+    start = shlex.join([*argv[:-2], "-1", "0"])
+    commands.append((["bash", "-c", f"while [ ! -f {out}/recovered ]; do sleep 0.2; done; "
+                                    f"exec {start}"], env))
+    t0 = time.time()
+    launched = launch_processes(commands, timeout=600)
+    wall = time.time() - t0
+    codes = launched.returncodes
+    if launched.timed_out or any(codes[r] != 0 for r in (0, 1, 3, 4)):
+        raise RuntimeError(f"a process failed ({codes}):\n{launched.stdout[-4000:]}")
+    done = {r: json.loads((out / f"done{r}.json").read_text()) for r in range(RANKS)}
+    lost = json.loads((out / "victim.json").read_text())["t"]
+    mine = [rec["t"] for rec in records(out, VICTIM) if rec["t"] > lost]
+    once = all(Counter(i for r in range(RANKS) for rec in records(out, r) if rec["epoch"] == e
+                       for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
+    return {"start_to_first_batch_s": round(min(mine) - done[VICTIM]["started"], 2),
+            "admit_s": round(max(j[2] for r, d in done.items() if r != VICTIM
+                                 for j in d["joins"]), 2),
+            "joined_at_step": done[0]["joins"][0][1], "replacement_batches": len(mine),
+            "once": once, "same_replica": len({round(d["sum"], 5) for d in done.values()}) == 1,
+            "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    """Run the repeats and write the record (``--out``)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            folder = Path(tmp) / f"r{i}"
+            folder.mkdir()
+            runs.append(dict(measure(folder), repeat=i))
+            print(json.dumps(runs[-1]), flush=True)
+    summary = {key: {"median": median([r[key] for r in runs]), "min": min(r[key] for r in runs),
+                     "max": max(r[key] for r in runs)}
+               for key in ("start_to_first_batch_s", "admit_s", "wall_s")}
+    summary["once"] = all(r["once"] for r in runs)
+    summary["same_replica"] = all(r["same_replica"] for r in runs)
+    info = machine_info()
+    write_json(args.out, {"what": __doc__.split("\n\n")[0], "ranks": RANKS,
+                          "heartbeat_timeout_s": 3.0, "step_s": float(STEP_S), "machine": info,
+                          "machine_text": describe_machine(info), "runs": runs,
+                          "summary": summary})
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
