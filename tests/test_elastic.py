@@ -36,7 +36,8 @@ def trained(out: Path, rank: int) -> list[dict]:
 @pytest.mark.multiprocess
 def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
     victim, ranks = 2, 4
-    result = run_fake_slurm_each(SCRIPT, str(tmp_path), str(victim), "6", ntasks=ranks,
+    # batch 3: a rank slowed by a loaded machine may claim fewer than 7 batches of epoch 0
+    result = run_fake_slurm_each(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
                                  timeout=300)
     survivors = [r for r in range(ranks) if r != victim]
     out = result.stdout[-6000:]
@@ -49,7 +50,7 @@ def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
         assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
         assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
     victim_batches = trained(tmp_path, victim)
-    assert len(victim_batches) == 6 and {rec["epoch"] for rec in victim_batches} == {0}
+    assert len(victim_batches) == 3 and {rec["epoch"] for rec in victim_batches} == {0}
     done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
     assert all(d["losses"] == [[victim]] for d in done), done
     assert len({round(d["sum"], 5) for d in done}) == 1, done
