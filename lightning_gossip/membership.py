@@ -125,7 +125,6 @@ class Membership:
         view = tuple(sorted(set(members) | set(joined)))
         if self.rank not in view:
             raise ValueError(f"rank {self.rank} cannot count itself lost")
-        self.store.set(self._key(gen, "started"), "1")
         self.store.set(self._key(gen, f"view/{self.rank}"), json.dumps(view))
         keys = [self._key(gen, f"view/{r}") for r in members]
         came = arrived if arrived is not None else (lambda _: self.store.check(keys))
@@ -174,14 +173,19 @@ class Membership:
 
     # -- joins ------------------------------------------------------------------------------------
     def poll(self) -> tuple[int, ...] | None:
-        """The ranks that asked to join (``()``: none, but another member started the next
-        generation), or ``None`` when nothing is pending (a few store reads: callers call it
-        every :data:`POLL_EVERY_S` seconds or so)."""
+        """The ranks that asked to join, or that the other members admitted in the next
+        generation before this member saw their request; ``None`` when no join is pending (a
+        few store reads: callers call it every :data:`POLL_EVERY_S` seconds or so)."""
         free = [r for r in range(self.world_size) if r not in self.live]
         asked = tuple(r for r in free if self.store.check([_join_key(r)])
                       and _read(self.store, _join_key(r)) == ASKED)
-        if asked or self.store.check([self._key(self.generation + 1, "started")]):
+        if asked:
             return asked
+        # a join the others admitted before this member saw the request (it is answered now);
+        # a generation that drops ranks is a loss: the heartbeat brings this member there
+        decided = self.decided(self.store, self.generation + 1)
+        if decided and set(self.live) <= set(decided):
+            return tuple(r for r in decided if r not in self.live)
         return None
 
     @staticmethod

@@ -142,6 +142,8 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
                      f"{lo_hi} | {_f(row['vs_ddp'], '.2f')} | {_f(row['vs_best_peer'], '.2f')}"
                      f" | {row['claim_vs_ddp'] or '-'} | {row['claim_vs_best_peer'] or '-'} |")
     lines.append("")
+    if tuned := tuning_words(rec):
+        lines += [wrap(tuned), ""]
     if score["withheld"]:
         lines.append(wrap("No claim from this race: " + "; ".join(score["withheld"]) + "."))
     else:
@@ -149,6 +151,31 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
                           f"every run of the case reached the target before/after every run of "
                           f"the other; '-': the ranges overlap, no claim."))
     return "\n".join(lines)
+
+
+def tuning_words(rec: dict[str, Any]) -> str:
+    """The tuning's picks in a sentence (empty before any): each case's peak and its samples to
+    the target, or that it reached it at no peak.
+
+    >>> words = tuning_words({"tuning": {"peaks": [3e-3, 6e-3], "chosen": {"ddp": 6e-3, "x": 3e-3},
+    ...     "trials": {"ddp": {"0.006": {"samples_to_target": 3360}},
+    ...                "x": {"0.003": {"samples_to_target": None, "final_metric": 40.9}}}}})
+    >>> words.split("target): ", 1)[1]
+    'ddp 0.006 (3360 samples), x 0.003 (the target at no peak; final 40.9).'
+    """
+    tuning = rec.get("tuning") or {}
+    chosen, trials = tuning.get("chosen") or {}, tuning.get("trials") or {}
+    if not chosen:
+        return ""
+    picks = []
+    for case, peak in chosen.items():
+        trial = (trials.get(case) or {}).get(f"{peak:g}") or {}
+        samples = trial.get("samples_to_target")
+        picks.append(f"{case} {peak:g} ({samples} samples)" if samples is not None else
+                     f"{case} {peak:g} (the target at no peak; final {trial.get('final_metric')})")
+    peaks = ", ".join(f"{p:g}" for p in tuning.get("peaks") or [])
+    return (f"Tuning (peaks {peaks}; the pick: the fewest samples to the target): "
+            + ", ".join(picks) + ".")
 
 
 def withdrawn_table(records: list[tuple[str, dict[str, Any]]]) -> str:
