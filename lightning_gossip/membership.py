@@ -108,9 +108,6 @@ class Membership:
         """The ranks lost so far."""
         return tuple(r for r in range(self.world_size) if r not in self.live)
 
-    def _key(self, generation: int, what: str) -> str:
-        return f"gen{generation}/{what}"
-
     def decide(self, lost: Iterable[int], deadline_s: float,
                arrived: Callable[[Sequence[int]], bool] | None = None,
                joined: Iterable[int] = ()) -> tuple[int, ...]:
@@ -125,8 +122,8 @@ class Membership:
         view = tuple(sorted(set(members) | set(joined)))
         if self.rank not in view:
             raise ValueError(f"rank {self.rank} cannot count itself lost")
-        self.store.set(self._key(gen, f"view/{self.rank}"), json.dumps(view))
-        keys = [self._key(gen, f"view/{r}") for r in members]
+        self.store.set(_gen_key(gen, f"view/{self.rank}"), json.dumps(view))
+        keys = [_gen_key(gen, f"view/{r}") for r in members]
         came = arrived if arrived is not None else (lambda _: self.store.check(keys))
         deadline = time.monotonic() + deadline_s
         while not came(members):
@@ -138,11 +135,11 @@ class Membership:
                     f"within {deadline_s:.0f} s: rank(s) {', '.join(map(str, missing))} did not "
                     "come (lost too?)", missing)
             time.sleep(POLL_S)
-        decided = self.store.compare_set(self._key(gen, "decision"), "", json.dumps(view))
-        agreed = tuple(json.loads(decided.decode() if isinstance(decided, bytes) else decided))
+        decided = self.store.compare_set(_gen_key(gen, "decision"), "", json.dumps(view))
+        agreed = tuple(json.loads(_text(decided)))
         for r in set(agreed) - set(self.live):  # admitted: their requests are answered
             self.store.set(_join_key(r), f"admitted {gen}")
-        self.store.set("latest", str(gen))
+        self.store.set(LATEST, str(gen))
         if self.rank not in agreed:
             raise PeerSilent(
                 f"rank {self.rank}: the other survivors of generation {gen} counted this rank "
@@ -154,12 +151,8 @@ class Membership:
     def left_out(self) -> bool:
         """Whether the other ranks decided the next generation without this rank (it was
         silent too long: it must not take part any more). One store read."""
-        key = self._key(self.generation + 1, "decision")
-        if not self.store.check([key]):
-            return False
-        decided = self.store.get(key)
-        return self.rank not in json.loads(decided.decode() if isinstance(decided, bytes)
-                                           else decided)
+        decided = self.decided(self.store, self.generation + 1)
+        return bool(decided) and self.rank not in decided
 
     def new_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
         """One new group per entry of ``backends`` over :attr:`live`, by name (only the members
@@ -191,12 +184,20 @@ class Membership:
     @staticmethod
     def decided(store: dist.Store, generation: int) -> tuple[int, ...]:
         """The live ranks ``generation`` decided (``()`` when it decided nothing yet)."""
-        key = f"gen{generation}/decision"
+        key = _gen_key(generation, "decision")
         return tuple(json.loads(_read(store, key))) if store.check([key]) else ()
+
+    @classmethod
+    def running(cls, store: dist.Store) -> tuple[int, ...] | None:
+        """The live ranks of the fit whose membership ``store`` holds, once it has changed
+        (a loss, a join); ``None`` when it never changed or has ended (:meth:`end`)."""
+        if not store.check([LATEST]) or store.check([ENDED]):
+            return None
+        return cls.decided(store, int(_read(store, LATEST)))
 
     def end(self) -> None:
         """The fit is over: a process that comes to join it later starts on its own."""
-        self.store.set("ended", "1")
+        self.store.set(ENDED, "1")
 
     @staticmethod
     def ask_to_join(store: dist.Store, rank: int) -> None:
@@ -215,7 +216,7 @@ class Membership:
             answer = _read(store, key) if store.check([key]) else ""
             if answer.startswith("admitted "):
                 gen = int(answer.split()[1])
-                agreed = json.loads(_read(store, f"gen{gen}/decision"))
+                agreed = cls.decided(store, gen)
                 member = cls(store, rank, world_size, timeout, name, live=agreed)
                 member.generation = gen
                 return member
@@ -241,12 +242,21 @@ class Membership:
 
 ASKED = "asked"
 """A join request's value until a decision answers it (``"admitted <generation>"``)."""
+LATEST, ENDED = "latest", "ended"
+"""Keys: the last generation decided; the fit is over."""
+
+
+def _gen_key(generation: int, what: str) -> str:
+    return f"gen{generation}/{what}"
 
 
 def _join_key(rank: int) -> str:
     return f"join/{rank}"
 
 
-def _read(store: dist.Store, key: str) -> str:
-    value = store.get(key)
+def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _read(store: dist.Store, key: str) -> str:
+    return _text(store.get(key))

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["CHECKPOINT_KEY", "OuterOptimizer"]
+__all__ = ["CHECKPOINT_KEY", "OuterOptimizer", "check_outer"]
 
 #: where a checkpoint holds the outer optimizer's :meth:`~OuterOptimizer.state_dict`
 CHECKPOINT_KEY = "lightning_gossip_outer_optimizer"
@@ -137,3 +137,29 @@ class OuterOptimizer:
         self.buffer = None if buffer is None else buffer.float().clone()
         self.steps = int(state.get("steps", 0))
         self._restored = True
+
+
+def check_outer(lr: float | None, momentum: float, nesterov: bool,
+                every_n_steps: int | None) -> OuterOptimizer | None:
+    """The outer optimizer of the options ``outer_lr``, ``outer_momentum``, ``outer_nesterov``
+    (``None`` without ``outer_lr``), which acts at a periodic global average every
+    ``every_n_steps`` (``ValueError`` naming the option).
+
+    >>> check_outer(0.7, 0.9, True, every_n_steps=50)
+    OuterOptimizer(lr=0.7, momentum=0.9, nesterov=True)
+    >>> check_outer(0.7, 0.0, True, every_n_steps=None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: outer_lr=0.7 acts at the periodic global average: give global_average_every_...
+    """
+    if lr is None:
+        if momentum != 0 or nesterov is not True:
+            raise ValueError(
+                "outer_momentum and outer_nesterov configure the outer optimizer: give "
+                f"outer_lr too (got outer_momentum={momentum!r}, outer_nesterov={nesterov!r} "
+                "without outer_lr)")
+        return None
+    if every_n_steps is None:
+        raise ValueError(f"outer_lr={lr!r} acts at the periodic global average: give "
+                         "global_average_every_n_steps too")
+    return OuterOptimizer(lr, momentum, nesterov)

@@ -56,10 +56,10 @@ from torch import nn
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.compression import check_wire_dtype
-from lightning_gossip.consensus import all_average
+from lightning_gossip.consensus import all_average, check_every
 from lightning_gossip.flat import FlatState
 from lightning_gossip.liveness import Heartbeat
-from lightning_gossip.outer import OuterOptimizer
+from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.pairing import Pairing
 from lightning_gossip.sync_gossip import SyncGossip
 from lightning_gossip.topology import Topology, build
@@ -119,11 +119,8 @@ class Gossip:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         #: the outer optimizer of the periodic global average (``None``: the plain average)
-        self.outer = check_periodic(global_average_every_n_steps, outer_lr, outer_momentum,
-                                    outer_nesterov)
-        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
-            raise ValueError(f"heartbeat_timeout must be positive or None, got "
-                             f"{heartbeat_timeout!r}")
+        self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
+                                          outer_nesterov, heartbeat_timeout)
         self.global_average_every_n_steps = global_average_every_n_steps
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("lightning_gossip.attach needs an initialised default process "
@@ -281,31 +278,25 @@ class Gossip:
                 self.heartbeat.leave(failed=False)
 
 
-def check_periodic(every_n_steps: int | None, outer_lr: float | None, outer_momentum: float,
-                   outer_nesterov: bool) -> OuterOptimizer | None:
-    """Check the periodic global average's options (``ValueError`` naming the option); the
-    outer optimizer, or ``None`` without ``outer_lr``.
+def check_gossip_options(every_n_steps: int | None, outer_lr: float | None,
+                         outer_momentum: float, outer_nesterov: bool,
+                         heartbeat_timeout: float | None) -> OuterOptimizer | None:
+    """Check the periodic global average's, the outer optimizer's and the heartbeat's options
+    (``ValueError`` naming the option, at construction); the outer optimizer, or ``None``
+    without ``outer_lr``.
 
-    >>> check_periodic(8, 0.7, 0.9, True)
+    >>> check_gossip_options(8, 0.7, 0.9, True, heartbeat_timeout=60.0)
     OuterOptimizer(lr=0.7, momentum=0.9, nesterov=True)
-    >>> check_periodic(None, 0.7, 0.0, True)
+    >>> check_gossip_options(8, None, 0.0, True, heartbeat_timeout=0)
     Traceback (most recent call last):
     ...
-    ValueError: outer_lr acts at the periodic global average: give global_average_every_n_steps too
+    ValueError: heartbeat_timeout must be positive or None, got 0
     """
-    if every_n_steps is not None and (isinstance(every_n_steps, bool)
-                                      or not isinstance(every_n_steps, int) or every_n_steps < 1):
-        raise ValueError(f"global_average_every_n_steps must be a positive int or None, got "
-                         f"{every_n_steps!r}")
-    if outer_lr is None:
-        if outer_momentum != 0 or outer_nesterov is not True:
-            raise ValueError("outer_momentum and outer_nesterov configure the outer optimizer: "
-                             "give outer_lr too")
-        return None
-    if every_n_steps is None:
-        raise ValueError("outer_lr acts at the periodic global average: give "
-                         "global_average_every_n_steps too")
-    return OuterOptimizer(outer_lr, outer_momentum, outer_nesterov)
+    check_every("global_average_every_n_steps", every_n_steps)
+    if heartbeat_timeout is not None and not heartbeat_timeout > 0:
+        raise ValueError(f"heartbeat_timeout must be positive or None, got "
+                         f"{heartbeat_timeout!r}")
+    return check_outer(outer_lr, outer_momentum, outer_nesterov, every_n_steps)
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "adpsgd",

@@ -43,7 +43,8 @@ import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from testbed.launch import base_env
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -257,13 +258,10 @@ class LinkDelay:
         self.lateness: dict[str, float] | None = None
 
     def start(self, timeout_s: float = 30.0) -> LinkDelay:
-        root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "testbed.link_delay", "--delay-ms", str(self.hold_ms),
              "--netns", *[ns for ns, _ in self.links]],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env())
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline() if ready else ""
         if line.strip() != READY:

@@ -11,13 +11,13 @@ returns the client's figures, so a record can say what link latency its cluster 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from testbed.launch import base_env
 
 PORT = 9123
 ROUNDS = 200
@@ -73,9 +73,7 @@ def rtt_ms(server_prefix: list[str], client_prefix: list[str], address: str,
            timeout_s: float = 60.0) -> dict[str, float]:
     """Run the probe: the server under ``server_prefix`` (for example ``ip netns exec NS``)
     listening on ``address``, the client under ``client_prefix``; the client's summary."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = base_env()
     cmd = [sys.executable, "-m", "testbed.rtt_probe"]
     srv = subprocess.Popen([*server_prefix, *cmd, "server", address], env=env)
     try:

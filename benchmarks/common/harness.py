@@ -157,6 +157,16 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def spread(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Median, min and max over ``runs`` of each of ``keys`` (a repeated benchmark's summary).
+
+    >>> spread([{"s": 1.0}, {"s": 3.0}, {"s": 2.0}], ["s"])
+    {'s': {'median': 2.0, 'min': 1.0, 'max': 3.0}}
+    """
+    return {key: {"median": median([r[key] for r in runs]), "min": min(r[key] for r in runs),
+                  "max": max(r[key] for r in runs)} for key in keys}
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table; floats printed with 3 significant decimals."""
     def fmt(v: Any) -> str:

@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.harness import describe_machine, machine_info, median, write_json
+from benchmarks.common.harness import describe_machine, machine_info, spread, write_json
 from testbed.elastic_fit import EPOCHS, SAMPLES, records
 from testbed.launch import ROOT, fake_slurm_commands, launch_processes
 
@@ -81,9 +81,7 @@ def main() -> None:
             folder.mkdir()
             runs.append(dict(measure(folder), repeat=i))
             print(json.dumps(runs[-1]), flush=True)
-    summary = {key: {"median": median([r[key] for r in runs]), "min": min(r[key] for r in runs),
-                     "max": max(r[key] for r in runs)}
-               for key in ("start_to_first_batch_s", "admit_s", "wall_s")}
+    summary: dict[str, Any] = spread(runs, ("start_to_first_batch_s", "admit_s", "wall_s"))
     summary["once"] = all(r["once"] for r in runs)
     summary["same_replica"] = all(r["same_replica"] for r in runs)
     info = machine_info()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.harness import describe_machine, machine_info, median, write_json
+from benchmarks.common.harness import describe_machine, machine_info, median, spread, write_json
 from testbed.elastic_fit import outcome
 from testbed.launch import ROOT, run_fake_slurm_each
 
@@ -67,9 +67,8 @@ def main() -> None:
                 runs.append(dict(measure(folder, victim), repeat=i))
                 print(json.dumps(runs[-1]), flush=True)
     lost = [r for r in runs if r["victim"] >= 0]
-    summary = {key: {"median": median([r[key] for r in lost]), "min": min(r[key] for r in lost),
-                     "max": max(r[key] for r in lost)}
-               for key in ("detect_s", "recover_s", "stall_s", "wall_s", "val_loss")}
+    summary: dict[str, Any] = spread(lost, ("detect_s", "recover_s", "stall_s", "wall_s",
+                                            "val_loss"))
     summary["val_loss_no_loss"] = median([r["val_loss"] for r in runs if r["victim"] < 0])
     summary["once"] = all(r["once"] for r in runs)
     info = machine_info()

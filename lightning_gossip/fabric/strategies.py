@@ -35,7 +35,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gossip import _compat
-from lightning_gossip.plain_loop import Gossip, check_periodic
+from lightning_gossip.plain_loop import Gossip, check_gossip_options
 from lightning_gossip.topology import Topology
 
 __all__ = ["FabricADPSGDStrategy", "FabricDPSGDStrategy", "FabricGossipStrategy"]
@@ -92,10 +92,8 @@ class FabricGossipStrategy(DDPStrategy):
                     f"{type(self).__name__}({name}=True) is not available under Fabric: the "
                     f"Trainer strategies (DPSGDStrategy, ADPSGDStrategy) have it "
                     f"(docs/fabric.md)")
-        check_periodic(global_average_every_n_steps, outer_lr, outer_momentum, outer_nesterov)
-        if heartbeat_timeout is not None and not heartbeat_timeout > 0:
-            raise ValueError(f"heartbeat_timeout must be positive or None, got "
-                             f"{heartbeat_timeout!r}")
+        check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
+                             outer_nesterov, heartbeat_timeout)
         self.global_average_every_n_steps = global_average_every_n_steps
         self.outer_lr = outer_lr
         self.outer_momentum = outer_momentum

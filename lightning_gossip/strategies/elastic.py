@@ -276,7 +276,7 @@ class Survivors:
 
     def admit(self, joined: Sequence[int]) -> None:
         """Let the processes that asked for rank slots ``joined`` in (see the module docstring;
-        every member comes here, also one that found only the next generation started)."""
+        every member comes here, also one that found the join decided by the others)."""
         start, wall = time.monotonic(), time.time()
         membership, step = self.membership, self.step()
         assert self.hand_over is not None

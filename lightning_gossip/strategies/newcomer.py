@@ -84,8 +84,8 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     client = dist.TCPStore(address, port, is_master=False, timeout=timeout,
                            wait_for_workers=False)
     store = membership_store(_compat.default_store_view(client), run)
-    running = store.check(["latest"]) and not store.check(["ended"])
-    if not running or rank in Membership.decided(store, int(_text(store.get("latest")))):
+    live = Membership.running(store)
+    if live is None or rank in live:
         return None
     os.environ.setdefault("MASTER_ADDR", address)
     os.environ.setdefault("MASTER_PORT", str(port))
@@ -122,7 +122,3 @@ def hand_over(flat: Tensor, old_group: Any, new_group: Any, newcomers: list[int]
     payload = {"tag": HANDOVER_TAG, "checkpoint": checkpoint(average), "step": step}
     for rank in newcomers:
         dist.send_object_list([payload], dst=rank, group=new_group)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from lightning_gossip.outer import OuterOptimizer
+from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 
 __all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "Backend", "Evaluate",
@@ -93,15 +93,4 @@ def check_remedies(outer_lr: float | None, outer_momentum: float, outer_nesterov
         raise ValueError(
             f"node_allreduce={node_allreduce!r} acts on the node's gradient all-reduce of "
             "hierarchical=True: set hierarchical=True too")
-    if outer_lr is None:
-        if outer_momentum != 0 or outer_nesterov is not True:
-            raise ValueError(
-                "outer_momentum and outer_nesterov configure the outer optimizer: give "
-                f"outer_lr too (got outer_momentum={outer_momentum!r}, "
-                f"outer_nesterov={outer_nesterov!r} without outer_lr)")
-        return None
-    if global_average_every_n_steps is None:
-        raise ValueError(
-            f"outer_lr={outer_lr!r} acts at the periodic global average: set "
-            "global_average_every_n_steps too")
-    return OuterOptimizer(outer_lr, outer_momentum, outer_nesterov)
+    return check_outer(outer_lr, outer_momentum, outer_nesterov, global_average_every_n_steps)
