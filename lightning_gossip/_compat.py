@@ -226,20 +226,14 @@ def subprocess_script_launcher() -> type:
 
 
 def layer_sync(strategy: Any) -> Any | None:
-    """The strategy's ``LayerSync`` plugin (``SyncBatchNorm``), or ``None``.
-
-    lightning 2.6.6: the protected attribute ``Strategy._layer_sync`` (set by the Trainer from
-    ``sync_batchnorm=True``; Lightning's own strategies read it the same way).
-    """
+    """The strategy's ``LayerSync`` plugin (``SyncBatchNorm``), or ``None`` (lightning 2.6.6:
+    ``Strategy._layer_sync``, set by the Trainer from ``sync_batchnorm=True``)."""
     return strategy._layer_sync
 
 
 def set_launcher(strategy: Any, launcher: Any) -> None:
-    """Install ``launcher`` as the strategy's launcher (what ``strategy.launcher`` returns).
-
-    lightning 2.6.6: the protected attribute ``Strategy._launcher``, set from the
-    ``_configure_launcher()`` hook.
-    """
+    """Install ``launcher`` as the strategy's launcher, ``strategy.launcher`` (lightning 2.6.6:
+    ``Strategy._launcher``, set from the ``_configure_launcher()`` hook)."""
     strategy._launcher = launcher
 
 
@@ -254,11 +248,8 @@ def update_dataloader(dataloader: Any, sampler: Any, mode: Any) -> Any:
 
 
 def checkpoints_within_epoch(callback: Any) -> bool:
-    """Whether a ``ModelCheckpoint`` saves by train steps or by wall-clock time.
-
-    lightning 2.6.6: ``ModelCheckpoint._every_n_train_steps`` and
-    ``ModelCheckpoint._train_time_interval``.
-    """
+    """Whether a ``ModelCheckpoint`` saves by train steps or by wall-clock time (lightning
+    2.6.6: ``ModelCheckpoint._every_n_train_steps`` and ``._train_time_interval``)."""
     return bool(callback._every_n_train_steps) or callback._train_time_interval is not None
 
 
@@ -327,3 +318,28 @@ def dump_checkpoint(trainer: Any) -> dict[str, Any]:
     lightning 2.6.6: ``trainer._checkpoint_connector.dump_checkpoint(weights_only=False)``.
     """
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
+
+def validate_now(trainer: Any) -> None:
+    """Run the fit's validation now, as the training epoch loop does after an epoch's last
+    batch (lightning 2.6.6: ``_TrainingEpochLoop.on_advance_end``, keeping the logger
+    connector's ``_first_loop_iter``; ``val_loop`` stops restarting once training goes on)."""
+    loop, connector = trainer.fit_loop.epoch_loop, trainer._logger_connector
+    first, trainer.validating = connector._first_loop_iter, True
+    loop.val_loop.restarting = False
+    loop.val_loop.run()
+    trainer.training, connector._first_loop_iter = True, first
+
+
+def epoch_end_restored(trainer: Any) -> bool:
+    """Whether the fit's restored training epoch had trained its last batch (a checkpoint of
+    an epoch's end; lightning 2.6.6: the epoch loop's ``batch_progress`` before its reset)."""
+    p = trainer.fit_loop.epoch_loop.batch_progress
+    return bool(p.is_last_batch and 0 < p.current.ready == p.current.completed)
+
+
+def step_epoch_schedulers(trainer: Any) -> None:
+    """Step the epoch-interval schedulers but ``ReduceLROnPlateau``, as the training epoch loop
+    does at an epoch's last batch (lightning 2.6.6: ``update_lr_schedulers``)."""
+    trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)

@@ -43,8 +43,10 @@ class Case:
     width: int = 3
     batchnorm: bool = False
     manual: bool = False  # manual optimization
+    halve_lr_every_epoch: bool = False  # a StepLR scheduler (gamma 0.5, every epoch)
     batches: int = 6
     batch_size: int = 4  # (the digits cases use 16)
+    train_samples: int | None = None  # the first samples only (default: batches x size x world)
     # the Trainer
     epochs: int = 1
     val_batches: int | float = 0  # Lightning's limit_val_batches (0: no validation)
@@ -187,6 +189,11 @@ AD_STRESS = Case("ad_stress", strategy="adpsgd", lr=0.3, epochs=3, val_batches=2
                  strategy_kwargs={"max_staleness": 0, "timeout": 60, "pairing": "random"})
 AD_STRAGGLER = Case("ad_straggler", strategy="adpsgd", epochs=2, batches=12, slow_rank=1,
                     slow_ms=60, strategy_kwargs={"timeout": 60})
+#: one batch per epoch: the ranks that claim none must still validate with the one that trains
+#: and step their schedulers
+AD_ONE_BATCH = Case("ad_one_batch", strategy="adpsgd", epochs=3, lr=0.1, train_samples=4,
+                    val_batches=1.0, halve_lr_every_epoch=True,
+                    strategy_kwargs={"timeout": 60})
 
 
 def adpsgd_lr0_cases(world: int) -> list[Case]:
@@ -203,6 +210,8 @@ def adpsgd_cases(world: int) -> list[Case]:
         cases += [AD_RANDOM_LR0, AD_DELAY_LR0]
     if world == 4:
         cases.append(AD_STRAGGLER)
+    if world == 3:
+        cases.append(AD_ONE_BATCH)
     return cases
 
 

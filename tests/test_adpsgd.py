@@ -7,11 +7,13 @@ times per world size, default 5).
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from tests.cases import (
+    AD_ONE_BATCH,
     AD_STRAGGLER,
     AD_STRESS,
     AD_WS1,
@@ -50,6 +52,19 @@ def test_shared_cursor_fast_ranks_take_more_and_every_sample_once(world_run):
     assert seen == sorted(list(range(n)) * 2)  # every sample exactly once in each of 2 epochs
     steps = {r["rank"]: r["global_step"] for r in results}
     assert all(steps[1] < steps[k] for k in (0, 2, 3)), steps
+
+
+def test_a_rank_without_batches_in_an_epoch_validates_with_the_others(world_run):
+    """One batch per epoch among 3 ranks: Lightning validates and steps the epoch's schedulers
+    after an epoch's last batch, so the two ranks that claimed none would skip the validation
+    the third runs (and meet it in another collective) and fall behind on the learning rate;
+    they find it at its validation's meeting and validate with it, and step theirs."""
+    results = AD_ONE_BATCH.results(world_run(3), 3)
+    assert sum(r["global_step"] for r in results) == 3, results  # one batch per epoch
+    assert [r["validations"] for r in results] == [3, 3, 3], results
+    assert [r["lr"] for r in results] == [0.1 * 0.5**3] * 3, results
+    assert len({r["val_acc"] for r in results}) == 1, results  # the same synced value
+    assert len({json.dumps(r["final"]) for r in results}) == 1  # the final average
 
 
 @pytest.mark.slow

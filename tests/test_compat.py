@@ -297,6 +297,54 @@ def test_dump_checkpoint_holds_weights_optimizer_and_loops(tmp_path: Path):
     assert all("momentum_buffer" in s for s in state["state"].values())
 
 
+def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
+    """``validate_now`` from a train-epoch-end hook runs a whole validation and leaves the
+    logger connector as Lightning expects at the epoch's end; ``step_epoch_schedulers`` steps
+    the epoch's ``StepLR``; ``epoch_end_restored`` says whether the loop stands after an
+    epoch's last batch."""
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    class Linear(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's hook
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's hook
+            self.log("val", self.layer(batch[0]).pow(2).mean())
+
+        def configure_optimizers(self):  # noqa: ANN201 - Lightning's hook
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)}
+
+    class Twice(Callback):
+        def __init__(self) -> None:
+            self.validations, self.restored = 0, []
+
+        def on_validation_end(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
+            self.validations += not trainer.sanity_checking
+
+        def on_train_epoch_end(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
+            self.restored.append(_compat.epoch_end_restored(trainer))
+            _compat.validate_now(trainer)
+
+    twice, data = Twice(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, max_epochs=2,
+                        num_sanity_val_steps=0, enable_checkpointing=False, callbacks=[twice],
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    assert not _compat.epoch_end_restored(trainer)  # nothing trained yet
+    trainer.fit(Linear(), data, data)
+    assert twice.validations == 4 and twice.restored == [True, True]
+    assert "val" in trainer.callback_metrics
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2
+    _compat.step_epoch_schedulers(trainer)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**3
+
+
 # -- nothing else reaches a private Lightning/torch name ------------------------------------------
 # Files whose owners are moving them onto _compat, with the private access still left there.
 # Each entry is temporary: remove it together with the access (this list should be empty).

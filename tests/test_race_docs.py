@@ -44,8 +44,9 @@ def test_a_fair_record_renders_its_claims() -> None:
     assert "| adpsgd_hier_bf16 | 0.003 | 3 | 160 | 150-170 | 0.53 | 0.64 | faster | faster |" \
         in table
     assert "| ddp | 0.003 | 3 | 305 | 300-310 | 1.00 | 1.22 | - | slower |" in table
-    assert "`adpsgd_hier_bf16` 0.53x ddp's median time" in " ".join(
-        docs.results_sentence(fair).split())
+    sentence = " ".join(docs.results_sentence(fair).split())
+    assert "(best peer `ddp_bf16`): `adpsgd_hier_bf16` 0.53x (0.64x the best peer's, faster in " \
+        "every run)" in sentence, sentence
     loaded = [("x.json", fair_record(times, latency_ms=0.0))]
     assert "No claim from this race: no link latency emulated." in " ".join(
         docs.race_part(loaded, []).split())

@@ -68,6 +68,12 @@ class Phases:
         self.survive: Callable[[Callable[[], Any]], Any] = Phases.run
         #: told the epoch of every trained batch (the elastic cursor counts them)
         self.batch_trained: Callable[[int], None] = lambda epoch: None
+        #: this rank validates late (:meth:`end_epoch`): its validation's meeting was held
+        self.met_for_validation = False
+        #: batches this rank trained in the epoch; whether the fit resumed at an epoch's end
+        #: (Lightning's epoch-end work follows an epoch's last batch, which a rank that the
+        #: shared cursor left no batch never has: :meth:`end_epoch` catches up)
+        self.batches_in_epoch, self.epoch_end_restored = 0, False
 
     @staticmethod
     def run(operation: Callable[[], Any]) -> Any:
@@ -77,7 +83,7 @@ class Phases:
     def begin_fit(self, fit: Fit) -> None:
         """A new fit: its engine (``None``: nothing to gossip with), replicas and trainer, and
         :class:`_PhaseCallback` first in the trainer's callbacks (once)."""
-        self.fit = fit
+        self.fit, self.batches_in_epoch = fit, 0
         trainer = fit.trainer
         if not any(isinstance(cb, _PhaseCallback) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, _PhaseCallback(self))
@@ -162,19 +168,21 @@ class Phases:
     def _log_requeue_steps(self, met: torch.Tensor) -> None:
         assert self.fit is not None
         world = self.fit.world_size
-        steps = [int(x) for x in met[3 + world:].tolist()]
+        steps = [int(x) for x in met[3 + world:3 + 2 * world].tolist()]
         rank_zero_info(f"adpsgd requeue: the ranks' steps at the requeue checkpoint: {steps} "
                        f"(sum {sum(steps)})")
 
-    def meet(self, stop: bool, requeue: bool) -> torch.Tensor:
+    def meet(self, stop: bool, requeue: bool, validating: bool = False) -> torch.Tensor:
         """The meeting of every rank (epoch end, or a requeue): one all-reduce (max) of
-        ``[stop?, steps, requeue?, non-finite replica on rank r..., steps of rank r...]``;
-        raises :class:`NonFiniteReplica` on every rank when a replica holds NaN/Inf."""
+        ``[stop?, steps, requeue?, non-finite replica on rank r..., steps of rank r...,
+        validating?]``; raises :class:`NonFiniteReplica` on every rank when a replica holds
+        NaN/Inf."""
         assert self.fit is not None
         fit = self.fit
         world, rank, step = fit.world_size, fit.rank, self._step()
-        met = torch.zeros(3 + 2 * world, device=fit.device)
+        met = torch.zeros(4 + 2 * world, device=fit.device)
         met[0], met[1], met[2] = float(stop), float(step), float(requeue)
+        met[3 + 2 * world] = float(validating)
         met[3 + world + rank] = float(step)
         met[3 + rank] = float(not bool(torch.isfinite(fit.replicas.flat.pack().sum())))
         self.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
@@ -189,11 +197,11 @@ class Phases:
                 "averaged in", bad)
         return met
 
-    def _quiet_meeting(self, stop: bool) -> torch.Tensor:
+    def _quiet_meeting(self, stop: bool, validating: bool = False) -> torch.Tensor:
         """Quiet the network, then :meth:`meet` (after a loss: the survivors' engine)."""
         if self.engine is not None:
             self.engine.quiesce()
-        return self.meet(stop=stop, requeue=False)
+        return self.meet(stop=stop, requeue=False, validating=validating)
 
     def join_requeue(self, met: torch.Tensor) -> None:
         """After a meeting: when some rank came to it to requeue, write the requeue checkpoint
@@ -206,14 +214,17 @@ class Phases:
     def before_validation(self) -> None:
         """A validation during ``fit`` (at the epoch end, before :meth:`end_epoch`): every rank
         meets first, so that a requeue begun by ranks at their batch start is joined here
-        (:meth:`before_requeue`)."""
+        (:meth:`before_requeue`). A late validation (:meth:`end_epoch`) held its meeting."""
         engine = self.engine
         if engine is None:
             return
         assert self.fit is not None
         trainer = self.fit.trainer
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self.join_requeue(self.survive(lambda: self._quiet_meeting(stop=False)))
+        if self.met_for_validation:
+            self.met_for_validation = False
+        elif trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.join_requeue(self.survive(
+                lambda: self._quiet_meeting(stop=False, validating=True)))
 
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """Epoch end on this rank: quiet the network, agree on stopping, log consensus.
@@ -221,15 +232,25 @@ class Phases:
         When another rank took SLURM's requeue signal at its batch start meanwhile, it meets
         this one here (:meth:`before_requeue`; or at the validation before, when there is one):
         this rank then writes the requeue checkpoint with every rank and stops.
+
+        Lightning steps the epoch's schedulers and validates after an epoch's last batch, so a
+        rank whose epoch had no batch (a newcomer admitted as the shared cursor ran out, a rank
+        resumed with nothing left to claim) steps them here, and when it finds the others at
+        their validation's meeting, validates with them (its meeting held), then meets them
+        again here.
         """
         engine = self.engine
         if engine is None:
             return
         assert self.fit is not None
-        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
-        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        stop = self.survive(lambda: self._quiet_meeting(stop=bool(local_stop)))
-        self.join_requeue(stop)
+        if self.batches_in_epoch == 0 and not self.epoch_end_restored:
+            _compat.step_epoch_schedulers(trainer)
+        stop = self._meet_at_epoch_end(trainer)
+        if stop[-1].item() > 0:
+            self.met_for_validation = True
+            _compat.validate_now(trainer)
+            self.met_for_validation = False  # (a validation that ran no hook)
+            stop = self._meet_at_epoch_end(trainer)
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps
@@ -242,6 +263,14 @@ class Phases:
         if self.log_consensus is not None:
             self.log_consensus()
 
+    def _meet_at_epoch_end(self, trainer: pl.Trainer) -> torch.Tensor:
+        """The epoch-end meeting (after a requeue's: the requeue checkpoint, then stop)."""
+        # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
+        local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        met = self.survive(lambda: self._quiet_meeting(stop=bool(local_stop)))
+        self.join_requeue(met)
+        return met
+
 
 class _PhaseCallback(Callback):
     """Inserted by :class:`~lightning_gossip.strategies.ADPSGDStrategy`: opens a gossip phase
@@ -251,14 +280,21 @@ class _PhaseCallback(Callback):
         self.phases = phases
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Whether the fit resumed at an epoch's end (its last batch trained)."""
+        self.phases.epoch_end_restored = _compat.epoch_end_restored(trainer)
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open a gossip phase."""
+        self.phases.batches_in_epoch, self.phases.epoch_end_restored = 0, False
         self.phases.begin()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         """One more batch trained (:attr:`Phases.batch_trained`)."""
+        self.phases.batches_in_epoch += 1
         self.phases.batch_trained(trainer.current_epoch)
 
     @override

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import lightning_gossip
 from lightning_gossip.flat import FlatState
@@ -29,8 +29,10 @@ from tests.cases import Case, read_cases
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, lr: float, manual: bool = False, width: int = 3, batchnorm: bool = False):
+    def __init__(self, lr: float, manual: bool = False, width: int = 3, batchnorm: bool = False,
+                 halve_lr_every_epoch: bool = False):
         super().__init__()
+        self.halve_lr_every_epoch = halve_lr_every_epoch
         layers: list[nn.Module] = [nn.Linear(5, width)]
         if batchnorm:
             layers.append(nn.BatchNorm1d(width))
@@ -56,7 +58,10 @@ class Tiny(L.LightningModule):
         self.log("val_acc", acc, sync_dist=True)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        if not self.halve_lr_every_epoch:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)}
 
 
 class Indexed(TensorDataset):
@@ -89,6 +94,16 @@ class Disturb(Callback):
         if nan and nan["rank"] == self.rank and trainer.global_step == nan["step"]:
             flat = FlatState(module)
             flat.copy_(torch.full((flat.numel,), float("nan")))
+
+
+class Validations(Callback):
+    """Counts the validations of the fit on this rank (not the sanity check)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_validation_end(self, trainer, module):
+        self.count += not trainer.sanity_checking
 
 
 class Recorder(Callback):
@@ -172,12 +187,14 @@ def _run_case(case: Case, out: Path) -> None:
         model: L.LightningModule = DigitsMLP(case.lr)
         loader, val_loader = digits_loaders(case.batch_size)
     else:
-        model = Tiny(case.lr, case.manual, width, case.batchnorm)
+        model = Tiny(case.lr, case.manual, width, case.batchnorm, case.halve_lr_every_epoch)
         g = torch.Generator().manual_seed(rank)
         n = case.batches * case.batch_size
         data = Indexed(torch.randn(n * world, 5, generator=g),
                        torch.randint(0, 2, (n * world,), generator=g))
-        loader = val_loader = DataLoader(data, batch_size=case.batch_size)
+        train = data if case.train_samples is None else Subset(data, range(case.train_samples))
+        loader = DataLoader(train, batch_size=case.batch_size)
+        val_loader = DataLoader(data, batch_size=case.batch_size)
     strategy: str | L.pytorch.strategies.Strategy = case.strategy
     if case.strategy == "dpsgd":
         strategy = lightning_gossip.DPSGDStrategy(**case.strategy_kwargs)
@@ -185,6 +202,7 @@ def _run_case(case: Case, out: Path) -> None:
         strategy = lightning_gossip.ADPSGDStrategy(**case.strategy_kwargs)
     recorder = Recorder(case.offset)
     disturb = Disturb(case, rank)
+    validations = Validations()
     if os.environ.get("LG_DEBUG"):  # LG_DEBUG=<seconds>: gossip debug log, then a stack dump
         import logging
         logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(message)s")
@@ -197,7 +215,7 @@ def _run_case(case: Case, out: Path) -> None:
         strategy=strategy, accelerator="cpu", devices=world // nodes, num_nodes=nodes,
         max_epochs=case.epochs, limit_val_batches=case.val_batches,
         accumulate_grad_batches=case.accumulate, precision=case.precision,
-        callbacks=[recorder, disturb], logger=logger, enable_progress_bar=False,
+        callbacks=[recorder, disturb, validations], logger=logger, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=1,
         default_root_dir=out / name,
     )
@@ -214,6 +232,8 @@ def _run_case(case: Case, out: Path) -> None:
         "consensus_distance": consensus,
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "indices": disturb.indices,
+        "validations": validations.count,
+        "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "gossip_stats": getattr(trainer.strategy, "gossip_stats", {}),
     }
     if case.save_checkpoint:
