@@ -263,10 +263,13 @@ class CommWorker:
         return job
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop after the queued jobs (waits at most ``timeout`` seconds; idempotent)."""
+        """Stop after the queued jobs (waits at most ``timeout`` seconds; idempotent). A
+        thread still in a job then (stuck on a peer) is waited for at the interpreter's exit
+        (:func:`~lightning_gossip.liveness.wait_at_exit`)."""
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            liveness.wait_at_exit(self._thread)
 
     @property
     def alive(self) -> bool:

@@ -1,5 +1,6 @@
 """Rank program of tests/test_elastic.py, testbed/elastic_fuzz.py and
-benchmarks/perf/elastic_loss.py: an elastic ``adpsgd`` fit that loses one rank mid-epoch.
+benchmarks/perf/elastic_loss.py: an elastic ``adpsgd`` fit (``ELASTIC_FIT_STRATEGY=dpsgd``: an
+elastic ``dpsgd`` fit) that loses one rank mid-epoch.
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
 ``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost).
@@ -43,6 +44,8 @@ import lightning_gossip
 SAMPLES, BATCH_SIZE, EPOCHS = 192, 4, 3
 STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
 """Seconds each training step sleeps (longer: a replacement has time to start and join)."""
+STRATEGY = os.environ.get("ELASTIC_FIT_STRATEGY", "adpsgd")
+"""``adpsgd`` or ``dpsgd``: the elastic strategy."""
 
 
 class Indexed(L.LightningModule):
@@ -142,7 +145,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, 6, generator=g)
     data = TensorDataset(x, (x[:, 0] > 0).long(), torch.arange(SAMPLES))
-    strategy = lightning_gossip.ADPSGDStrategy(elastic=True, heartbeat_timeout=3.0, timeout=120)
+    elastic = {"adpsgd": lightning_gossip.ADPSGDStrategy,
+               "dpsgd": lightning_gossip.DPSGDStrategy}[STRATEGY]
+    strategy = elastic(elastic=True, heartbeat_timeout=3.0, timeout=120)
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
@@ -163,7 +168,8 @@ def main() -> None:
         "val_loss": float(trainer.callback_metrics["val_loss"]),
         "joins": [] if survivors is None else [[list(map(int, new)), step, took]
                                                for step, new, _, took in survivors.joins],
-        "joined": strategy.elastic_parts.newcomer is not None,
+        "joined": getattr(strategy, "elastic_parts", None) is not None
+        and strategy.elastic_parts.newcomer is not None,
         "started": STARTED,
     }))
 

@@ -1,17 +1,18 @@
-"""A fuzzed campaign of lost ranks in elastic ``adpsgd`` fits: does every fit finish, with every
-sample once per epoch, no hang and no orphan process?
+"""A fuzzed campaign of lost ranks in elastic ``adpsgd`` (and ``dpsgd``) fits: does every fit
+finish, with every sample once per epoch, no hang and no orphan process?
 
 Each run starts ``testbed.elastic_fit`` on 3 or 4 tasks (as ``srun`` starts them) and loses one
 of them: a random victim (never rank 0, whose loss falls back to the emergency checkpoint by
 design: ``tests/test_elastic.py``), kind (``SIGKILL``; ``SIGSTOP``: frozen, killed after the
-recovery; or frozen and woken up after it, when it must exit on its own),
-epoch (0 or 1) and batch (1..10). Recorded per run: the exit codes, whether every survivor ended
-with 0, every sample was trained once per epoch, the survivors hold the same replica, the
-detection, recovery and stall seconds (:func:`testbed.elastic_fit.outcome`), the wall time, and
-the processes of the run still alive after the launch (orphans); the output is kept in
-``RUN/log.txt``. Usage::
+recovery; or frozen and woken up after it, when it must exit on its own), epoch (0 or 1), batch
+(1..10) and, given several ``--strategies``, the strategy. Recorded per run: the exit codes,
+whether every survivor ended with 0, every sample was trained once per epoch, the survivors hold
+the same replica, the detection, recovery and stall seconds
+(:func:`testbed.elastic_fit.outcome`), the wall time, and the processes of the run still alive
+after the launch (orphans); the output is kept in ``RUN/log.txt``. Usage::
 
     python -m testbed.elastic_fuzz --runs 30 --seed 0 --out /tmp/elastic_fuzz
+    python -m testbed.elastic_fuzz --runs 30 --strategies adpsgd dpsgd --out /tmp/both
 
 One JSON line per run on stdout (and in ``OUT/runs.jsonl``), then a summary line.
 """
@@ -37,12 +38,14 @@ def orphans(out: Path) -> list[int]:
     return [int(pid) for pid in found.stdout.split() if int(pid) != os.getpid()]
 
 
-def fuzz_case(rng: random.Random) -> dict[str, Any]:
-    """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``."""
+def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",)) -> dict[str, Any]:
+    """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``, ``strategy``
+    (drawn last, and only from several: one strategy draws the cases it always drew)."""
     ranks = rng.choice((3, 4))
-    return {"ranks": ranks, "victim": rng.randrange(1, ranks),
+    case = {"ranks": ranks, "victim": rng.randrange(1, ranks),
             "kind": rng.choice(("kill", "stop", "cont")),
             "epoch": rng.randrange(2), "batch": rng.randrange(1, 11)}
+    return dict(case, strategy=rng.choice(strategies) if len(strategies) > 1 else strategies[0])
 
 
 def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
@@ -51,6 +54,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(case["victim"]),
                                    str(case["batch"]), case["kind"], str(case["epoch"]),
                                    ntasks=case["ranks"])
+    for _, env in commands:
+        env["ELASTIC_FIT_STRATEGY"] = case.get("strategy", "adpsgd")
     start = time.monotonic()
     launched = launch_processes(commands, timeout)
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),
@@ -71,13 +76,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--strategies", nargs="+", choices=("adpsgd", "dpsgd"),
+                        default=["adpsgd"])
     args = parser.parse_args()
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     with open(args.out / "runs.jsonl", "a") as log:
         for i in range(args.runs):
-            result = dict(run_case(args.out / f"run{i}", fuzz_case(rng)), run=i)
+            case = fuzz_case(rng, tuple(args.strategies))
+            result = dict(run_case(args.out / f"run{i}", case), run=i)
             results.append(result)
             line = json.dumps(result)
             print(line, flush=True)

@@ -335,11 +335,15 @@ def run_fake_slurm(
     return _finish(launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks), timeout))
 
 
-def run_fake_slurm_each(script: str | Path, *args: str, ntasks: int,
-                        timeout: float = 240) -> Launched:
+def run_fake_slurm_each(script: str | Path, *args: str, ntasks: int, timeout: float = 240,
+                        env: dict[str, str] | None = None) -> Launched:
     """:func:`run_fake_slurm` with each task's exit code (``returncodes``: a test that kills
-    a task checks the others); a timeout raises ``AssertionError`` with the stacks."""
-    launched = launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks), timeout)
+    a task checks the others); a timeout raises ``AssertionError`` with the stacks. ``env``:
+    added to every task's environment."""
+    commands = fake_slurm_commands(script, *args, ntasks=ntasks)
+    for _, task_env in commands:
+        task_env.update(env or {})
+    launched = launch_processes(commands, timeout)
     _finish(launched)
     return launched
 

@@ -1,5 +1,5 @@
-"""Elastic ``adpsgd`` (issue 31): a rank killed mid-epoch costs the others a few seconds, not
-the fit (``testbed/elastic_fit.py``; 4 ranks started as ``srun`` starts tasks).
+"""Elastic ``adpsgd`` and ``dpsgd`` (issue 31): a rank killed mid-epoch costs the others a few
+seconds, not the fit (``testbed/elastic_fit.py``; 4 ranks started as ``srun`` starts tasks).
 
 Checks: the survivors end with exit code 0 after every epoch; in the epoch of the loss every
 sample was trained exactly once among the survivors and the victim's batches trained before
@@ -34,11 +34,15 @@ def trained(out: Path, rank: int) -> list[dict]:
 
 
 @pytest.mark.multiprocess
-def test_adpsgd_survives_a_rank_killed_mid_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
+def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None:
+    """``dpsgd``: the survivors' topology is rebuilt over them at a step they agree on, and
+    they leave every epoch at the same step (the rounds a rank ran past the shared cursor's
+    end are gossip-only)."""
     victim, ranks = 2, 4
     # batch 3: a rank slowed by a loaded machine may claim fewer than 7 batches of epoch 0
     result = run_fake_slurm_each(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
-                                 timeout=300)
+                                 timeout=300, env={"ELASTIC_FIT_STRATEGY": strategy})
     survivors = [r for r in range(ranks) if r != victim]
     out = result.stdout[-6000:]
     assert result.returncodes[victim] == -9, out
@@ -139,14 +143,30 @@ def test_the_loss_of_the_store_host_falls_back_to_the_emergency_checkpoint(tmp_p
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_fuzzed_losses_every_fit_finishes(tmp_path: Path) -> None:
-    """``make test-slow``: 6 seeded cases of ``testbed.elastic_fuzz`` (3-4 ranks, a random
-    victim other than rank 0, killed or frozen, epoch 0 or 1, batch 1-10): every survivor ends
-    with 0, no hang, no orphan, every sample once per epoch, the same final replica."""
+    """``make test-slow``: 8 seeded cases of ``testbed.elastic_fuzz`` (3-4 ranks, a random
+    victim other than rank 0, killed or frozen, epoch 0 or 1, batch 1-10, ``adpsgd`` or
+    ``dpsgd``): every survivor ends with 0, no hang, no orphan, every sample once per epoch,
+    the same final replica."""
     rng = random.Random(31)
-    for i in range(6):
-        case = fuzz_case(rng)
+    for i in range(8):
+        case = fuzz_case(rng, ("adpsgd", "dpsgd"))
         out = tmp_path / f"run{i}"
         result = run_case(out, case)
         assert result["finished"] and not result["hang"], (result,
                                                            (out / "log.txt").read_text()[-4000:])
         assert result["orphans"] == [] and result["once"] and result["same_replica"], result
+
+
+@pytest.mark.parametrize("name", ["ADPSGDStrategy", "DPSGDStrategy"])
+def test_elastic_needs_a_flat_fit_a_heartbeat_and_a_topology_name(name: str) -> None:
+    import numpy as np
+
+    import lightning_gossip
+
+    cls = getattr(lightning_gossip, name)
+    for options in ({"hierarchical": True}, {"heartbeat_timeout": None}):
+        with pytest.raises(ValueError, match=rf"{name}\(elastic=True\) needs hierarchical=False"):
+            cls(elastic=True, **options)
+    if name == "DPSGDStrategy":  # the survivors rebuild it by name
+        with pytest.raises(ValueError, match="by its name: give a name, not ndarray"):
+            cls(elastic=True, topology=np.full((4, 4), 0.25))

@@ -1,5 +1,5 @@
-"""What a lost rank costs an elastic ``adpsgd`` fit: detection, recovery, the survivors' stall,
-the data and the final loss, against the same fit without a loss.
+"""What a lost rank costs an elastic ``adpsgd`` (or ``dpsgd``) fit: detection, recovery, the
+survivors' stall, the data and the final loss, against the same fit without a loss.
 
 Each repeat runs ``testbed.elastic_fit`` twice on 4 ranks started as ``srun`` starts tasks
 (gloo, loopback, ``heartbeat_timeout=3``), once with rank 2 killed (``SIGKILL``) at the start of
@@ -20,6 +20,7 @@ Usage::
 
     python -m benchmarks.perf.elastic_loss                 # 3 repeats, about 6 minutes idle
     python -m benchmarks.perf.elastic_loss --repeats 1 --out /tmp/elastic.json
+    python -m benchmarks.perf.elastic_loss --strategy dpsgd   # loss_dpsgd.json
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ from testbed.elastic_fit import outcome
 from testbed.launch import ROOT, run_fake_slurm_each
 
 RANKS, VICTIM, BATCH = 4, 2, 6
-OUT = ROOT / "benchmarks" / "results" / "elastic" / "loss.json"
+OUTS = {"adpsgd": ROOT / "benchmarks" / "results" / "elastic" / "loss.json",
+        "dpsgd": ROOT / "benchmarks" / "results" / "elastic" / "loss_dpsgd.json"}
 
 
-def measure(out: Path, victim: int) -> dict[str, Any]:
+def measure(out: Path, victim: int, strategy: str = "adpsgd") -> dict[str, Any]:
     """One fit (``victim`` -1: no loss) and what it cost (:func:`testbed.elastic_fit.outcome`)."""
     t0 = time.time()
     launched = run_fake_slurm_each("testbed.elastic_fit", str(out), str(victim), str(BATCH),
-                                   ntasks=RANKS, timeout=600)
+                                   ntasks=RANKS, timeout=600,
+                                   env={"ELASTIC_FIT_STRATEGY": strategy})
     wall = time.time() - t0
     codes = launched.returncodes
     if any(codes[r] != 0 for r in range(RANKS) if r != victim):
@@ -55,8 +58,10 @@ def main() -> None:
     """Run the repeats and write the record (``--out``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--strategy", choices=sorted(OUTS), default="adpsgd")
+    parser.add_argument("--out", type=Path, default=None, help="default: by the strategy")
     args = parser.parse_args()
+    out = args.out or OUTS[args.strategy]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
@@ -64,7 +69,7 @@ def main() -> None:
             for victim in order:
                 folder = Path(tmp) / f"r{i}_{'loss' if victim >= 0 else 'none'}"
                 folder.mkdir()
-                runs.append(dict(measure(folder, victim), repeat=i))
+                runs.append(dict(measure(folder, victim, args.strategy), repeat=i))
                 print(json.dumps(runs[-1]), flush=True)
     lost = [r for r in runs if r["victim"] >= 0]
     summary: dict[str, Any] = spread(lost, ("detect_s", "recover_s", "stall_s", "wall_s",
@@ -72,7 +77,7 @@ def main() -> None:
     summary["val_loss_no_loss"] = median([r["val_loss"] for r in runs if r["victim"] < 0])
     summary["once"] = all(r["once"] for r in runs)
     info = machine_info()
-    write_json(args.out, {"what": __doc__.split("\n\n")[0], "ranks": RANKS,
+    write_json(out, {"what": __doc__.split("\n\n")[0], "strategy": args.strategy, "ranks": RANKS,
                           "heartbeat_timeout_s": 3.0, "machine": info,
                           "machine_text": describe_machine(info), "runs": runs,
                           "summary": summary})

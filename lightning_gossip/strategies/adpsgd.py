@@ -119,7 +119,7 @@ class ADPSGDStrategy(GossipStrategy):
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic(elastic, hierarchical, heartbeat_timeout)
+        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout)
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -270,7 +270,7 @@ class ADPSGDStrategy(GossipStrategy):
         """The local optimizer step, then signal the gossip thread (never waits for gossip,
         except for the ``max_staleness`` bound). First, a rank that the liveness monitor found
         silent or departed is raised as ``PeerSilent`` (``docs/faults.md``)."""
-        self.survivors.poll() if self.survivors else self.check_liveness(self.step)
+        self.check_liveness(self.step)
         if self.engine is not None and not self.engine.in_phase:
             self.phases.begin()  # e.g. manual optimization outside the usual epoch hooks
         if self.node:

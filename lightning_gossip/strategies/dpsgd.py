@@ -8,9 +8,11 @@ replicas converge to consensus about as fast as with a fully connected graph.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
@@ -26,16 +28,18 @@ from typing_extensions import override
 from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.strategies.dpsgd_elastic import ElasticRounds
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import Backend, Evaluate
+from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, check_name, resolve
 
 __all__ = ["DPSGDStrategy"]
 
 log = logging.getLogger(__name__)
+_fits = itertools.count()  # the elastic fits of this process: their store keys' names
 
 
 class DPSGDStrategy(GossipStrategy):
@@ -81,15 +85,14 @@ class DPSGDStrategy(GossipStrategy):
             ``"after_backward"`` (default: one flat all-reduce once backward is done) or
             ``"overlapped"`` (buckets of gradients all-reduced as backward produces them, the
             way ``DistributedDataParallel`` does; the same gradients).
+        elastic: survive lost ranks (not the store's host, rank 0): the survivors rebuild the
+            topology over themselves at a step they agree on and go on; training batches come
+            from a shared cursor (:mod:`~.dpsgd_elastic`, ``docs/faults.md``). Flat only, the
+            topology given by name; default ``False``.
 
-    SIGTERM (a scheduler's time limit, preemption) keeps Lightning's promise without a
-    per-step collective on the world group: a rank that received it proposes to stop at a step
-    ``s`` by which every rank will know it (:meth:`stop_step_for`), the proposal travels with
-    the gossip messages (the smallest one wins), and at the start of step ``s`` every rank
-    raises Lightning's ``SIGTERMException``: the same step and the same outcome everywhere
-    (``on_exception`` callbacks such as ``OnExceptionCheckpoint`` save the consensus model).
-    SLURM's auto-requeue signal is agreed the same way: every rank writes the requeue checkpoint
-    at the same step (:mod:`~lightning_gossip.strategies.dpsgd_stop`).
+    SIGTERM (a scheduler's time limit, preemption) and SLURM's auto-requeue signal are agreed
+    through the gossip messages, without a per-step collective on the world group: every rank
+    stops, or writes the requeue checkpoint, at the same step (:mod:`~.dpsgd_stop`).
 
     Example::
 
@@ -105,7 +108,7 @@ class DPSGDStrategy(GossipStrategy):
 
     strategy_name = "dpsgd"
     resilience: AgreedStops
-    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap")
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap", "elastic")
 
     @classmethod
     @override
@@ -113,11 +116,8 @@ class DPSGDStrategy(GossipStrategy):
         """Register ``"dpsgd"`` in Lightning's ``StrategyRegistry`` (called on import of
         :mod:`lightning_gossip`; Lightning does not discover external strategies)."""
         strategy_registry.register(
-            cls.strategy_name,
-            cls,
-            description="Synchronous decentralized parallel SGD (D-PSGD) on a randomized ring",
-            override=True,
-        )
+            cls.strategy_name, cls, override=True,
+            description="Synchronous decentralized parallel SGD (D-PSGD) on a randomized ring")
 
     def __init__(
         self,
@@ -127,46 +127,29 @@ class DPSGDStrategy(GossipStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         *,
-        topology: str | Topology | np.ndarray | list = "random_ring",
-        seed: int = 0,
-        overlap: bool = True,
-        delay_by_one: bool = False,
-        hierarchical: bool = False,
-        wire_dtype: WireDtype = "fp32",
-        outer_lr: float | None = None,
-        outer_momentum: float = 0.0,
-        outer_nesterov: bool = True,
-        node_allreduce: NodeAllreduce = "after_backward",
-        final_average: bool = True,
-        evaluate: Evaluate = "consensus",
+        topology: str | Topology | np.ndarray | list = "random_ring", seed: int = 0,
+        overlap: bool = True, delay_by_one: bool = False, hierarchical: bool = False,
+        wire_dtype: WireDtype = "fp32", outer_lr: float | None = None,
+        outer_momentum: float = 0.0, outer_nesterov: bool = True,
+        node_allreduce: NodeAllreduce = "after_backward", elastic: bool = False,
+        final_average: bool = True, evaluate: Evaluate = "consensus",
         consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None,
         process_group_backend: Backend | None = None,
-        timeout: timedelta | float = default_pg_timeout,
-        heartbeat_timeout: float | None = 60.0,
+        timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
+        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout)
+        if elastic and not isinstance(topology, str):
+            raise ValueError("DPSGDStrategy(elastic=True) rebuilds the topology over the "
+                             f"survivors by its name: give a name, not {type(topology).__name__}")
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            seed=seed,
-            delay_by_one=delay_by_one,
-            hierarchical=hierarchical,
-            global_average_every_n_steps=global_average_every_n_steps,
-            wire_dtype=wire_dtype,
-            outer_lr=outer_lr,
-            outer_momentum=outer_momentum,
-            outer_nesterov=outer_nesterov,
-            node_allreduce=node_allreduce,
-            final_average=final_average,
-            evaluate=evaluate,
-            consensus_every_n_steps=consensus_every_n_steps,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            heartbeat_timeout=heartbeat_timeout,
-        )
+            accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
+            seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
+            global_average_every_n_steps=global_average_every_n_steps, wire_dtype=wire_dtype,
+            outer_lr=outer_lr, outer_momentum=outer_momentum, outer_nesterov=outer_nesterov,
+            node_allreduce=node_allreduce, final_average=final_average, evaluate=evaluate,
+            consensus_every_n_steps=consensus_every_n_steps, timeout=timeout,
+            process_group_backend=process_group_backend, heartbeat_timeout=heartbeat_timeout)
         if isinstance(topology, str):
             check_name(topology)  # fail at construction, not on every rank at set-up
         self.topology_spec = topology
@@ -183,6 +166,9 @@ class DPSGDStrategy(GossipStrategy):
         #: the engine's process group over every rank (created once, at the first set-up)
         self.gossip_group: dist.ProcessGroup | None = None
         self._stats = SyncStats()  # over every fit of this process
+        self.elastic = bool(elastic)
+        #: the survivors and the epochs' ends of an elastic fit (:mod:`~.dpsgd_elastic`)
+        self.elastic_rounds: ElasticRounds | None = None
 
     @override
     def _make_resilience(self) -> AgreedStops:
@@ -225,15 +211,32 @@ class DPSGDStrategy(GossipStrategy):
             self.layout = layout
         self.node = self._node_averager(self.layout, self._groups) if hierarchical else None
         self.engine = None
+        engine = partial(SyncGossip, self._flat, self.global_rank, timeout=self.timeout,
+                         overlap=self.overlap, delay_by_one=self.delay_by_one,
+                         wire_dtype=self._wire, layout=self.layout, heartbeat=self.heartbeat,
+                         stats=self._stats)  # the survivors' too (an elastic fit)
         if exchanging:
-            assert self._flat is not None and self.topology is not None
-            self.engine = SyncGossip(
-                self._flat, self.global_rank, self.topology, self.gossip_group, self.timeout,
-                overlap=self.overlap, delay_by_one=self.delay_by_one, wire_dtype=self._wire,
-                layout=self.layout, groups=self._groups if hierarchical else None,
-                node_gather=self.node.all_gather if self.node else None,
-                heartbeat=self.heartbeat, stats=self._stats)
+            assert self.topology is not None
+            self.engine = engine(self.topology, self.gossip_group,
+                                 groups=self._groups if hierarchical else None,
+                                 node_gather=self.node.all_gather if self.node else None)
             self.engine.start()
+        if self.elastic and self.engine is not None:
+            self.elastic_rounds = ElasticRounds.of_fit(
+                trainer, self.global_rank, self.world_size, self.timeout, run=next(_fits),
+                heartbeat=self.heartbeat, backend=self.process_group_backend or "gloo",
+                topology=(str(self.topology_spec), self.seed),
+                make_engine=engine, engine=lambda: self.engine,
+                set_engine=self._set_engine, step=lambda: self.step,
+                set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
+                loggers=trainer.loggers if self.is_global_zero else [])
+            self.survivors = self.elastic_rounds.survivors
+            self.collectives_local = lambda: self.elastic_rounds.in_epoch  # mid-epoch
+
+    def _set_engine(self, engine: SyncGossip | None) -> SyncGossip | None:  # survivors'
+        old, self.engine, fit = self.engine, engine, self.resilience.fit
+        self.resilience.fit = fit and replace(fit, engine=engine, group=self.live_group)
+        return old
 
     def _gather_on_worker(self) -> bool:
         """Whether the communication thread all-gathers a sharded round's slices on a node
@@ -263,8 +266,18 @@ class DPSGDStrategy(GossipStrategy):
     @override
     def teardown_gossip(self) -> None:
         """Drop in-flight exchanges and buffers, and stop the communication thread."""
+        if self.survivors is not None:
+            self.survivors.end()
         if self.engine is not None:
             self.engine.close()
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """An elastic fit's training loaders draw from the shared cursor (:meth:`ElasticRounds.
+        training_loader <.dpsgd_elastic.ElasticRounds.training_loader>`)."""
+        rounds, module = self.elastic_rounds, self.lightning_module
+        return rounds.training_loader(dataloader, module.trainer, self.seed) if (
+            rounds is not None and module is not None) else dataloader
 
     # ------------------------------------------------------------------------------------------
     # The step
@@ -291,10 +304,10 @@ class DPSGDStrategy(GossipStrategy):
             out = super().optimizer_step(optimizer, closure, model, **kwargs)
             self.step += 1
             return out
-        t = self.step
-        self.check_liveness(t)
-        if self.engine is not None:  # manual optimization, a second optimizer
-            self.engine.before_step(t)
+        self.check_liveness(self.step)  # elastic: the survivors may go on at another step
+        t, engine = self.step, self.engine
+        if engine is not None:  # manual optimization, a second optimizer
+            engine.before_step(t)
         if self.node:
             closure = self.node.wrap(closure)
         # The local step runs whatever happens (also when AMP skips it): every rank must
@@ -302,14 +315,21 @@ class DPSGDStrategy(GossipStrategy):
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self.node:
             self.node.average_buffers()
-        if self.engine is not None:
-            self.engine.after_step(t)
+        if self.elastic_rounds is not None:  # a round failed on a loss: the survivors go on
+            self.elastic_rounds.finish(t, engine)
+        else:
+            if engine is not None:
+                engine.after_step(t)
+            self._end_round(t)
+        return out
+
+    def _end_round(self, t: int) -> None:
+        """Step ``t``'s round is done: count it, then the periodic collectives."""
         self.step = t + 1
         n = self.global_average_every_n_steps
         if n is not None and self.step % n == 0:
             self.global_average()
         self.maybe_log_consensus()
-        return out
 
     def global_average(self) -> None:
         """Replace this rank's replica by the exact average of all replicas (a collective on
@@ -325,7 +345,6 @@ class DPSGDStrategy(GossipStrategy):
 
     @property
     def gossip_stats(self) -> dict[str, float]:
-        """What this rank's gossip sent so far (this process): ``sent_bytes`` (payload of the
-        replica messages, without the node's all-reduce and all-gather), ``messages`` and
-        ``exchanges`` (rounds started)."""
+        """What this rank's gossip sent in this process: ``sent_bytes`` (replica messages' payload,
+        not the node's collectives), ``messages`` and ``exchanges`` (rounds started)."""
         return self._stats.as_dict()

@@ -12,7 +12,8 @@ collective at a meeting. :meth:`Survivors.recover` then, on every survivor:
    Membership`, in the rendezvous store) and stops watching the lost ones' heartbeats;
 3. builds new groups over the live ranks (Lightning's collectives, gossip control and data);
 4. returns the lost ranks' claimed but untrained batches to the shared cursor;
-5. starts a new gossip engine over the live ranks (a pairing over them) and opens its phase;
+5. starts a new gossip engine over the live ranks (``adpsgd``: a pairing over them, its phase
+   open; ``dpsgd``: a topology over them from a step the survivors agree on);
 6. warns, naming the lost ranks and the step, and logs ``gossip/live_learners``.
 
 A process that takes a lost rank's slot (:mod:`~.newcomer`) asks in the store;
@@ -32,21 +33,19 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.claim_ledger import ClaimLedger
 from lightning_gossip.errors import PeerSilent
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
 from lightning_gossip.membership import POLL_EVERY_S, Membership
-from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.shared_cursor import default_store
 
-__all__ = ["LIVE_METRIC", "Survivors", "lost_ranks"]
+__all__ = ["LIVE_METRIC", "Engine", "Survivors", "lost_ranks"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +53,22 @@ LIVE_METRIC = "gossip/live_learners"
 """The metric an elastic fit logs at its start and after every loss: the live ranks."""
 
 T = TypeVar("T")
+
+
+class Engine(Protocol):
+    """What the survivors do with a gossip engine (:class:`~lightning_gossip.async_gossip.
+    AsyncGossip` or :class:`~lightning_gossip.sync_gossip.SyncGossip`)."""
+
+    process_groups: tuple[Any, ...]
+
+    def abandon(self) -> None:
+        """Stop, a peer being lost: no wait on the others."""
+
+    def quiesce(self) -> None:
+        """Finish the exchanges in flight (every member is there)."""
+
+    def close(self) -> None:
+        """Stop."""
 
 
 def lost_ranks(error: BaseException) -> tuple[int, ...] | None:
@@ -87,10 +102,11 @@ class Survivors:
             :class:`~lightning_gossip.membership.Membership`.
         heartbeat: this rank's heartbeat (its finding names the lost ranks; it must run).
         backend: the backend of Lightning's collectives and of the gossip data group.
-        pairing: the pairing's name and seed (the survivors pair the same way).
-        make_engine: ``(pairing, control, data)``: a gossip engine over the survivors' groups.
-        set_engine: ``(engine)``: makes ``engine`` the fit's (``None``: a lone survivor);
-            returns the one it replaces.
+        make_engine: ``(live, group, control, data)``: a started gossip engine over the live
+            ranks and the survivors' groups (Lightning's, gossip control and data), ready for
+            the next step; ``None`` for a lone survivor.
+        set_engine: ``(engine)``: makes ``engine`` the fit's (``None``: none); returns the
+            one it replaces.
         step: the current optimizer step.
         epoch: the current epoch (the lost ranks' untrained batches of it go back to the
             shared cursor, through the :meth:`ledger` of the training loader).
@@ -103,8 +119,8 @@ class Survivors:
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
                  heartbeat: Heartbeat | None, backend: str,
-                 pairing: tuple[PairingName, int], make_engine: Callable[..., AsyncGossip],
-                 set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
+                 make_engine: Callable[..., Engine | None],
+                 set_engine: Callable[[Any], Any],
                  step: Callable[[], int], epoch: Callable[[], int],
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None) -> None:
@@ -123,7 +139,7 @@ class Survivors:
         self.store_host = heartbeat.store_host
         #: how long the survivors may take to gather after a loss
         self.deadline_s = 3 * heartbeat.timeout + 30.0
-        self.pairing, self.make_engine, self.set_engine = pairing, make_engine, set_engine
+        self.make_engine, self.set_engine = make_engine, set_engine
         self.step, self.epoch = step, epoch
         #: the training loader's claims (:meth:`ledger`; ``None``: not the shared cursor)
         self.claims: ClaimLedger | None = None
@@ -135,11 +151,13 @@ class Survivors:
         self.losses: list[tuple[int, tuple[int, ...], float, float]] = []
         self.log_live(world_size, step())
 
-    def ledger(self, key: str) -> ClaimLedger:
+    def ledger(self, key: str, on_wait: Callable[[], None] | None = None) -> ClaimLedger:
         """A :class:`~lightning_gossip.claim_ledger.ClaimLedger` for the training loader's
-        shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses."""
+        shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses
+        (``on_wait``: run at each of its polls instead, e.g. a round of synchronous gossip
+        that recovers from losses itself)."""
         self.claims = ClaimLedger(default_store(), key, self.membership.rank,
-                                  live=self._live_unless_left_out, on_wait=self.poll,
+                                  live=self._live_unless_left_out, on_wait=on_wait or self.poll,
                                   timeout=self._timeout.total_seconds())
         return self.claims
 
@@ -220,12 +238,12 @@ class Survivors:
             raise error
         self.recover(lost)
 
-    def _keep_at_exit(self, engine: AsyncGossip | None) -> None:
+    def _keep_at_exit(self, engine: Engine | None) -> None:
         """Never destroy Lightning's group and ``engine`` with its groups: they were shared
         with a rank that is gone (or went on without this one), so a gloo thread or a gossip
         wait may still wait on it, and destroying them at exit aborts the process (the
         operating system reclaims them)."""
-        kept = (engine, engine.control_group, engine.data_group) if engine else ()
+        kept = (engine, *engine.process_groups) if engine else ()
         for part in (self.membership.group, *kept):  # a group None: the default group
             keep_alive_at_exit(part)
 
@@ -263,10 +281,10 @@ class Survivors:
         live = membership.decide(lost, self.deadline_s)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
-        _, control, data = membership.new_groups([self.backend, "gloo", self.backend])
+        groups = membership.new_groups([self.backend, "gloo", self.backend])
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
-        self._start_engine(live, control, data, step)
+        self.set_engine(self.make_engine(live, *groups))
         took = time.monotonic() - start
         self.losses.append((step, gone, wall, took))
         rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
@@ -293,22 +311,12 @@ class Survivors:
         new = [r for r in live if r not in before]
         self.heartbeat.forgotten.difference_update(new)
         self.heartbeat.forget(())  # watch them: they beat since before they asked
-        group, control, data = membership.new_groups([self.backend, "gloo", self.backend])
-        self.hand_over(old_group, group, new, membership.rank == min(before))
-        self._start_engine(live, control, data, step)
+        groups = membership.new_groups([self.backend, "gloo", self.backend])
+        self.hand_over(old_group, groups[0], new, membership.rank == min(before))
+        self.set_engine(self.make_engine(live, *groups))
         took = time.monotonic() - start
         self.joins.append((step, tuple(new), wall, took))
         rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, new))} joined at step {step} "
                        f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
                        f"after {took:.1f} s")
         self.log_live(len(live), step)
-
-    def _start_engine(self, live: Sequence[int], control: Any, data: Any, step: int) -> None:
-        """A new gossip engine over ``live`` (none for a lone rank), its phase open."""
-        if len(live) > 1:
-            name, seed = self.pairing
-            engine = self.make_engine(RankPairing(Pairing(name, len(live), seed), tuple(live)),
-                                      control, data)
-            engine.start()
-            engine.before_step(step)
-            self.set_engine(engine)

@@ -13,7 +13,7 @@ from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import NodeGroups
 from lightning_gossip.liveness import Heartbeat
-from lightning_gossip.pairing import PairingName
+from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
 
@@ -85,8 +85,20 @@ class ElasticParts:
         def members_side(old: Any, new: Any, newcomers: list[int], lowest: bool) -> None:
             hand_over(pack(), old, new, newcomers, lowest, checkpoint, step(), self.timeout)
 
+        def engine_over(live: Sequence[int], _group: Any, control: Any,
+                        data: Any) -> AsyncGossip | None:
+            """A pairing over ``live`` (none for a lone rank), the engine's phase open."""
+            if len(live) < 2:
+                return None
+            name, seed = self.pairing
+            engine = make_engine(RankPairing(Pairing(name, len(live), seed), tuple(live)),
+                                 control, data)
+            engine.start()
+            engine.before_step(step())
+            return engine
+
         return Survivors(run, rank, world_size, self.timeout, heartbeat=heartbeat,
-                         backend=backend, pairing=self.pairing, make_engine=make_engine,
+                         backend=backend, make_engine=engine_over,
                          set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
                          membership=self.newcomer.membership if self.newcomer else None,
                          hand_over=members_side)

@@ -63,11 +63,12 @@ def check_max_staleness(max_staleness: int | None) -> None:
             f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
 
 
-def check_elastic(elastic: bool, hierarchical: bool, heartbeat_timeout: float | None) -> None:
-    """``ADPSGDStrategy(elastic=True)``: raise ``ValueError`` with ``hierarchical=True`` (not
+def check_elastic(strategy: str, elastic: bool, hierarchical: bool,
+                  heartbeat_timeout: float | None) -> None:
+    """``<strategy>(elastic=True)``: raise ``ValueError`` with ``hierarchical=True`` (not
     supported yet) or without a heartbeat (lost ranks are found by it)."""
     if elastic and (hierarchical or heartbeat_timeout is None):
-        raise ValueError("ADPSGDStrategy(elastic=True) needs hierarchical=False and a "
+        raise ValueError(f"{strategy}(elastic=True) needs hierarchical=False and a "
                          "heartbeat_timeout (lost ranks are found by their heartbeat)")
 
 

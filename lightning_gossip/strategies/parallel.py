@@ -72,6 +72,9 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
         #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
         self.heartbeat: Heartbeat | None = None
+        #: whether :meth:`reduce` and :meth:`broadcast` stay local now (an elastic ``dpsgd``
+        #: fit mid-epoch, where its ranks may train different numbers of batches)
+        self.collectives_local: Callable[[], bool] = lambda: False
         #: an elastic fit's recovery from lost ranks (:class:`~.elastic.Survivors`; ``None``
         #: otherwise); after the fit it still holds the survivors' group
         self.survivors: Survivors | None = None
@@ -186,7 +189,12 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
 
     def check_liveness(self, step: int) -> None:
         """Raise the liveness monitor's finding (``PeerSilent``, docs/faults.md), if any; called
-        at every step boundary, so only an attribute read when nothing was found."""
+        at every step boundary, so only an attribute read when nothing was found. An elastic
+        fit's survivors go on without the lost ranks instead (:meth:`~.elastic.Survivors.poll`;
+        it also admits newcomers)."""
+        if self.survivors is not None:
+            self.survivors.poll()
+            return
         heartbeat = self.heartbeat
         if heartbeat is not None and heartbeat.has_finding:
             heartbeat.check(f"rank {self.global_rank} at step {step}")
@@ -236,6 +244,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         """All-reduce ``tensor`` in place (mean by default; ``"sum"``, ``"max"``, ... or a
         ``ReduceOp``); anything else is returned as is. A watched wait (:meth:`watched`):
         ``self.log(..., sync_dist=True)`` and early stopping's decision meet here."""
+        if self.collectives_local():
+            return tensor
         return collectives.reduce(tensor, group or self.live_group, reduce_op, self.watched)
 
     @override
@@ -251,7 +261,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """``obj`` from rank ``src`` on every rank (a picklable object): its pickled bytes
         are broadcast as a length and a byte tensor, each a watched wait."""
-        if not _compat.distributed_is_initialized() or "run-stage" in self.joining:
+        if (not _compat.distributed_is_initialized() or "run-stage" in self.joining
+                or self.collectives_local()):
             return obj
         return self.broadcast_object(obj, src)
 

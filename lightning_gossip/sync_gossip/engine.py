@@ -109,6 +109,13 @@ class SyncGossip:
         return self._stats
 
     @property
+    def process_groups(self) -> tuple[dist.ProcessGroup, ...]:
+        """The groups the communication thread's waits use (kept to the end of the process
+        when the engine is abandoned on a lost peer)."""
+        node = self.groups.node_gossip
+        return (self.group,) if node is None else (self.group, node)
+
+    @property
     def in_flight(self) -> int:
         """Rounds started and not yet applied."""
         return len(self._pending)
@@ -156,6 +163,15 @@ class SyncGossip:
         started); returns that step."""
         first = step + (1 if self.overlap and self.started(step) else 0)
         return self.agreement.propose(kind, self.rank, first)
+
+    def abandon(self) -> None:
+        """A peer was lost (elastic fit): drop the rounds in flight unapplied (their messages
+        may never come) and stop the communication thread, which may still wait on the lost
+        peer: its group is kept to the end of the process. The engine is not used again; the
+        survivors start a new one over the live ranks."""
+        for group in self.process_groups:
+            keep_alive_at_exit(group)
+        self.close()
 
     def close(self) -> None:
         """Drop rounds in flight and buffers, and stop the communication thread (idempotent;

@@ -75,6 +75,9 @@ class StopAgreement:
         self.layout = layout
         self.delay_by_one = bool(delay_by_one)
         self.world_size = layout.num_nodes * layout.devices
+        #: the ranks the rounds connect (an elastic fit's survivors: a
+        #: :class:`~lightning_gossip.topology.MemberTopology`'s members; else every rank)
+        self.ranks = tuple(getattr(topology, "members", range(self.world_size)))
         self._lock = threading.Lock()
         self.stop_at = NO_STOP
         self.requeue_at = NO_STOP
@@ -145,18 +148,18 @@ class StopAgreement:
         with ``delay_by_one``). Raises ``RuntimeError`` when the rounds do not connect the
         ranks within ``100 * world_size`` steps.
         """
-        n, lag = self.world_size, self.lag
+        ranks, lag = self.ranks, self.lag
         known = {rank: first_round - lag}  # rank -> the round after which it knows the stop
         t = first_round
-        limit = first_round + 100 * n * lag
-        while len(known) < n:
+        limit = first_round + 100 * len(ranks) * lag
+        while len(known) < len(ranks):
             if t > limit:
                 raise RuntimeError(
                     f"the stop proposed by rank {rank} at round {first_round} does not reach "
-                    f"ranks {sorted(set(range(n)) - set(known))} within {limit - first_round} "
+                    f"ranks {sorted(set(ranks) - set(known))} within {limit - first_round} "
                     "rounds: the topology does not connect the ranks")
             heard = {}
-            for j in range(n):
+            for j in ranks:
                 if j in known:
                     continue
                 _, recv_from = self.peers(j, t)

@@ -27,7 +27,8 @@ Example::
 
 Modules: :mod:`~lightning_gossip.topology.base` (the :class:`Topology` interface),
 :mod:`~lightning_gossip.topology.graphs` (the built-in graphs, :func:`build`, :func:`resolve`),
-:mod:`~lightning_gossip.topology.functions` (world-size check, matrix checks, closed forms);
+:mod:`~lightning_gossip.topology.functions` (world-size check, matrix checks, closed forms),
+:mod:`~lightning_gossip.topology.members` (a topology over some ranks: an elastic fit's survivors);
 everything is importable from ``lightning_gossip.topology``.
 """
 
@@ -59,12 +60,14 @@ from lightning_gossip.topology.graphs import (
     check_name,
     resolve,
 )
+from lightning_gossip.topology.members import MemberTopology
 
 __all__ = [
     "TOPOLOGIES",
     "CompleteTopology",
     "ExponentialTopology",
     "MatrixTopology",
+    "MemberTopology",
     "OnePeerExponentialTopology",
     "Peers",
     "RandomRingTopology",

@@ -1,0 +1,222 @@
+"""The elastic parts of a ``DPSGDStrategy(elastic=True)`` fit: :class:`ElasticRounds`, owned by
+the strategy as ``strategy.elastic_rounds`` and built from values and small callables.
+
+Synchronous gossip couples every rank to this round's peers, so a lost rank stops its peers'
+rounds, and theirs stop the next ones: every survivor meets the loss within a heartbeat
+timeout, as a failed round (:class:`~lightning_gossip.errors.PeerSilent`) or the liveness
+monitor's finding at a step boundary. Each survivor then (:class:`~.elastic.Survivors`, the
+``adpsgd`` recovery, with this module's engine):
+
+1. drops its rounds in flight unapplied (:meth:`~lightning_gossip.sync_gossip.SyncGossip.
+   abandon`): that round's mixing is lost, the local step before it is kept;
+2. agrees with the others on the live ranks, builds the new groups and returns the lost rank's
+   claimed, untrained batches to the shared cursor;
+3. agrees on the step the rounds go on from (the largest of the survivors' next steps: they may
+   be a step or two apart), and builds the topology's graph over the survivors
+   (:class:`~lightning_gossip.topology.MemberTopology`, the topology re-drawn for their number
+   with the membership's generation added to the seed), numbered from that step.
+
+Data: the training loader draws from the shared cursor (as under ``adpsgd``), so the survivors
+take over the rest of the epoch. Ranks may then claim different numbers of batches; a rank that
+finds the epoch's batches all taken keeps running gossip-only rounds while it waits for the
+others there (:class:`~lightning_gossip.claim_ledger.ClaimLedger`), and before validation or the
+epoch's end every rank settles on the same step (:class:`~lightning_gossip.even_rounds.
+EvenRounds`). Mid-epoch, Lightning's collectives stay local (the ranks' batch counts may differ
+by one at an epoch's end), as under ``adpsgd``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import RunningStage
+from typing_extensions import override
+
+from lightning_gossip import _compat
+from lightning_gossip.even_rounds import EvenRounds
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.shared_cursor import default_store
+from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.sync_gossip import SyncGossip
+from lightning_gossip.topology import MemberTopology, Topology, build
+
+__all__ = ["ElasticRounds"]
+
+
+class ElasticRounds:
+    """The survivors of an elastic ``dpsgd`` fit and its end-of-epoch meetings.
+
+    Args:
+        run: the fit's name, the same on every rank.
+        rank, world_size, timeout, heartbeat, backend, step, epoch, loggers: as for
+            :class:`~.elastic.Survivors`.
+        topology: the topology's name (rebuilt over the survivors) and its seed.
+        make_engine: ``(topology, group)``: a synchronous engine over the survivors' data group.
+        engine: the fit's engine (``None``: a lone survivor).
+        set_engine: makes an engine the fit's; returns the old one.
+        set_step: sets the strategy's step (the next round).
+        end_round: ``(step)``: what follows a round in the strategy's step: the step counted
+            and its periodic collectives (global average, consensus distance); also after a
+            gossip-only round, so that every rank runs the same collectives.
+    """
+
+    def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
+                 heartbeat: Heartbeat | None, backend: str, topology: tuple[str, int],
+                 make_engine: Callable[[Topology, Any], SyncGossip],
+                 engine: Callable[[], SyncGossip | None],
+                 set_engine: Callable[[SyncGossip | None], SyncGossip | None],
+                 step: Callable[[], int], set_step: Callable[[int], None],
+                 end_round: Callable[[int], None], epoch: Callable[[], int],
+                 loggers: Sequence[Any] = ()) -> None:
+        self.run, self.world_size, self.topology = run, world_size, topology
+        self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
+        self.step, self.set_step, self.end_round = step, set_step, end_round
+        self.survivors = Survivors(run, rank, world_size, timeout, heartbeat=heartbeat,
+                                   backend=backend, make_engine=self._engine_over,
+                                   set_engine=set_engine, step=step, epoch=epoch,
+                                   loggers=loggers)
+        self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
+                                 live=lambda: self.survivors.live,
+                                 timeout_s=timeout.total_seconds())
+        #: whether this rank trains in an epoch that has not settled yet
+        self.in_epoch = False
+        self.cursor = CursorResume()  # the training loader's shared cursor
+
+    @classmethod
+    def of_fit(cls, trainer: pl.Trainer, rank: int, world_size: int, timeout: timedelta, *,
+               run: int, **values: Any) -> ElasticRounds:
+        """The rounds of ``trainer``'s fit (the ``run``-th elastic fit of this process),
+        attached to it (:meth:`attach`); ``values``: the constructor's other arguments."""
+        rounds = cls(f"dpsgd{run}", rank, world_size, timeout,
+                     epoch=lambda: trainer.current_epoch, **values)
+        rounds.attach(trainer)
+        return rounds
+
+    def training_loader(self, dataloader: object, trainer: pl.Trainer, seed: int) -> object:
+        """A training loader rebuilt to draw from the shared cursor, its claims tracked so that
+        a lost rank's untrained batches go back (as ``adpsgd``'s); others as they are."""
+        if trainer.state.stage != RunningStage.TRAINING:
+            return dataloader
+        ledger = self.survivors.ledger(f"{self.run}/ledger", on_wait=self.wait_round)
+        return self.cursor.shared_loader(
+            dataloader, key=f"{self.run}/cursor", seed=seed, node=None, ledger=ledger,
+            epoch=trainer.fit_loop.epoch_progress.current.processed)
+
+    def _engine_over(self, live: Sequence[int], _group: Any, control: Any,
+                     data: Any) -> SyncGossip | None:
+        """The survivors' engine: the step agreed (the largest next step), the topology over
+        ``live`` numbered from it."""
+        mine = torch.tensor([self.step()], dtype=torch.int64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=control)  # gloo, the survivors'
+        common = int(mine.item())
+        self.set_step(common)
+        if len(live) < 2:
+            return None
+        name, seed = self.topology
+        base = build(name, len(live), seed + self.survivors.membership.generation)
+        engine = self.make_engine(MemberTopology(base, live, self.world_size, common), data)
+        engine.start()
+        return engine
+
+    def finish(self, step: int, engine: SyncGossip | None) -> None:
+        """After the local step of ``step``: its round (``engine``'s), then :attr:`end_round`.
+        When either fails on a lost rank, the step is counted and the survivors go on without
+        it, at a step they agree on; other errors are raised."""
+        try:
+            if engine is not None:
+                engine.after_step(step)
+        except Exception as e:
+            self.set_step(step + 1)  # the round's mixing is lost, the local step kept
+            self.survivors.survive(e)
+            return
+        try:
+            self.end_round(step)
+        except Exception as e:  # a periodic collective (each survivor meets the loss)
+            self.survivors.survive(e)
+
+    def pad(self, step: int) -> int:
+        """One gossip-only round at ``step`` (the replica mixed, no gradient); returns the next
+        step. A lost peer raises, the step counted (callers recover through
+        :meth:`~.elastic.Survivors.retry`, which runs their operation again)."""
+        engine = self.engine()
+        if engine is not None:
+            engine.before_step(step)
+            try:
+                engine.after_step(step)
+            except BaseException:
+                self.set_step(step + 1)
+                raise
+        self.end_round(step)
+        return self.step()
+
+    def wait_round(self) -> None:
+        """The shared cursor's wait at an epoch's end: a gossip-only round, so that the ranks
+        still training find this rank in their rounds (first, a loss the liveness monitor
+        found is recovered from)."""
+        self.survivors.poll()
+        self.survivors.retry(lambda: self.pad(self.step()))
+
+    def settle(self, epoch: int) -> None:
+        """Before validation and at the epoch's end: leave ``epoch`` at the same step as every
+        live rank (:class:`~lightning_gossip.even_rounds.EvenRounds`); once per epoch."""
+        if not self.in_epoch:
+            return
+        membership = self.survivors.membership
+        self.survivors.retry(lambda: self.rounds.settle(
+            f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
+        self.in_epoch = False
+
+    def attach(self, trainer: pl.Trainer) -> None:
+        """Check the trainer (``ValueError`` for what an elastic ``dpsgd`` fit cannot support)
+        and put the epoch hooks first in its callbacks (once)."""
+        if trainer.val_check_interval != 1.0:
+            raise ValueError(
+                "DPSGDStrategy(elastic=True) validates at epoch ends only (the ranks share the "
+                "epoch's batches, so they may train different numbers of them); got "
+                f"val_check_interval={trainer.val_check_interval}. Use "
+                "check_val_every_n_epoch.")
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
+                raise ValueError(
+                    "DPSGDStrategy(elastic=True) checkpoints at epoch ends and validations only; "
+                    "ModelCheckpoint(every_n_train_steps / train_time_interval) is not supported.")
+        if not any(isinstance(cb, _EpochHooks) for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, _EpochHooks(self))
+
+
+class _EpochHooks(Callback):
+    """Lightning's side of :class:`ElasticRounds`: an epoch opens, a batch is trained, the
+    ranks settle before validation during ``fit`` and at the epoch's end."""
+
+    def __init__(self, rounds: ElasticRounds) -> None:
+        self.rounds = rounds
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.in_epoch = True
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.rounds.survivors.batch_trained(trainer.current_epoch)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.rounds.settle(trainer.current_epoch)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.settle(trainer.current_epoch)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self.rounds.in_epoch = False  # a later validate / test meets the others
