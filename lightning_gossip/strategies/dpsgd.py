@@ -286,9 +286,9 @@ class DPSGDStrategy(GossipStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Start this step's exchange (``overlap``), so it runs during forward/backward."""
         # Under gradient accumulation only the first micro-batch starts one (x_t does not
-        # change): the engine starts a step's round once.
+        # change): the engine starts a step's round once. Elastic: a lost peer is survived.
         if self.gossip_enabled and self.engine is not None:
-            self.engine.before_step(self.step)
+            (self.elastic_rounds or self.engine).before_step(self.step)
 
     @override
     def optimizer_step(
@@ -305,9 +305,9 @@ class DPSGDStrategy(GossipStrategy):
             self.step += 1
             return out
         self.check_liveness(self.step)  # elastic: the survivors may go on at another step
+        if self.engine is not None:  # manual optimization, a second optimizer
+            (self.elastic_rounds or self.engine).before_step(self.step)
         t, engine = self.step, self.engine
-        if engine is not None:  # manual optimization, a second optimizer
-            engine.before_step(t)
         if self.node:
             closure = self.node.wrap(closure)
         # The local step runs whatever happens (also when AMP skips it): every rank must

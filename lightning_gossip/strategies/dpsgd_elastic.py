@@ -125,6 +125,18 @@ class ElasticRounds:
         engine.start()
         return engine
 
+    def before_step(self, step: int) -> None:
+        """The engine's :meth:`~lightning_gossip.sync_gossip.SyncGossip.before_step` (start
+        ``step``'s round), except that a lost peer (posting to it fails at once) makes the
+        survivors go on first; the round then starts at the step they agree on, on the next
+        call (the strategy's ``optimizer_step`` makes it)."""
+        engine = self.engine()
+        try:
+            if engine is not None:
+                engine.before_step(step)
+        except Exception as e:
+            self.survivors.survive(e)
+
     def finish(self, step: int, engine: SyncGossip | None) -> None:
         """After the local step of ``step``: its round (``engine``'s), then :attr:`end_round`.
         When either fails on a lost rank, the step is counted and the survivors go on without
