@@ -15,7 +15,7 @@ from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveL
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
 from lightning_gossip.async_gossip.state import GossipStats, SharedState
 from lightning_gossip.flat import FlatState
-from lightning_gossip.liveness import Heartbeat, wait_at_exit
+from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
@@ -217,7 +217,6 @@ class AsyncGossip:
         if self._thread is not None and self._thread is not threading.current_thread():
             # The thread is a daemon; after an error elsewhere it may be stuck in a receive.
             self._thread.join(timeout=min(5.0, self.timeout.total_seconds()))
-            wait_at_exit(self._thread)  # still stuck: waited for at the interpreter's exit
         self._thread = None
 
     def abandon(self) -> None:
