@@ -53,9 +53,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(case["victim"]),
                                    str(case["batch"]), case["kind"], str(case["epoch"]),
-                                   ntasks=case["ranks"])
-    for _, env in commands:
-        env["ELASTIC_FIT_STRATEGY"] = case.get("strategy", "adpsgd")
+                                   ntasks=case["ranks"],
+                                   env={"ELASTIC_FIT_STRATEGY": case.get("strategy", "adpsgd")})
     start = time.monotonic()
     launched = launch_processes(commands, timeout)
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),

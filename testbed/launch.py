@@ -308,20 +308,22 @@ def run_torchrun(
     return _finish(launch_processes(commands, timeout))
 
 
-def fake_slurm_commands(script: str | Path, *args: str, ntasks: int
+def fake_slurm_commands(script: str | Path, *args: str, ntasks: int,
+                        env: dict[str, str] | None = None
                         ) -> list[tuple[list[str], dict[str, str]]]:
     """The ``(argv, env)`` of ``ntasks`` processes started the way ``srun`` would on one node
-    (``SLURM_*`` variables set): Lightning's SLURM environment then provides the ranks."""
+    (``SLURM_*`` variables set): Lightning's SLURM environment then provides the ranks.
+    ``env``: added to every task's environment."""
     port = str(free_port())
     commands = []
     for task in range(ntasks):
-        env = base_env(
+        task_env = base_env(
             SLURM_NTASKS=str(ntasks), SLURM_NTASKS_PER_NODE=str(ntasks), SLURM_PROCID=str(task),
             SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NNODES="1",
             SLURM_JOB_NAME="lightning-gossip-test", SLURM_JOB_ID="4242",
-            SLURM_NODELIST="127.0.0.1", MASTER_PORT=port,
+            SLURM_NODELIST="127.0.0.1", MASTER_PORT=port, **(env or {}),
         )
-        commands.append(([sys.executable, *program(script), *args], env))
+        commands.append(([sys.executable, *program(script), *args], task_env))
     return commands
 
 
@@ -340,10 +342,8 @@ def run_fake_slurm_each(script: str | Path, *args: str, ntasks: int, timeout: fl
     """:func:`run_fake_slurm` with each task's exit code (``returncodes``: a test that kills
     a task checks the others); a timeout raises ``AssertionError`` with the stacks. ``env``:
     added to every task's environment."""
-    commands = fake_slurm_commands(script, *args, ntasks=ntasks)
-    for _, task_env in commands:
-        task_env.update(env or {})
-    launched = launch_processes(commands, timeout)
+    launched = launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks, env=env),
+                                timeout)
     _finish(launched)
     return launched
 

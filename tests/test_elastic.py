@@ -95,9 +95,9 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path) -> N
     validates late with the members (``Phases.end_epoch``). Before that fix the fit ended with
     a collective mismatch in 2 of 7 runs."""
     victim, ranks = 2, 4
-    commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks)
-    for _, env in commands:  # 1 s steps: the fit lasts while the replacement starts
-        env["ELASTIC_FIT_STEP_S"] = "1.0"
+    # 1 s steps: the fit lasts while the replacement starts
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
+                                   env={"ELASTIC_FIT_STEP_S": "1.0"})
     argv, env = commands[victim]
     start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
     commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "

@@ -44,9 +44,7 @@ OUT = ROOT / "benchmarks" / "results" / "elastic" / "join.json"
 def measure(out: Path) -> dict[str, Any]:
     """One fit with a loss and a replacement; what the join cost."""
     commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(VICTIM), str(BATCH),
-                                   ntasks=RANKS)
-    for _, env in commands:
-        env["ELASTIC_FIT_STEP_S"] = STEP_S
+                                   ntasks=RANKS, env={"ELASTIC_FIT_STEP_S": STEP_S})
     argv, env = commands[VICTIM]
     start = shlex.join([*argv[:-2], "-1", "0"])
     commands.append((["bash", "-c", f"while [ ! -f {out}/recovered ]; do sleep 0.2; done; "

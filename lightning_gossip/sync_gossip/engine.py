@@ -165,12 +165,9 @@ class SyncGossip:
         return self.agreement.propose(kind, self.rank, first)
 
     def abandon(self) -> None:
-        """A peer was lost (elastic fit): drop the rounds in flight unapplied (their messages
-        may never come) and stop the communication thread, which may still wait on the lost
-        peer: its group is kept to the end of the process. The engine is not used again; the
-        survivors start a new one over the live ranks."""
-        for group in self.process_groups:
-            keep_alive_at_exit(group)
+        """A peer was lost (elastic fit): :meth:`close`, the rounds in flight dropped unapplied
+        (their messages may never come). The engine is not used again: the survivors keep its
+        :attr:`process_groups` to the end of the process and start a new one."""
         self.close()
 
     def close(self) -> None:
