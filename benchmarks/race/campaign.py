@@ -139,7 +139,7 @@ def run_entry(res: dict[str, Any], higher_is_better: bool, run: int | None,
     keep = ("lr", "curve", "curve_samples", "final_metric", "steps", "steps_per_rank",
             "bytes_per_step_inter_node", "bytes_per_step_after_warmup", "expected_hook_ratio",
             "load_during", "init_params_sha256", "slowdown", "slow_local_step_s",
-            "slow_extra_s", "torchft_commits")
+            "slow_extra_s", "calibration_steps_s", "slow_slept_per_step_s", "torchft_commits")
     entry = {k: res.get(k) for k in keep}
     entry.update(run=run, position=position,
                  time_to_target_s=driver.time_to(res["curve"], target, higher_is_better),

@@ -346,6 +346,7 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "init_params_sha256": meter.init_sha,
         "slow_extra_s": ctx["slow_extra_s"], "load_during": [ctx["load0"], load()],
         "slow_local_step_s": ctx.get("slow_local_step_s"),
+        "calibration_steps_s": ctx.get("calibration_steps_s"),
         "slowdown": (None if ctx["slow_extra_s"] is None
                      else rules.slowdown(ctx["slow_extra_s"], ctx["slow_local_step_s"])),
         "slow_slept_per_step_s": slept_per_step,
@@ -388,17 +389,25 @@ def make_loader(spec: dict[str, Any], ctx: dict[str, Any]) -> Any:
     return DataLoader(ctx["train"], batch_size=int(spec["batch_size"]), shuffle=True)
 
 
-def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 6) -> tuple[float, float]:
+def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 8) -> tuple[float, float]:
     """Median local step (forward, backward, optimizer step; no communication) of this rank,
-    and the median of its forward (loss) alone."""
+    and the median of its forward (loss) alone.
+
+    Every rank computes the same batches (rank 0's), in lockstep: a barrier before each step,
+    so each step is timed with every rank computing the same work at once, the contention of
+    training, whatever the lengths of a rank's own batches (unequal utterance lengths let a
+    rank finish early and its node's steps run alone: the step measured before each case came
+    out bimodal, 0.21-0.27 s or 0.32-0.40 s, in the first slow-node race)."""
     L.seed_everything(0, verbose=False)
     model = make_model(spec, ctx)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    batches = [b for _, b in zip(range(steps), make_loader(spec, ctx))]
+    first = asr_workload.loader(spec, ctx["data"], 0, ctx["world"]) \
+        if ctx["workload"] == "asr" else make_loader(spec, ctx)
+    batches = [b for _, b in zip(range(steps), first)]
     times, forwards = [], []
-    dist.barrier(group=ctx["group"])  # every rank at once: the contention of training
     for i in range(steps):
         batch = batches[i % len(batches)]
+        dist.barrier(group=ctx["group"])
         t0 = time.perf_counter()
         loss = model._loss(batch)[0] if ctx["workload"] == "asr" else model.training_step(batch, 0)
         forwards.append(time.perf_counter() - t0)
@@ -447,6 +456,7 @@ def slow_node_step(spec: dict[str, Any], ctx: dict[str, Any]) -> float:
     mine = torch.tensor(calibrate(spec, ctx)[0], dtype=torch.float64).reshape(1)
     steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(steps, mine, group=ctx["group"])
+    ctx["calibration_steps_s"] = [round(float(t[0]), 4) for t in steps]  # every rank's, recorded
     slow = int(spec["slow_node"])
     node = sorted(float(t[0]) for t in steps[slow * procs:(slow + 1) * procs])
     return node[len(node) // 2]
