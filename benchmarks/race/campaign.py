@@ -139,7 +139,8 @@ def run_entry(res: dict[str, Any], higher_is_better: bool, run: int | None,
     keep = ("lr", "curve", "curve_samples", "final_metric", "steps", "steps_per_rank",
             "bytes_per_step_inter_node", "bytes_per_step_after_warmup", "expected_hook_ratio",
             "load_during", "init_params_sha256", "slowdown", "slow_local_step_s",
-            "slow_extra_s", "calibration_steps_s", "slow_slept_per_step_s", "torchft_commits")
+            "slow_extra_s", "calibration_steps_s", "slow_slept_per_step_s", "slow_alone_step_s",
+            "torchft_commits")
     entry = {k: res.get(k) for k in keep}
     entry.update(run=run, position=position,
                  time_to_target_s=driver.time_to(res["curve"], target, higher_is_better),
@@ -159,6 +160,7 @@ def launch(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any
     sub.case_peaks = dict(peaks)
     handicap = rec.get("handicap") or {}
     sub.slow_extra_s = handicap.get("extra_s_per_step")
+    sub.slow_calibration = handicap.get("calibration")
     load_before = os.getloadavg()[0]
     higher = args.workload != "asr"
     position = iter(range(len(cases)))
@@ -166,8 +168,10 @@ def launch(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any
     def on_case(res: dict[str, Any]) -> None:
         if rec.get("handicap") is not None and rec["handicap"].get("extra_s_per_step") is None:
             rec["handicap"] = {"extra_s_per_step": res["slow_extra_s"],
+                               "calibration": res["slow_calibration"],
                                "how": "calibrated once, by the first launch (idle): the slow "
-                                      "node's median local step",
+                                      "node's median local step with every rank computing "
+                                      "(contended_s), and alone (alone_s)",
                                "calibrated_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                time.gmtime()),
                                "load_1min": load_before}

@@ -520,6 +520,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                 "anneal_per_pass": args.anneal_per_pass},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
         "slow_extra_s": args.slow_extra_s, "max_samples": args.max_samples,
+        "slow_calibration": getattr(args, "slow_calibration", None),
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
         "budget_s": args.budget, "slack": 0.5, "budget_factor": args.budget_factor,
         "pg_timeout_s": 300.0,

@@ -217,7 +217,8 @@ def handicap_check(slowdowns: dict[str, float | None],
 
 def slowdown(extra_s: float, local_step_s: float) -> float | None:
     """A slow node's achieved step-time ratio: (its local step + the extra sleep) over its local
-    step, the local step measured right before the case.
+    step, the local step under training's contention estimated right before the case (the
+    worker's ``achieved_local_step``: its step alone now, times the calibration's contention).
 
     >>> slowdown(0.7, 0.7), slowdown(0.7, 0.0)
     (2.0, None)
