@@ -4,9 +4,8 @@ Private names change without notice between releases. Each accessor below names 
 was checked against; ``tests/test_compat.py`` calls every one of them, so an upgrade that
 removes or renames one fails loudly there instead of deep inside a training run.
 
-Torch names are imported eagerly (torch is always loaded). Lightning names are resolved inside
-the accessor, so that modules without Lightning glue (the gossip engines, the topology tools, the
-CLI) can use this module without importing Lightning.
+Torch names are imported eagerly; Lightning names inside the accessor, so that modules without
+Lightning glue (the gossip engines, the topology tools, the CLI) need not import Lightning.
 
 The strategies also override one protected Lightning hook, ``_configure_launcher``; the
 ``@override`` check in ``tests/test_compat.py`` fails if it disappears from ``ParallelStrategy``.
@@ -58,11 +57,9 @@ def version_mismatches(installed: Mapping[str, str] | None = None) -> list[str]:
 
 # -- torch ----------------------------------------------------------------------------------------
 def work_source_rank(work: dist.Work) -> int:
-    """The group rank a finished ``irecv`` without ``src`` received from.
-
-    torch 2.9.1 and 2.15.0: ``Work._source_rank()`` (gloo only; the public ``recv`` returns it
-    too, but only for a blocking receive, which cannot be given a timeout).
-    """
+    """The group rank a finished ``irecv`` without ``src`` received from. torch 2.9.1, 2.15.0:
+    ``Work._source_rank()`` (gloo only; the public ``recv`` returns it too, but only for a
+    blocking receive, which cannot be given a timeout)."""
     return int(work._source_rank())
 
 
@@ -71,10 +68,8 @@ _JOINED_STORE: list[dist.Store] = []  # a newcomer's view of the members' defaul
 
 def default_store() -> dist.Store:
     """The c10d key-value store of the default process group (in a process that joined a
-    running fit: the members' one, :func:`use_default_store`).
-
-    torch 2.9.1 and 2.15.0: ``torch.distributed.distributed_c10d._get_default_store()``.
-    """
+    running fit: the members' one, :func:`use_default_store`). torch 2.9.1 and 2.15.0:
+    ``torch.distributed.distributed_c10d._get_default_store()``."""
     if _JOINED_STORE:
         return _JOINED_STORE[0]
     from torch.distributed import distributed_c10d
@@ -129,9 +124,7 @@ def join_as_default_group(store: dist.Store, name: str, rank: int, world_size: i
 def default_store_view(client: dist.Store) -> dist.Store:
     """What :func:`default_store` returns in the processes whose default group
     ``init_process_group`` made from the rendezvous store (``MASTER_ADDR``/``MASTER_PORT``),
-    seen through ``client``, a new process's own client of that store (a newcomer has no such
-    group yet).
-
+    seen through ``client``, a new process's own client of that store (a newcomer has none yet).
     torch 2.9.1: ``init_process_group`` wraps the rendezvous store in ``PrefixStore(
     "default_pg")`` and the default group's helper in ``PrefixStore("0/")`` (its name).
     """
@@ -330,6 +323,13 @@ def validate_now(trainer: Any) -> None:
     loop.val_loop.restarting = False
     loop.val_loop.run()
     trainer.training, connector._first_loop_iter = True, first
+
+
+def reload_train_dataloader(trainer: Any) -> None:
+    """Make the fit build its training loader again (an elastic fit's, once its shared cursor is
+    set up: ``estimated_stepping_batches`` in ``configure_optimizers`` builds it during the
+    strategy's set-up). lightning 2.6.6: ``setup_data`` builds it once, when this is None."""
+    trainer.fit_loop._combined_loader = None
 
 
 def epoch_end_restored(trainer: Any) -> bool:

@@ -63,6 +63,9 @@ class Indexed(L.LightningModule):
         self.log("val_loss", nn.functional.cross_entropy(self.net(x), y), sync_dist=True)
 
     def configure_optimizers(self):
+        # builds the training loader during the strategy's set-up, as a schedule sized by it
+        # does (the recipes): the elastic strategies must build it again afterwards
+        self.trainer.estimated_stepping_batches  # noqa: B018
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 

@@ -345,6 +345,43 @@ def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**3
 
 
+def test_reload_train_dataloader_builds_it_again_at_the_fit_start(tmp_path: Path):
+    """A loader built in ``configure_optimizers`` (``estimated_stepping_batches``) is built
+    again after the set-up when reloaded there: the fit trains from the second one."""
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    built = []
+
+    class Counting(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def train_dataloader(self):  # noqa: ANN201 - Lightning's hook
+            built.append(DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4))
+            return built[-1]
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's hook
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):  # noqa: ANN201 - Lightning's hook
+            assert self.trainer.estimated_stepping_batches == 2  # builds the loader
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Reload(Callback):
+        def on_fit_start(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
+            assert len(built) == 1
+            _compat.reload_train_dataloader(trainer)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, max_epochs=1,
+                        enable_checkpointing=False, callbacks=[Reload()],
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    trainer.fit(Counting())
+    assert len(built) == 2 and trainer.train_dataloader is built[1]
+
+
 # -- nothing else reaches a private Lightning/torch name ------------------------------------------
 # Files whose owners are moving them onto _compat, with the private access still left there.
 # Each entry is temporary: remove it together with the access (this list should be empty).

@@ -36,7 +36,7 @@ from lightning_gossip.pairing import check_pairing_name as check_pairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
-from lightning_gossip.strategies.elastic_parts import SETUP_BARRIERS, ElasticParts
+from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
@@ -137,7 +137,8 @@ class ADPSGDStrategy(GossipStrategy):
         self.shared_cursor, self.elastic = bool(shared_cursor), bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
         self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed))
-        self.before_init = self._join_running_fit if self.elastic else None
+        if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
+            self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"run{_fits[0]}")
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
         self.engine: AsyncGossip | None = None
@@ -187,13 +188,8 @@ class ADPSGDStrategy(GossipStrategy):
             self.engine.start()
             self.survivors = self._make_survivors(trainer) if self.elastic else None
             self.step = self.elastic_parts.open_phase(self.engine, self.step)  # a newcomer
-
-    def _join_running_fit(self) -> None:
-        """``before_init`` (elastic): in a free rank slot of a running fit, join it."""
-        beat = self.elastic_parts.join(f"run{_fits[0]}", self.cluster_environment,
-                                       self.process_group_backend, self.lightning_module.trainer)
-        if beat is not None:
-            self.heartbeat, self.joining, self.joined = beat, set(SETUP_BARRIERS), True
+            if self.elastic:  # its loader draws with the survivors' claims from now on
+                self.rebuild_train_loader(trainer)
 
     @override
     def begin_fit(self, fit: Fit) -> None:

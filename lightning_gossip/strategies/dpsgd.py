@@ -34,7 +34,7 @@ from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
-from lightning_gossip.topology import Topology, check_name, resolve
+from lightning_gossip.topology import Topology, check_name, resolve_learners
 
 __all__ = ["DPSGDStrategy"]
 
@@ -232,6 +232,7 @@ class DPSGDStrategy(GossipStrategy):
                 loggers=trainer.loggers if self.is_global_zero else [])
             self.survivors = self.elastic_rounds.survivors
             self.collectives_local = lambda: self.elastic_rounds.in_epoch  # mid-epoch
+            self.rebuild_train_loader(trainer)  # through the shared cursor from now on
 
     def _set_engine(self, engine: SyncGossip | None) -> SyncGossip | None:  # survivors'
         old, self.engine, fit = self.engine, engine, self.resilience.fit
@@ -246,22 +247,9 @@ class DPSGDStrategy(GossipStrategy):
         return "nccl" not in str(backend)
 
     def resolve_topology(self, num_nodes: int, devices: int) -> Topology:
-        """The topology gossip follows for ``num_nodes`` nodes of ``devices`` processes: over
-        the nodes with ``hierarchical=True`` (several processes per node), else over all ranks.
-
-        Raises ``ValueError`` (saying it is over nodes) when it does not fit, e.g. a matrix or a
-        :class:`~lightning_gossip.topology.Topology` built for another size.
-        """
-        if not (self.hierarchical and devices > 1):
-            return resolve(self.topology_spec, num_nodes * devices, self.seed)
-        try:
-            return resolve(self.topology_spec, num_nodes, self.seed)
-        except ValueError as e:
-            raise ValueError(
-                f"DPSGDStrategy(hierarchical=True) gossips between the {num_nodes} nodes (of "
-                f"{devices} processes each), so the topology must be over {num_nodes} nodes: "
-                f"{e}"
-            ) from e
+        """The topology gossip follows (:func:`~lightning_gossip.topology.resolve_learners`)."""
+        return resolve_learners(self.topology_spec, num_nodes, devices, self.seed,
+                                self.hierarchical)
 
     @override
     def teardown_gossip(self) -> None:

@@ -29,6 +29,7 @@ import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
 from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_parts import SETUP_BARRIERS, ElasticParts
 from lightning_gossip.strategies.node_averaging import check_node_layout
 from lightning_gossip.strategies.options import Backend
 
@@ -175,6 +176,22 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
             self.cluster_environment, self._process_group_backend, **kwargs
         )
         self.start_heartbeat()
+
+    def join_running_fit(self, parts: ElasticParts, run: str) -> None:
+        """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
+        join it (``parts``: the strategy's :class:`~.elastic_parts.ElasticParts`)."""
+        beat = parts.join(run, self.cluster_environment, self.process_group_backend,
+                          self.lightning_module.trainer)
+        if beat is not None:
+            self.heartbeat, self.joining, self.joined = beat, set(SETUP_BARRIERS), True
+
+    def rebuild_train_loader(self, trainer: pl.Trainer) -> None:
+        """Make Lightning build the fit's training loader again (an elastic fit's, once its
+        shared cursor is set up); a newcomer skips that build's barrier too (the members'
+        builds happened at their start)."""
+        _compat.reload_train_dataloader(trainer)
+        if self.joined:
+            self.joining.add("train_dataloader()")
 
     def start_heartbeat(self) -> None:
         """Start this rank's :class:`~lightning_gossip.liveness.Heartbeat` (once per process

@@ -26,7 +26,8 @@ Example::
     array([1., 1., 1., 1., 1., 1., 1., 1.])
 
 Modules: :mod:`~lightning_gossip.topology.base` (the :class:`Topology` interface),
-:mod:`~lightning_gossip.topology.graphs` (the built-in graphs, :func:`build`, :func:`resolve`),
+:mod:`~lightning_gossip.topology.graphs` (the built-in graphs, :func:`build`, :func:`resolve`,
+:func:`resolve_learners`),
 :mod:`~lightning_gossip.topology.functions` (world-size check, matrix checks, closed forms),
 :mod:`~lightning_gossip.topology.members` (a topology over some ranks: an elastic fit's survivors);
 everything is importable from ``lightning_gossip.topology``.
@@ -59,6 +60,7 @@ from lightning_gossip.topology.graphs import (
     build,
     check_name,
     resolve,
+    resolve_learners,
 )
 from lightning_gossip.topology.members import MemberTopology
 
@@ -84,6 +86,7 @@ __all__ = [
     "random_ring_order",
     "random_ring_spectral_gap",
     "resolve",
+    "resolve_learners",
     "ring_spectral_gap",
     "static_spectral_gap",
     "torus_shape",

@@ -266,6 +266,28 @@ def resolve(spec: str | Topology | np.ndarray | list, world_size: int, seed: int
     return topo
 
 
+def resolve_learners(spec: str | Topology | np.ndarray | list, num_nodes: int, devices: int,
+                     seed: int = 0, hierarchical: bool = False) -> Topology:
+    """:func:`resolve` for ``num_nodes`` nodes of ``devices`` processes: over the nodes with
+    ``hierarchical`` (several processes per node: a node is one learner), else over all ranks.
+
+    Raises ``ValueError`` (saying it is over nodes) when it does not fit, e.g. a matrix or a
+    :class:`Topology` built for another size.
+
+    >>> resolve_learners("ring", 2, 4, hierarchical=True).world_size
+    2
+    """
+    if not (hierarchical and devices > 1):
+        return resolve(spec, num_nodes * devices, seed)
+    try:
+        return resolve(spec, num_nodes, seed)
+    except ValueError as e:
+        raise ValueError(
+            f"DPSGDStrategy(hierarchical=True) gossips between the {num_nodes} nodes (of "
+            f"{devices} processes each), so the topology must be over {num_nodes} nodes: {e}"
+        ) from e
+
+
 def _ring_matrix(order: np.ndarray) -> np.ndarray:
     n = len(order)
     w = np.zeros((n, n))
