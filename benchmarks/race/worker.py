@@ -401,9 +401,7 @@ def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 8,
     L.seed_everything(0, verbose=False)
     model = make_model(spec, ctx)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    first = asr_workload.loader(spec, ctx["data"], 0, ctx["world"]) \
-        if ctx["workload"] == "asr" else make_loader(spec, ctx)
-    batches = [b for _, b in zip(range(steps), first)]
+    batches = [b for _, b in zip(range(steps), make_loader(spec, {**ctx, "rank": 0}))]
     times, forwards = [], []
     for i in range(steps):
         batch = batches[i % len(batches)]
