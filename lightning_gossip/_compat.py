@@ -5,10 +5,8 @@ was checked against; ``tests/test_compat.py`` calls every one of them, so an upg
 removes or renames one fails loudly there instead of deep inside a training run.
 
 Torch names are imported eagerly; Lightning names inside the accessor, so that modules without
-Lightning glue (the gossip engines, the topology tools, the CLI) need not import Lightning.
-
-The strategies also override one protected Lightning hook, ``_configure_launcher``; the
-``@override`` check in ``tests/test_compat.py`` fails if it disappears from ``ParallelStrategy``.
+Lightning glue (the gossip engines, the topology tools, the CLI) need not import Lightning. The
+strategies also override one protected hook, ``_configure_launcher`` (checked there too).
 
 Checked against: lightning 2.6.6; torch 2.9.1 (the pinned set, ``make test``) and torch 2.15.0
 (``make test-latest``). Every name below exists and behaves alike on both torch versions.
@@ -343,3 +341,9 @@ def step_epoch_schedulers(trainer: Any) -> None:
     """Step the epoch-interval schedulers but ``ReduceLROnPlateau``, as the training epoch loop
     does at an epoch's last batch (lightning 2.6.6: ``update_lr_schedulers``)."""
     trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
+
+
+def validation_due(trainer: Any) -> bool:
+    """Whether the fit validates after this epoch's last batch (lightning 2.6.6: the training
+    epoch loop's ``_should_check_val_epoch``; with ``val_check_interval=1.0``)."""
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_epoch())

@@ -16,7 +16,8 @@ after the recovery the lowest survivor kills a frozen victim (``stop``) or wakes
 The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
 ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
 the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds) and
-the last validation loss. Validation with a ``sync_dist`` metric, a ``ModelCheckpoint``
+the last validation loss and the validations it ran. ``ELASTIC_FIT_SAMPLES``: the training set's
+size (default 192). Validation with a ``sync_dist`` metric, a ``ModelCheckpoint``
 (``save_last``) and a CSV logger run every epoch, so Lightning's collectives run over the
 survivors.
 """
@@ -41,7 +42,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_gossip
 
-SAMPLES, BATCH_SIZE, EPOCHS = 192, 4, 3
+SAMPLES = int(os.environ.get("ELASTIC_FIT_SAMPLES", "192"))
+"""The training set (fewer than 4 per rank: some rank gets no batch in an epoch)."""
+BATCH_SIZE, EPOCHS = 4, 3
 STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
 """Seconds each training step sleeps (longer: a replacement has time to start and join)."""
 STRATEGY = os.environ.get("ELASTIC_FIT_STRATEGY", "adpsgd")
@@ -77,6 +80,10 @@ class Record(Callback):
         self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
         self.out = out
         self.rank, self.victim, self.batch, self.kind, self.epoch = rank, victim, batch, kind, epoch
+        self.validations = 0  # during the fit, the sanity check not counted
+
+    def on_validation_end(self, trainer, module):
+        self.validations += trainer.state.fn == "fit" and not trainer.sanity_checking
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if (self.rank == self.victim and trainer.current_epoch == self.epoch
@@ -154,7 +161,7 @@ def main() -> None:
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
-        callbacks=[Record(out, rank, victim, batch, kind, epoch),
+        callbacks=[record := Record(out, rank, victim, batch, kind, epoch),
                    ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
     model = Indexed()
@@ -169,6 +176,7 @@ def main() -> None:
         "recoveries": [] if survivors is None else [{"step": step, "began": began, "took_s": took}
                                                    for step, _, began, took in survivors.losses],
         "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "validations": record.validations,
         "joins": [] if survivors is None else [[list(map(int, new)), step, took]
                                                for step, new, _, took in survivors.joins],
         "joined": getattr(strategy, "elastic_parts", None) is not None

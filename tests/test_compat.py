@@ -301,7 +301,7 @@ def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
     """``validate_now`` from a train-epoch-end hook runs a whole validation and leaves the
     logger connector as Lightning expects at the epoch's end; ``step_epoch_schedulers`` steps
     the epoch's ``StepLR``; ``epoch_end_restored`` says whether the loop stands after an
-    epoch's last batch."""
+    epoch's last batch; ``validation_due`` whether the epoch validates (every second one)."""
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
@@ -322,23 +322,25 @@ def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
 
     class Twice(Callback):
         def __init__(self) -> None:
-            self.validations, self.restored = 0, []
+            self.validations, self.restored, self.due = 0, [], []
 
         def on_validation_end(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
             self.validations += not trainer.sanity_checking
 
         def on_train_epoch_end(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
             self.restored.append(_compat.epoch_end_restored(trainer))
+            self.due.append(_compat.validation_due(trainer))
             _compat.validate_now(trainer)
 
     twice, data = Twice(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, max_epochs=2,
                         num_sanity_val_steps=0, enable_checkpointing=False, callbacks=[twice],
                         enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path)
+                        default_root_dir=tmp_path, check_val_every_n_epoch=2)
     assert not _compat.epoch_end_restored(trainer)  # nothing trained yet
     trainer.fit(Linear(), data, data)
-    assert twice.validations == 4 and twice.restored == [True, True]
+    assert twice.validations == 3 and twice.restored == [True, True]
+    assert twice.due == [False, True]
     assert "val" in trainer.callback_metrics
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2
     _compat.step_epoch_schedulers(trainer)

@@ -85,8 +85,9 @@ class ElasticRounds:
         self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
                                  live=lambda: self.survivors.live,
                                  timeout_s=timeout.total_seconds())
-        #: whether this rank trains in an epoch that has not settled yet
-        self.in_epoch = False
+        #: whether this rank trains in an epoch that has not settled yet; the epoch's batches
+        #: it trained; whether the fit resumed at an epoch's end (its last batch trained)
+        self.in_epoch, self.batches, self.epoch_end_restored = False, 0, False
         self.cursor = CursorResume()  # the training loader's shared cursor
 
     @classmethod
@@ -185,6 +186,18 @@ class ElasticRounds:
             f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
         self.in_epoch = False
 
+    def end_epoch(self, trainer: pl.Trainer) -> None:
+        """At the epoch's end: :meth:`settle`. Lightning steps the epoch's schedulers and
+        validates after an epoch's last batch, so a rank whose epoch had none (fewer batches
+        left than ranks, a newcomer admitted as the shared cursor ran out) does both here: the
+        others validate after settling with it."""
+        self.settle(trainer.current_epoch)
+        if self.batches or self.epoch_end_restored:
+            return
+        _compat.step_epoch_schedulers(trainer)
+        if _compat.validation_due(trainer):
+            _compat.validate_now(trainer)
+
     def attach(self, trainer: pl.Trainer) -> None:
         """Check the trainer (``ValueError`` for what an elastic ``dpsgd`` fit cannot support)
         and put the epoch hooks first in its callbacks (once)."""
@@ -211,12 +224,17 @@ class _EpochHooks(Callback):
         self.rounds = rounds
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.epoch_end_restored = _compat.epoch_end_restored(trainer)
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rounds.in_epoch = True
+        self.rounds.in_epoch, self.rounds.batches, self.rounds.epoch_end_restored = True, 0, False
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.rounds.batches += 1
         self.rounds.survivors.batch_trained(trainer.current_epoch)
 
     @override
@@ -226,7 +244,7 @@ class _EpochHooks(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rounds.settle(trainer.current_epoch)
+        self.rounds.end_epoch(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
