@@ -164,6 +164,15 @@ def test_score_claims_under_the_rules_and_withholds_otherwise() -> None:
     mixed = fair_record(times)
     mixed["runs"][1]["launches"][0]["commit"] = {"sha": "def", "dirty": False}
     assert "runs not all from one clean commit" in rules.score(mixed)["withheld"]
+    # a tree that differed from the commit only in the race's own records ran the same code
+    results = fair_record(times)
+    results["runs"][1]["launches"][0]["commit"] = {
+        "sha": "abc", "dirty": True, "changes": ["benchmarks/results/race/fair/x.json"]}
+    assert not rules.score(results)["withheld"]
+    for commit in ({"sha": "abc", "dirty": True},  # before changes were kept: any change
+                   {"sha": "abc", "dirty": False, "changes": ["benchmarks/race/rules.py"]}):
+        results["runs"][1]["launches"][0]["commit"] = commit
+        assert "runs not all from one clean commit" in rules.score(results)["withheld"]
 
 
 def test_a_rejected_run_does_not_count() -> None:

@@ -159,14 +159,18 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> dict[str, Any]:
-    """The code's commit and whether the tree had changes (a race is redone from its commit)."""
+    """The code's commit, the tracked paths that differ from it (``changes``) and whether any
+    of them is code (``dirty``: outside ``benchmarks/results/``, where the race writes its own
+    record; a race is redone from its commit)."""
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
                              timeout=30)
-        return out.stdout.strip() if out.returncode == 0 else ""
+        return out.stdout if out.returncode == 0 else ""
 
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(status)}
+    changes = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
+    return {"sha": git("rev-parse", "HEAD").strip() or None,
+            "dirty": rules.code_changed(changes), "changes": changes}
 
 
 def cpu_snapshot() -> tuple[int, float]:

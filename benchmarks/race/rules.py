@@ -341,6 +341,23 @@ def library_case(case: dict[str, Any]) -> bool:
     return case.get("kind") == "gossip"
 
 
+def code_changed(changes: Sequence[str]) -> bool:
+    """Whether a tree that differs from its commit in ``changes`` (tracked paths) ran other
+    code: a change outside ``benchmarks/results/``, where races write their records.
+
+    >>> code_changed(["benchmarks/results/race/a.json"]), code_changed(["lightning_gossip/x.py"])
+    (False, True)
+    """
+    return any(not p.startswith("benchmarks/results/") for p in changes)
+
+
+def _dirty(commit: dict[str, Any]) -> bool:
+    """A launch's tree ran code other than its commit's (a record without ``changes``, written
+    before they were kept: its ``dirty`` flag counted any change)."""
+    changes = commit.get("changes")
+    return bool(commit.get("dirty")) if changes is None else code_changed(changes)
+
+
 def score(rec: dict[str, Any]) -> dict[str, Any]:
     """Per case the spread of its accepted runs, its median over ddp's and over the best
     peer's, and the claims the rules allow against ddp and the best peer; plus why claims are
@@ -355,7 +372,7 @@ def score(rec: dict[str, Any]) -> dict[str, Any]:
         withheld.append("started on a loaded machine (--allow-load)")
     shas = {(launch.get("commit") or {}).get("sha") for r in rec.get("runs", [])
             for launch in r.get("launches", [])}
-    dirty = any((launch.get("commit") or {}).get("dirty") for r in rec.get("runs", [])
+    dirty = any(_dirty(launch.get("commit") or {}) for r in rec.get("runs", [])
                 for launch in r.get("launches", []))
     if len(shas) > 1 or dirty:
         withheld.append("runs not all from one clean commit")
