@@ -151,10 +151,8 @@ def batch_norm_base() -> type:
 
 # -- Lightning ------------------------------------------------------------------------------------
 def init_dist_connection(cluster_environment: Any, backend: str, **kwargs: Any) -> None:
-    """Initialise the default process group from a cluster environment.
-
-    lightning 2.6.6: ``lightning.fabric.utilities.distributed._init_dist_connection``.
-    """
+    """Initialise the default process group from a cluster environment (lightning 2.6.6:
+    ``lightning.fabric.utilities.distributed._init_dist_connection``)."""
     from lightning.fabric.utilities.distributed import _init_dist_connection
 
     _init_dist_connection(cluster_environment, backend, **kwargs)
@@ -174,30 +172,24 @@ def default_backend_for_device(device: torch.device) -> str:
 
 
 def distributed_is_initialized() -> bool:
-    """Whether a default process group exists and is usable.
-
-    lightning 2.6.6: ``lightning.fabric.utilities.distributed._distributed_is_initialized``.
-    """
+    """Whether a default process group exists and is usable (lightning 2.6.6:
+    ``lightning.fabric.utilities.distributed._distributed_is_initialized``)."""
     from lightning.fabric.utilities.distributed import _distributed_is_initialized
 
     return _distributed_is_initialized()
 
 
 def optimizers_to_device(optimizers: Any, device: torch.device) -> None:
-    """Move optimizer state to ``device``.
-
-    lightning 2.6.6: ``lightning.fabric.utilities.optimizer._optimizers_to_device``.
-    """
+    """Move optimizer state to ``device`` (lightning 2.6.6:
+    ``lightning.fabric.utilities.optimizer._optimizers_to_device``)."""
     from lightning.fabric.utilities.optimizer import _optimizers_to_device
 
     _optimizers_to_device(optimizers, device)
 
 
 def backward_sync_control_base() -> type:
-    """The base class of a Fabric strategy's ``no_backward_sync`` control.
-
-    lightning 2.6.6: ``lightning.fabric.strategies.strategy._BackwardSyncControl``.
-    """
+    """The base class of a Fabric strategy's ``no_backward_sync`` control (lightning 2.6.6:
+    ``lightning.fabric.strategies.strategy._BackwardSyncControl``)."""
     from lightning.fabric.strategies.strategy import _BackwardSyncControl
 
     return _BackwardSyncControl
@@ -337,10 +329,15 @@ def epoch_end_restored(trainer: Any) -> bool:
     return bool(p.is_last_batch and 0 < p.current.ready == p.current.completed)
 
 
-def step_epoch_schedulers(trainer: Any) -> None:
-    """Step the epoch-interval schedulers but ``ReduceLROnPlateau``, as the training epoch loop
-    does at an epoch's last batch (lightning 2.6.6: ``update_lr_schedulers``)."""
+def end_epoch_without_batches(trainer: Any) -> None:
+    """What the training epoch loop does after an epoch's last batch, for a rank whose epoch had
+    none (an elastic fit's shared cursor left it none; lightning 2.6.6): step the epoch-interval
+    schedulers but ``ReduceLROnPlateau`` (``update_lr_schedulers``), and let every
+    ``ModelCheckpoint`` save at this epoch's end though the global step did not move (it skips
+    the step it last saved at, ``_last_global_step_saved``; the others save: a collective)."""
     trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
+    for callback in trainer.checkpoint_callbacks:
+        callback._last_global_step_saved = -1
 
 
 def validation_due(trainer: Any) -> bool:

@@ -101,6 +101,8 @@ class ClaimLedger:
         self.poll_s = float(poll_s)
         self.timeout = float(timeout)
         self._tried: dict[int, int] = {}  # epoch -> queue positions this rank tried to take
+        #: the epoch this rank trains (:meth:`open`); the end of no other one is waited at
+        self.opened: int | None = None
 
     def _key(self, epoch: int, *parts: object) -> str:
         return "/".join([self.key, f"epoch{epoch}", *map(str, parts)])
@@ -206,10 +208,18 @@ class ClaimLedger:
                 return queue[position]
         return None
 
+    def open(self, epoch: int) -> None:
+        """This rank began training ``epoch`` (its epoch-start hook). Lightning draws an epoch's
+        first batch as it sets the loader up, before that hook: a rank that finds the units all
+        taken there (fewer left than ranks) arrives at the end without waiting, since its peers
+        meet it at the epoch's start first (:meth:`wait_at_end`)."""
+        self.opened = epoch
+
     def wait_at_end(self, epoch: int) -> int | None:
         """This rank found ``epoch``'s counter exhausted: wait at the epoch's end.
 
-        Marks this rank arrived, then polls (every ``poll_s``, calling ``on_wait`` first) until
+        Marks this rank arrived (and returns ``None`` at once before the epoch was opened,
+        :meth:`open`), then polls (every ``poll_s``, calling ``on_wait`` first) until
         a returned unit can be taken (withdraws the arrival and returns the unit) or every rank
         in ``live()`` has arrived and no returned unit is left (``None``; also ``None`` once
         this rank is not in ``live()``: the others went on without it).
@@ -220,6 +230,8 @@ class ClaimLedger:
         mine = self._key(epoch, "arrived", self.rank)
         what = f"waiting at the end of epoch {epoch}"
         self._call(lambda: self.store.set(mine, "1"), what)
+        if epoch != self.opened:  # the loader's set-up, before the epoch opened (see open())
+            return None
         deadline = time.monotonic() + self.timeout
         while True:
             self.on_wait()

@@ -84,6 +84,7 @@ def test_lost_rank_units_trained_once_by_survivors(tcp, detect: str) -> None:
         claims = Claims(ledger.store, "run", ledger=ledger)
         finished: dict[int, list[int]] = {0: [], 1: []}
         for epoch in (0, 1):
+            ledger.open(epoch)  # (the strategy's epoch-start hook)
             while (unit := claims.next(epoch, UNITS)) is not None:
                 time.sleep(0.002)  # training
                 finished[epoch].append(unit)
@@ -179,6 +180,7 @@ def test_end_wait_until_every_live_rank_arrives() -> None:
     store = dist.HashStore()
     a = ClaimLedger(store, "run", 0, lambda: [0, 1], poll_s=0.01, timeout=WAIT)
     b = ClaimLedger(store, "run", 1, lambda: [0, 1], poll_s=0.01, timeout=WAIT)
+    a.open(0), b.open(0)
     ca, cb = Claims(store, "run", ledger=a), Claims(store, "run", ledger=b)
     assert (ca.next(0, 2), cb.next(0, 2)) == (0, 1)
     thread, result = waiter(a, 0)  # rank 0 found the counter exhausted: it waits
@@ -201,6 +203,7 @@ def test_end_wait_takes_a_returned_unit_then_waits_again() -> None:
     a = ClaimLedger(store, "run", 0, lambda: live, on_wait=recover, poll_s=0.01, timeout=WAIT)
     b = ClaimLedger(store, "run", 1, lambda: live, poll_s=0.01, timeout=WAIT)
     c = ClaimLedger(store, "run", 2, lambda: live)
+    a.open(0), b.open(0), c.open(0)
     ca, cb, cc = (Claims(store, "run", ledger=x) for x in (a, b, c))
     assert (ca.next(0, 3), cb.next(0, 3), cc.next(0, 3)) == (0, 1, 2)
     ca_next: list[object] = []
@@ -223,7 +226,21 @@ def test_end_wait_times_out_naming_the_missing_ranks() -> None:
     store = dist.HashStore()
     ledger = ClaimLedger(store, "run", 0, lambda: [0, 1, 2], poll_s=0.01, timeout=0.2)
     store.set("run/epoch0/arrived/2", "1")  # rank 2 arrived; rank 1 never does
+    ledger.open(0)
     with pytest.raises(TimeoutError, match=r"rank\(s\) 1 did not reach the end of epoch 0"):
+        ledger.wait_at_end(0)
+
+
+def test_before_its_epoch_opened_a_rank_arrives_without_waiting() -> None:
+    """Lightning draws an epoch's first batch while it sets the loader up, before the epoch-start
+    hook (``open``): a rank that finds the units all taken there arrives and leaves at once
+    (its peers meet it at the epoch's start); once the epoch is open it waits."""
+    store = dist.HashStore()
+    ledger = ClaimLedger(store, "run", 0, lambda: [0, 1], poll_s=0.01, timeout=0.2)
+    assert ledger.wait_at_end(0) is None
+    assert store.check(["run/epoch0/arrived/0"])
+    ledger.open(0)
+    with pytest.raises(TimeoutError, match=r"rank\(s\) 1 did not reach"):
         ledger.wait_at_end(0)
 
 

@@ -299,8 +299,8 @@ def test_dump_checkpoint_holds_weights_optimizer_and_loops(tmp_path: Path):
 
 def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
     """``validate_now`` from a train-epoch-end hook runs a whole validation and leaves the
-    logger connector as Lightning expects at the epoch's end; ``step_epoch_schedulers`` steps
-    the epoch's ``StepLR``; ``epoch_end_restored`` says whether the loop stands after an
+    logger connector as Lightning expects at the epoch's end; ``end_epoch_without_batches``
+    steps the epoch's ``StepLR`` and lets ``ModelCheckpoint`` save at a step it saved at; ``epoch_end_restored`` says whether the loop stands after an
     epoch's last batch; ``validation_due`` whether the epoch validates (every second one)."""
     import lightning as L
     from lightning.pytorch.callbacks import Callback
@@ -334,17 +334,20 @@ def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
 
     twice, data = Twice(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, max_epochs=2,
-                        num_sanity_val_steps=0, enable_checkpointing=False, callbacks=[twice],
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path, check_val_every_n_epoch=2)
+                        num_sanity_val_steps=0, callbacks=[twice], enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        check_val_every_n_epoch=2)
     assert not _compat.epoch_end_restored(trainer)  # nothing trained yet
     trainer.fit(Linear(), data, data)
     assert twice.validations == 3 and twice.restored == [True, True]
     assert twice.due == [False, True]
     assert "val" in trainer.callback_metrics
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2
-    _compat.step_epoch_schedulers(trainer)
+    (checkpoint,) = trainer.checkpoint_callbacks
+    assert checkpoint._should_skip_saving_checkpoint(trainer)  # saved at this step
+    _compat.end_epoch_without_batches(trainer)
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**3
+    assert not checkpoint._should_skip_saving_checkpoint(trainer)
 
 
 def test_reload_train_dataloader_builds_it_again_at_the_fit_start(tmp_path: Path):

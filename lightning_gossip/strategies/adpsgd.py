@@ -222,6 +222,7 @@ class ADPSGDStrategy(GossipStrategy):
             loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
             replicas=self.replicas, trainer=trainer)
         self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
+        self.phases.epoch_opened = survivors.epoch_opened
         return survivors
 
     def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:  # survivors'

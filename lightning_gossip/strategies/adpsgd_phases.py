@@ -68,6 +68,7 @@ class Phases:
         self.survive: Callable[[Callable[[], Any]], Any] = Phases.run
         #: told the epoch of every trained batch (the elastic cursor counts them)
         self.batch_trained: Callable[[int], None] = lambda epoch: None
+        self.epoch_opened: Callable[[int], None] = lambda epoch: None  # (and an epoch begun)
         #: this rank validates late (:meth:`end_epoch`): its validation's meeting was held
         self.met_for_validation = False
         #: batches this rank trained in the epoch; whether the fit resumed at an epoch's end
@@ -244,7 +245,7 @@ class Phases:
             return
         assert self.fit is not None
         if self.batches_in_epoch == 0 and not self.epoch_end_restored:
-            _compat.step_epoch_schedulers(trainer)
+            _compat.end_epoch_without_batches(trainer)
         stop = self._meet_at_epoch_end(trainer)
         if stop[-1].item() > 0:
             self.met_for_validation = True
@@ -288,6 +289,7 @@ class _PhaseCallback(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open a gossip phase."""
         self.phases.batches_in_epoch, self.phases.epoch_end_restored = 0, False
+        self.phases.epoch_opened(trainer.current_epoch)
         self.phases.begin()
 
     @override

@@ -194,7 +194,7 @@ class ElasticRounds:
         self.settle(trainer.current_epoch)
         if self.batches or self.epoch_end_restored:
             return
-        _compat.step_epoch_schedulers(trainer)
+        _compat.end_epoch_without_batches(trainer)
         if _compat.validation_due(trainer):
             _compat.validate_now(trainer)
 
@@ -230,6 +230,7 @@ class _EpochHooks(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.rounds.in_epoch, self.rounds.batches, self.rounds.epoch_end_restored = True, 0, False
+        self.rounds.survivors.epoch_opened(trainer.current_epoch)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

@@ -169,6 +169,12 @@ class Survivors:
             self._left_checked, self._left = now, self.membership.left_out()
         return () if self.heartbeat.excluded or self._left else self.live
 
+    def epoch_opened(self, epoch: int) -> None:
+        """This rank began training ``epoch`` (:meth:`~lightning_gossip.claim_ledger.
+        ClaimLedger.open`)."""
+        if self.claims is not None:
+            self.claims.open(epoch)
+
     def batch_trained(self, epoch: int) -> None:
         """This rank trained one more batch of ``epoch`` (in the order it claimed them)."""
         if self.claims is not None:
