@@ -300,8 +300,9 @@ def test_dump_checkpoint_holds_weights_optimizer_and_loops(tmp_path: Path):
 def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
     """``validate_now`` from a train-epoch-end hook runs a whole validation and leaves the
     logger connector as Lightning expects at the epoch's end; ``end_epoch_without_batches``
-    steps the epoch's ``StepLR`` and lets ``ModelCheckpoint`` save at a step it saved at; ``epoch_end_restored`` says whether the loop stands after an
-    epoch's last batch; ``validation_due`` whether the epoch validates (every second one)."""
+    steps the epoch's ``StepLR`` and lets ``ModelCheckpoint`` save at a step it saved at;
+    ``epoch_end_restored`` says whether the loop stands after an epoch's last batch;
+    ``validation_due`` whether the epoch validates (every second one)."""
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
