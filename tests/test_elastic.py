@@ -84,12 +84,15 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
 
 
 @pytest.mark.multiprocess
-def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
+def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path, strategy: str) -> None:
     """Rank 2 is killed mid-epoch; once the survivors went on, a replacement is started with
     rank 2's environment (as ``srun`` relaunching the task would): it is admitted at the
-    survivors' next step boundary, resumes from the lowest survivor's state (the survivors'
-    exact average), takes batches from the shared cursor, and all four finish every epoch with
-    the same final replica; every sample is trained once per epoch among all processes.
+    survivors' next step boundary (``dpsgd``: the next multiple of ``JOIN_CHECK_EVERY``, every
+    member at the same step, the topology rebuilt over the four), resumes from the lowest
+    survivor's state (the survivors' exact average), takes batches from the shared cursor, and
+    all four finish every epoch with the same final replica; every sample is trained once per
+    epoch among all processes.
 
     A newcomer admitted as the shared cursor runs out trains no batch in that epoch: it
     validates late with the members (``Phases.end_epoch``). Before that fix the fit ended with
@@ -97,7 +100,8 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path) -> N
     victim, ranks = 2, 4
     # 1 s steps: the fit lasts while the replacement starts
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
-                                   env={"ELASTIC_FIT_STEP_S": "1.0"})
+                                   env={"ELASTIC_FIT_STEP_S": "1.0",
+                                        "ELASTIC_FIT_STRATEGY": strategy})
     argv, env = commands[victim]
     start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
     commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "

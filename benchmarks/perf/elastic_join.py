@@ -1,4 +1,4 @@
-"""What it takes a replacement to join a running elastic ``adpsgd`` fit.
+"""What it takes a replacement to join a running elastic ``adpsgd`` (or ``dpsgd``) fit.
 
 Each repeat runs ``testbed.elastic_fit`` on 4 ranks started as ``srun`` starts tasks (gloo,
 loopback, ``heartbeat_timeout=3``, 1 s training steps so that the fit outlasts the
@@ -20,6 +20,10 @@ Usage::
 
     python -m benchmarks.perf.elastic_join                 # 3 repeats, about 3 minutes
     python -m benchmarks.perf.elastic_join --repeats 1 --out /tmp/join.json
+    python -m benchmarks.perf.elastic_join --strategy dpsgd   # join_dpsgd.json
+
+Under ``dpsgd`` the members look for joins every ``JOIN_CHECK_EVERY`` (8) steps, all at the
+same step, so the replacement waits up to 8 training steps (8 s here) to be admitted.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ from testbed.elastic_fit import EPOCHS, SAMPLES, records
 from testbed.launch import ROOT, fake_slurm_commands, launch_processes
 
 RANKS, VICTIM, BATCH, STEP_S = 4, 2, 3, "1.0"
-OUT = ROOT / "benchmarks" / "results" / "elastic" / "join.json"
+OUTS = {"adpsgd": ROOT / "benchmarks" / "results" / "elastic" / "join.json",
+        "dpsgd": ROOT / "benchmarks" / "results" / "elastic" / "join_dpsgd.json"}
 
 
-def measure(out: Path) -> dict[str, Any]:
+def measure(out: Path, strategy: str = "adpsgd") -> dict[str, Any]:
     """One fit with a loss and a replacement; what the join cost."""
     commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(VICTIM), str(BATCH),
-                                   ntasks=RANKS, env={"ELASTIC_FIT_STEP_S": STEP_S})
+                                   ntasks=RANKS, env={"ELASTIC_FIT_STEP_S": STEP_S,
+                                                      "ELASTIC_FIT_STRATEGY": strategy})
     argv, env = commands[VICTIM]
     start = shlex.join([*argv[:-2], "-1", "0"])
     commands.append((["bash", "-c", f"while [ ! -f {out}/recovered ]; do sleep 0.2; done; "
@@ -76,24 +82,26 @@ def main() -> None:
     """Run the repeats and write the record (``--out``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--strategy", choices=sorted(OUTS), default="adpsgd")
+    parser.add_argument("--out", type=Path, default=None, help="default: by the strategy")
     args = parser.parse_args()
+    out = args.out or OUTS[args.strategy]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             folder = Path(tmp) / f"r{i}"
             folder.mkdir()
-            runs.append(dict(measure(folder), repeat=i))
+            runs.append(dict(measure(folder, args.strategy), repeat=i))
             print(json.dumps(runs[-1]), flush=True)
     summary: dict[str, Any] = spread(runs, ("start_to_first_batch_s", "admit_s", "wall_s"))
     summary["once"] = all(r["once"] for r in runs)
     summary["same_replica"] = all(r["same_replica"] for r in runs)
     summary["failed_at_exit"] = sum(bool(r["failed_at_exit"]) for r in runs)
     info = machine_info()
-    write_json(args.out, {"what": __doc__.split("\n\n")[0], "ranks": RANKS,
-                          "heartbeat_timeout_s": 3.0, "step_s": float(STEP_S), "machine": info,
-                          "machine_text": describe_machine(info), "runs": runs,
-                          "summary": summary})
+    write_json(out, {"what": __doc__.split("\n\n")[0], "strategy": args.strategy,
+                     "ranks": RANKS, "heartbeat_timeout_s": 3.0, "step_s": float(STEP_S),
+                     "machine": info, "machine_text": describe_machine(info), "runs": runs,
+                     "summary": summary})
     print(json.dumps(summary, indent=1))
 
 

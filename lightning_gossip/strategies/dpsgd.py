@@ -8,8 +8,6 @@ replicas converge to consensus about as fast as with a fully connected graph.
 
 from __future__ import annotations
 
-import itertools
-import logging
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
@@ -30,6 +28,7 @@ from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.strategies.dpsgd_elastic import ElasticRounds
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
+from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
@@ -38,8 +37,7 @@ from lightning_gossip.topology import Topology, check_name, resolve_learners
 
 __all__ = ["DPSGDStrategy"]
 
-log = logging.getLogger(__name__)
-_fits = itertools.count()  # the elastic fits of this process: their store keys' names
+_fits = [0]  # the elastic fits of this process (their store keys' names; a newcomer's next: 0)
 
 
 class DPSGDStrategy(GossipStrategy):
@@ -87,8 +85,9 @@ class DPSGDStrategy(GossipStrategy):
             way ``DistributedDataParallel`` does; the same gradients).
         elastic: survive lost ranks (not the store's host, rank 0): the survivors rebuild the
             topology over themselves at a step they agree on and go on; training batches come
-            from a shared cursor (:mod:`~.dpsgd_elastic`, ``docs/faults.md``). Flat only, the
-            topology given by name; default ``False``.
+            from a shared cursor; a replacement started with a lost rank's environment joins
+            (:mod:`~.dpsgd_elastic`, ``docs/faults.md``). Flat only, the topology given by
+            name; default ``False``.
 
     SIGTERM (a scheduler's time limit, preemption) and SLURM's auto-requeue signal are agreed
     through the gossip messages, without a per-step collective on the world group: every rank
@@ -169,6 +168,11 @@ class DPSGDStrategy(GossipStrategy):
         self.elastic = bool(elastic)
         #: the survivors and the epochs' ends of an elastic fit (:mod:`~.dpsgd_elastic`)
         self.elastic_rounds: ElasticRounds | None = None
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout)  # a newcomer's join
+        self.collectives_local = lambda: (  # mid-epoch (a newcomer: from its start)
+            self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined)
+        if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
+            self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"dpsgd{_fits[0]}")
 
     @override
     def _make_resilience(self) -> AgreedStops:
@@ -194,11 +198,11 @@ class DPSGDStrategy(GossipStrategy):
             self._warn_one_node()
         else:
             self.topology = self.resolve_topology(nodes, devices)
+        newcomer = self.elastic_parts.newcomer
         if self.gossip_group is None:
-            # Its own group: gossip messages never interleave with Lightning's collectives.
-            self.gossip_group = dist.new_group(
-                backend=self.process_group_backend, timeout=self.timeout
-            )
+            # its own group, apart from Lightning's collectives (a newcomer's: its generation's)
+            self.gossip_group = newcomer.groups[2] if newcomer else dist.new_group(
+                backend=self.process_group_backend, timeout=self.timeout)
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
                 # the communication thread's own node group for the sharded rounds' all-gather;
@@ -215,23 +219,30 @@ class DPSGDStrategy(GossipStrategy):
                          overlap=self.overlap, delay_by_one=self.delay_by_one,
                          wire_dtype=self._wire, layout=self.layout, heartbeat=self.heartbeat,
                          stats=self._stats)  # the survivors' too (an elastic fit)
-        if exchanging:
+        if exchanging and newcomer is None:
             assert self.topology is not None
             self.engine = engine(self.topology, self.gossip_group,
                                  groups=self._groups if hierarchical else None,
                                  node_gather=self.node.all_gather if self.node else None)
             self.engine.start()
-        if self.elastic and self.engine is not None:
+        if self.elastic and (self.engine is not None or newcomer):
+            assert self._flat is not None
+            run, _fits[0] = _fits[0], _fits[0] + 1
             self.elastic_rounds = ElasticRounds.of_fit(
-                trainer, self.global_rank, self.world_size, self.timeout, run=next(_fits),
+                trainer, self.global_rank, self.world_size, self.timeout, run=run,
                 heartbeat=self.heartbeat, backend=self.process_group_backend or "gloo",
                 topology=(str(self.topology_spec), self.seed),
                 make_engine=engine, engine=lambda: self.engine,
                 set_engine=self._set_engine, step=lambda: self.step,
                 set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
-                loggers=trainer.loggers if self.is_global_zero else [])
+                loggers=trainer.loggers if self.is_global_zero else [],
+                membership=newcomer.membership if newcomer else None,
+                hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
+                                                          trainer, lambda: self.step))
             self.survivors = self.elastic_rounds.survivors
-            self.collectives_local = lambda: self.elastic_rounds.in_epoch  # mid-epoch
+            if newcomer:  # the members' topology, from the step they admitted it at
+                self.engine = self.elastic_rounds.enter(newcomer.step, newcomer.membership.live,
+                                                        *newcomer.groups[1:])
             self.rebuild_train_loader(trainer)  # through the shared cursor from now on
 
     def _set_engine(self, engine: SyncGossip | None) -> SyncGossip | None:  # survivors'

@@ -23,6 +23,16 @@ others there (:class:`~lightning_gossip.claim_ledger.ClaimLedger`), and before v
 epoch's end every rank settles on the same step (:class:`~lightning_gossip.even_rounds.
 EvenRounds`). Mid-epoch, Lightning's collectives stay local (the ranks' batch counts may differ
 by one at an epoch's end), as under ``adpsgd``.
+
+Joins: once a rank was lost, a replacement started with its environment asks for the free slot
+(:func:`~.newcomer.join_running_fit`, as under ``adpsgd``). Rounds couple the members, so they
+must admit it at the same step: every :data:`JOIN_CHECK_EVERY` steps each member reads the
+requests from the store and the members all-reduce what they saw (a maximum over one flag per
+rank slot, on the survivors' gloo group); a request any member saw is admitted by all, at that
+step's start (:meth:`~.elastic.Survivors.admit`: the members' exact average and the lowest
+member's checkpoint handed over). The newcomer builds the same topology over the new members
+(:meth:`ElasticRounds.enter`) and its first round is that step's. A meeting at an epoch's end in
+progress starts again over the new members.
 """
 
 from __future__ import annotations
@@ -41,13 +51,24 @@ from typing_extensions import override
 from lightning_gossip import _compat
 from lightning_gossip.even_rounds import EvenRounds
 from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness.store import bounded
+from lightning_gossip.membership import Membership
 from lightning_gossip.shared_cursor import default_store
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.sync_gossip import SyncGossip
 from lightning_gossip.topology import MemberTopology, Topology, build
 
-__all__ = ["ElasticRounds"]
+__all__ = ["JOIN_CHECK_EVERY", "ElasticRounds"]
+
+JOIN_CHECK_EVERY = 8
+"""Steps between the members' looks for processes asking to join (only once a rank was lost:
+a store read on each member and an all-reduce of one flag per rank slot)."""
+
+
+class _Admitted(BaseException):
+    """Newcomers were admitted at the start of a gossip-only round: the meeting it belonged to
+    starts again over the new members (a ``BaseException``: not a loss to recover from)."""
 
 
 class ElasticRounds:
@@ -65,6 +86,8 @@ class ElasticRounds:
         end_round: ``(step)``: what follows a round in the strategy's step: the step counted
             and its periodic collectives (global average, consensus distance); also after a
             gossip-only round, so that every rank runs the same collectives.
+        membership, hand_over: as for :class:`~.elastic.Survivors` (a newcomer's membership;
+            the members' side of a join, ``None``: joins refused).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -74,14 +97,16 @@ class ElasticRounds:
                  set_engine: Callable[[SyncGossip | None], SyncGossip | None],
                  step: Callable[[], int], set_step: Callable[[int], None],
                  end_round: Callable[[int], None], epoch: Callable[[], int],
-                 loggers: Sequence[Any] = ()) -> None:
+                 loggers: Sequence[Any] = (), membership: Membership | None = None,
+                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None) -> None:
         self.run, self.world_size, self.topology = run, world_size, topology
         self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
         self.step, self.set_step, self.end_round = step, set_step, end_round
         self.survivors = Survivors(run, rank, world_size, timeout, heartbeat=heartbeat,
                                    backend=backend, make_engine=self._engine_over,
                                    set_engine=set_engine, step=step, epoch=epoch,
-                                   loggers=loggers)
+                                   loggers=loggers, membership=membership,
+                                   hand_over=hand_over, poll_joins=False)
         self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
                                  live=lambda: self.survivors.live,
                                  timeout_s=timeout.total_seconds())
@@ -89,6 +114,10 @@ class ElasticRounds:
         #: it trained; whether the fit resumed at an epoch's end (its last batch trained)
         self.in_epoch, self.batches, self.epoch_end_restored = False, 0, False
         self.cursor = CursorResume()  # the training loader's shared cursor
+        #: the survivors' gloo group (after a loss: the joins' all-reduce); the step last
+        #: checked for joins
+        self.control: Any = None
+        self._checked = -1
 
     @classmethod
     def of_fit(cls, trainer: pl.Trainer, rank: int, world_size: int, timeout: timedelta, *,
@@ -114,6 +143,7 @@ class ElasticRounds:
                      data: Any) -> SyncGossip | None:
         """The survivors' engine: the step agreed (the largest next step), the topology over
         ``live`` numbered from it."""
+        self.control = control
         mine = torch.tensor([self.step()], dtype=torch.int64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=control)  # gloo, the survivors'
         common = int(mine.item())
@@ -131,12 +161,44 @@ class ElasticRounds:
         ``step``'s round), except that a lost peer (posting to it fails at once) makes the
         survivors go on first; the round then starts at the step they agree on, on the next
         call (the strategy's ``optimizer_step`` makes it)."""
-        engine = self.engine()
         try:
+            self.admit_joins(step)
+            engine = self.engine()
             if engine is not None:
                 engine.before_step(step)
         except Exception as e:
             self.survivors.survive(e)
+
+    def admit_joins(self, step: int) -> bool:
+        """At the start of ``step`` (a multiple of :data:`JOIN_CHECK_EVERY`, once a rank was
+        lost, once per step): admit the processes any member found asking to join (see the
+        module docstring); whether some were."""
+        survivors = self.survivors
+        if (survivors.hand_over is None or self.control is None or step == self._checked
+                or step % JOIN_CHECK_EVERY):
+            return False
+        self._checked = step
+        try:  # bounded: a frozen store host is not waited for (the heartbeat names it)
+            asked = bounded(survivors.membership.poll, survivors.heartbeat.timeout,
+                            "looking for joins") or ()
+        except Exception:  # noqa: BLE001
+            asked = ()
+        flags = torch.zeros(self.world_size, dtype=torch.int64)
+        flags[list(asked)] = 1
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)
+        joined = flags.nonzero().flatten().tolist()
+        if joined:
+            survivors.retry(lambda: survivors.admit(joined))
+        return bool(joined)
+
+    def enter(self, step: int, live: Sequence[int], control: Any, data: Any) -> SyncGossip | None:
+        """A newcomer's engine, handed ``step`` by the lowest member: the topology over ``live``
+        numbered from the step agreed with the members (in their :meth:`admit_joins`); that
+        step's round is its first (the members looked for joins at it already)."""
+        self.set_step(step)
+        engine = self._engine_over(live, None, control, data)
+        self._checked, self.in_epoch = self.step(), True  # it joins mid-epoch
+        return engine
 
     def finish(self, step: int, engine: SyncGossip | None) -> None:
         """After the local step of ``step``: its round (``engine``'s), then :attr:`end_round`.
@@ -157,7 +219,10 @@ class ElasticRounds:
     def pad(self, step: int) -> int:
         """One gossip-only round at ``step`` (the replica mixed, no gradient); returns the next
         step. A lost peer raises, the step counted (callers recover through
-        :meth:`~.elastic.Survivors.retry`, which runs their operation again)."""
+        :meth:`~.elastic.Survivors.retry`, which runs their operation again). Newcomers admitted
+        at ``step``'s start raise :class:`_Admitted` (the step's round not run yet)."""
+        if self.admit_joins(step):
+            raise _Admitted
         engine = self.engine()
         if engine is not None:
             engine.before_step(step)
@@ -174,7 +239,10 @@ class ElasticRounds:
         still training find this rank in their rounds (first, a loss the liveness monitor
         found is recovered from)."""
         self.survivors.poll()
-        self.survivors.retry(lambda: self.pad(self.step()))
+        try:
+            self.survivors.retry(lambda: self.pad(self.step()))
+        except _Admitted:
+            pass  # the round runs at the next wait, with the new members
 
     def settle(self, epoch: int) -> None:
         """Before validation and at the epoch's end: leave ``epoch`` at the same step as every
@@ -182,8 +250,13 @@ class ElasticRounds:
         if not self.in_epoch:
             return
         membership = self.survivors.membership
-        self.survivors.retry(lambda: self.rounds.settle(
-            f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
+        while True:  # named by the generation: a loss or a join begins a new meeting
+            try:
+                self.survivors.retry(lambda: self.rounds.settle(
+                    f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
+                break
+            except _Admitted:
+                continue
         self.in_epoch = False
 
     def end_epoch(self, trainer: pl.Trainer) -> None:

@@ -115,6 +115,8 @@ class Survivors:
             live.
         hand_over: ``(old group, new group, newcomers, lowest)``: the members' side of a join
             (:func:`~.newcomer.hand_over` with the fit's values); ``None``: joins are refused.
+        poll_joins: admit newcomers from :meth:`poll` (``False``: the owner calls :meth:`admit`
+            itself, at a step every member agreed on: synchronous gossip).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -123,13 +125,14 @@ class Survivors:
                  set_engine: Callable[[Any], Any],
                  step: Callable[[], int], epoch: Callable[[], int],
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
-                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None) -> None:
+                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
+                 poll_joins: bool = True) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
         store = dist.PrefixStore(f"elastic/{run}/", default_store())
         self.membership = membership or Membership(store, rank, world_size, timeout, run)
-        self.hand_over = hand_over
+        self.hand_over, self.poll_joins = hand_over, poll_joins
         self._polled = 0.0  # when the membership was last polled for joins
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -212,7 +215,8 @@ class Survivors:
             except PeerSilent as e:
                 self.survive(e)
         now = time.monotonic()
-        if self.hand_over is None or beat.has_finding or now < self._polled + POLL_EVERY_S:
+        if (self.hand_over is None or not self.poll_joins or beat.has_finding
+                or now < self._polled + POLL_EVERY_S):
             return
         self._polled = now
         try:  # bounded: a frozen or dead store host is not waited for

@@ -1,6 +1,8 @@
 """The elastic parts of an ``ADPSGDStrategy(elastic=True)`` fit, set up from the strategy's
 values: a newcomer's join before the default group exists (:mod:`~.newcomer`), and the
 :class:`~.elastic.Survivors` of the fit with their side of a join (:func:`~.newcomer.hand_over`).
+``DPSGDStrategy(elastic=True)`` uses the join and the members' side (:meth:`ElasticParts.join`,
+:meth:`ElasticParts.members_side`; its survivors are :mod:`~.dpsgd_elastic`'s).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ class ElasticParts:
     Args:
         timeout: the process groups' timeout.
         heartbeat_timeout: the heartbeat's.
-        pairing: the pairing's name and seed.
+        pairing: the pairing's name and seed (``adpsgd``; ``None``: no survivors built here).
     """
 
     def __init__(self, timeout: timedelta, heartbeat_timeout: float | None,
-                 pairing: tuple[PairingName, int]) -> None:
+                 pairing: tuple[PairingName, int] | None = None) -> None:
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.pairing = pairing
@@ -78,18 +80,12 @@ class ElasticParts:
                   pack: Callable[[], Any], replicas: Any, trainer: Any) -> Survivors:
         """The fit's :class:`~.elastic.Survivors` (a newcomer's keep its membership); a join
         hands over the average of ``pack()`` and the lowest member's checkpoint with it."""
-        def checkpoint(average: Any) -> dict[str, Any]:
-            with replicas.weights_as_is(average):  # no collective: only this member is here
-                return _compat.dump_checkpoint(trainer)
-
-        def members_side(old: Any, new: Any, newcomers: list[int], lowest: bool) -> None:
-            hand_over(pack(), old, new, newcomers, lowest, checkpoint, step(), self.timeout)
-
         def engine_over(live: Sequence[int], _group: Any, control: Any,
                         data: Any) -> AsyncGossip | None:
             """A pairing over ``live`` (none for a lone rank), the engine's phase open."""
             if len(live) < 2:
                 return None
+            assert self.pairing is not None
             name, seed = self.pairing
             engine = make_engine(RankPairing(Pairing(name, len(live), seed), tuple(live)),
                                  control, data)
@@ -101,4 +97,18 @@ class ElasticParts:
                          backend=backend, make_engine=engine_over,
                          set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
                          membership=self.newcomer.membership if self.newcomer else None,
-                         hand_over=members_side)
+                         hand_over=self.members_side(pack, replicas, trainer, step))
+
+    def members_side(self, pack: Callable[[], Any], replicas: Any, trainer: Any,
+                     step: Callable[[], int]) -> Callable[[Any, Any, list[int], bool], None]:
+        """The members' side of a join (:class:`~.elastic.Survivors`' ``hand_over``): the exact
+        average of ``pack()`` over the members, and the lowest member's checkpoint with it
+        as the weights (:func:`~.newcomer.hand_over`), at ``step()``."""
+        def checkpoint(average: Any) -> dict[str, Any]:
+            with replicas.weights_as_is(average):  # no collective: only this member is here
+                return _compat.dump_checkpoint(trainer)
+
+        def members_side(old: Any, new: Any, newcomers: list[int], lowest: bool) -> None:
+            hand_over(pack(), old, new, newcomers, lowest, checkpoint, step(), self.timeout)
+
+        return members_side

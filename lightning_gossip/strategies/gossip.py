@@ -107,9 +107,8 @@ class GossipStrategy(ProcessGroupStrategy):
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision_plugin, process_group_backend=process_group_backend,
                          timeout=timeout, heartbeat_timeout=heartbeat_timeout)
-        self.seed = int(seed)
+        self.seed, self.hierarchical = int(seed), bool(hierarchical)
         self.delay_by_one = bool(delay_by_one)
-        self.hierarchical = bool(hierarchical)
         self.global_average_every_n_steps = check_every(
             "global_average_every_n_steps", global_average_every_n_steps)
         self._wire, self.wire_dtype = check_wire_dtype(wire_dtype), wire_dtype
@@ -263,8 +262,9 @@ class GossipStrategy(ProcessGroupStrategy):
 
     @override
     def on_train_start(self) -> None:
-        """Resume the step counter ``t`` from the trainer's global step."""
-        self.step = self.lightning_module.trainer.global_step
+        """Resume the step counter ``t`` from the trainer's global step (a newcomer: the step
+        its members admitted it at; their rounds may outnumber their steps)."""
+        self.step = self.step if self.joined else self.lightning_module.trainer.global_step
 
     @override
     def on_train_end(self) -> None:
