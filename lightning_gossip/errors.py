@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NonFiniteFromPeer",
-           "NonFiniteReplica", "PeerSilent", "RankExcluded"]
+__all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NewcomersAdmitted",
+           "NonFiniteFromPeer", "NonFiniteReplica", "PeerSilent", "RankExcluded"]
 
 
 class GossipError(RuntimeError):
@@ -72,6 +72,12 @@ class RankExcluded(GossipError):
     """This rank was counted lost by the other ranks of an elastic fit (it was silent for
     longer than the heartbeat timeout, e.g. frozen) and cannot rejoin it; they go on without
     it (``docs/faults.md``)."""
+
+
+class NewcomersAdmitted(BaseException):  # noqa: N818 - a signal, not an error
+    """An elastic ``dpsgd`` fit admitted newcomers at the start of a gossip-only round: the
+    epoch-end meeting that round belonged to starts again over the new members (a
+    ``BaseException``: not a loss to recover from; never leaves the strategy)."""
 
 
 class NonFiniteFromPeer(GossipError):

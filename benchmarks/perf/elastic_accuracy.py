@@ -1,10 +1,10 @@
 """Does a lost rank cost accuracy? An elastic fit that loses one of 4 ranks at mid-run, against
 the same fit without a loss, per workload and seed (issue 31's goal: within 0.5 points).
 
-Each pair runs ``testbed.elastic_accuracy`` twice on 4 ranks started as ``srun`` starts tasks
-(gloo, loopback, ``heartbeat_timeout=5``): rank 2 ``SIGKILL``\\ ed at batch 10 of the middle
-epoch, then (or first, alternating by seed) nobody lost. The workloads: ``digits`` (an MLP
-on scikit-learn's digits, 16 epochs, test top-1 % of the averaged replica) and ``asr`` (the
+Each pair runs ``benchmarks.perf.elastic_accuracy_rank`` twice on 4 ranks started as ``srun``
+starts tasks (gloo, loopback, ``heartbeat_timeout=5``): rank 2 ``SIGKILL``\\ ed at batch 10 of
+the middle epoch, then (or first, alternating by seed) nobody lost. The workloads: ``digits``
+(an MLP on scikit-learn's digits, 16 epochs, test top-1 % of the averaged replica) and ``asr`` (the
 recipe's own CLI with the demo's config, 10 epochs, on the race's 1600-utterance corpus; the
 last epoch's dev WER %). The record keeps every fit's metric, steps and time, and per pair the
 difference (lost minus unfailed, in points; positive: worse for WER, better for top-1).
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, progress, write_json
-from testbed.elastic_accuracy import ASR_CORPUS, HEARTBEAT_S, LOSS_BATCH
+from benchmarks.perf.elastic_accuracy_rank import ASR_CORPUS, HEARTBEAT_S, LOSS_BATCH
 from testbed.launch import ROOT, run_fake_slurm_each
 
 RANKS, VICTIM = 4, 2
@@ -37,8 +37,8 @@ def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str) -> d
     """One fit; rank 0's result (raises when a survivor failed)."""
     folder.mkdir(parents=True)
     t0 = time.time()
-    launched = run_fake_slurm_each("testbed.elastic_accuracy", str(folder), workload, str(seed),
-                                   str(victim), strategy, ntasks=RANKS, timeout=1800)
+    launched = run_fake_slurm_each("benchmarks.perf.elastic_accuracy_rank", str(folder), workload,
+                                   str(seed), str(victim), strategy, ntasks=RANKS, timeout=1800)
     codes = launched.returncodes
     if any(codes[r] != 0 for r in range(RANKS) if r != victim):
         raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")

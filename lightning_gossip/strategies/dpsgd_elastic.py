@@ -49,6 +49,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
 from lightning_gossip import _compat
+from lightning_gossip.errors import NewcomersAdmitted
 from lightning_gossip.even_rounds import EvenRounds
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.liveness.store import bounded
@@ -64,11 +65,6 @@ __all__ = ["JOIN_CHECK_EVERY", "ElasticRounds"]
 JOIN_CHECK_EVERY = 8
 """Steps between the members' looks for processes asking to join (only once a rank was lost:
 a store read on each member and an all-reduce of one flag per rank slot)."""
-
-
-class _Admitted(BaseException):
-    """Newcomers were admitted at the start of a gossip-only round: the meeting it belonged to
-    starts again over the new members (a ``BaseException``: not a loss to recover from)."""
 
 
 class ElasticRounds:
@@ -220,9 +216,9 @@ class ElasticRounds:
         """One gossip-only round at ``step`` (the replica mixed, no gradient); returns the next
         step. A lost peer raises, the step counted (callers recover through
         :meth:`~.elastic.Survivors.retry`, which runs their operation again). Newcomers admitted
-        at ``step``'s start raise :class:`_Admitted` (the step's round not run yet)."""
+        at ``step``'s start raise :class:`NewcomersAdmitted` (the step's round not run yet)."""
         if self.admit_joins(step):
-            raise _Admitted
+            raise NewcomersAdmitted
         engine = self.engine()
         if engine is not None:
             engine.before_step(step)
@@ -241,7 +237,7 @@ class ElasticRounds:
         self.survivors.poll()
         try:
             self.survivors.retry(lambda: self.pad(self.step()))
-        except _Admitted:
+        except NewcomersAdmitted:
             pass  # the round runs at the next wait, with the new members
 
     def settle(self, epoch: int) -> None:
@@ -255,7 +251,7 @@ class ElasticRounds:
                 self.survivors.retry(lambda: self.rounds.settle(
                     f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
                 break
-            except _Admitted:
+            except NewcomersAdmitted:
                 continue
         self.in_epoch = False
 

@@ -3,7 +3,7 @@ elastic strategy, one rank lost at mid-run or none, and the final metric written
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables)::
 
-    python -m testbed.elastic_accuracy OUT WORKLOAD SEED VICTIM [STRATEGY]
+    python -m benchmarks.perf.elastic_accuracy_rank OUT WORKLOAD SEED VICTIM [STRATEGY]
 
 ``WORKLOAD``: ``digits`` (an MLP 64-128-10 on scikit-learn's digits, 80/20 split, SGD with
 momentum, 16 epochs; the metric: top-1 % of the exact replica average on the 360 held-out
@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 5.0
 LOSS_BATCH = 10
 EPOCHS = {"digits": 16, "asr": 10}
@@ -39,8 +39,8 @@ ASR_CORPUS = ROOT / "data" / "asr-race"
 class LoseRank(Callback):
     """Rank ``victim`` kills itself (``SIGKILL``) at the start of batch ``batch`` of epoch
     ``epoch``, after writing the wall time to ``out/victim.json``: a node lost mid-epoch.
-    A plain callback, so the recipe's CLI takes it
-    (``--trainer.callbacks+={"class_path": "testbed.elastic_accuracy.LoseRank", ...}``)."""
+    A plain callback, so the recipe's CLI takes it (``--trainer.callbacks+={"class_path":
+    "benchmarks.perf.elastic_accuracy_rank.LoseRank", ...}``)."""
 
     def __init__(self, victim: int, epoch: int, batch: int, out: str) -> None:
         self.victim, self.epoch, self.batch, self.out = victim, epoch, batch, Path(out)
@@ -95,7 +95,7 @@ def asr(out: Path, seed: int, victim: int, name: str) -> dict[str, Any]:
 
     strategy = {"class_path": f"lightning_gossip.{name.upper()}Strategy",
                 "init_args": strategy_kwargs(seed)}
-    lose = {"class_path": "testbed.elastic_accuracy.LoseRank",
+    lose = {"class_path": "benchmarks.perf.elastic_accuracy_rank.LoseRank",
             "init_args": {"victim": victim, "epoch": EPOCHS["asr"] // 2, "batch": LOSS_BATCH,
                           "out": str(out)}}
     run = cli(["fit", "--config", str(ROOT / "recipes" / "asr" / "configs" / "synth.yaml"),
