@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NewcomersAdmitted",
-           "NonFiniteFromPeer", "NonFiniteReplica", "PeerSilent", "RankExcluded"]
+__all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NonFiniteFromPeer",
+           "NonFiniteReplica", "PeerSilent", "RankExcluded"]
 
 
 class GossipError(RuntimeError):
@@ -77,7 +77,8 @@ class RankExcluded(GossipError):
 class NewcomersAdmitted(BaseException):  # noqa: N818 - a signal, not an error
     """An elastic ``dpsgd`` fit admitted newcomers at the start of a gossip-only round: the
     epoch-end meeting that round belonged to starts again over the new members (a
-    ``BaseException``: not a loss to recover from; never leaves the strategy)."""
+    ``BaseException``: not a loss to recover from; never leaves the strategy, so it is not
+    exported)."""
 
 
 class NonFiniteFromPeer(GossipError):
