@@ -8,6 +8,7 @@ the two replicas to fp32 rounding, and one complete pairwise average makes them 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -101,10 +102,42 @@ def _nan_case(rank: int, world: int) -> dict:
     return {"error": error, "threads_after_stop": _gossip_threads(rank) if rank == 0 else 0}
 
 
+IDLE_STEPS = 6
+"""The passive's steps in the idle case, against the active's one (its bound: 1)."""
+
+
+def _idle_case(rank: int, world: int) -> dict:
+    """The active rank (0) steps once and then idles (as at an elastic epoch end, waiting for
+    its peers); the passive (1) takes IDLE_STEPS steps with ``max_staleness=1``: each of its
+    steps past the bound waits for an exchange, which only the idle active's can bring."""
+    _, flat = _replica(rank)
+    x0 = flat.pack().clone()
+    engine = _engine(flat, rank, world, max_staleness=1)
+    engine.start()
+    dist.barrier()
+    engine.before_step(0)
+    done = torch.zeros(1)
+    if rank == 0:
+        engine.after_step(0)
+        passive_done = dist.irecv(done, src=1)  # default group: not the gossip's
+        deadline = time.monotonic() + TIMEOUT.total_seconds()
+        while not passive_done.is_completed() and time.monotonic() < deadline:
+            engine.idle()
+            time.sleep(0.005)
+    else:
+        for t in range(IDLE_STEPS):
+            engine.after_step(t)
+        dist.send(done, dst=0)
+    engine.quiesce()
+    engine.close()
+    return {"x0": x0.tolist(), "x": flat.pack().tolist(), "stats": vars(engine.stats)}
+
+
 def engine_cases(rank: int, world: int) -> dict:
     """Every case in one launch (process start-up dominates)."""
     out = {name: _conserving_case(rank, world, kw) for name, kw in CASES.items()}
     out["nan"] = _nan_case(rank, world)
+    out["idle"] = _idle_case(rank, world)
     return out
 
 
@@ -152,3 +185,18 @@ def test_error_in_the_gossip_thread_reaches_the_training_thread_naming_the_peer(
     assert "rank 0: the gossip thread failed" in error
     assert "non-finite" in error and "from rank 1" in error
     assert results[0]["nan"]["threads_after_stop"] == 0
+
+
+def test_an_idle_active_rank_keeps_exchanging_for_a_passive_still_stepping(results):
+    """``AsyncGossip.idle`` (an elastic fit's wait at an epoch end): the passive's steps past
+    its staleness bound were released by the idle active's exchanges, and the sum of the
+    replicas is conserved through them."""
+    s0, s1 = results[0]["idle"]["stats"], results[1]["idle"]["stats"]
+    assert (s0["steps"], s1["steps"]) == (1, IDLE_STEPS)
+    assert s1["staleness_waits"] >= 1  # it was held at the bound, and let go
+    # One step of rank 0 leaves one snapshot: without idle() one exchange, covering at most
+    # the passive's first steps, and its later steps would wait until the timeout.
+    assert s0["exchanges"] == s1["exchanges"] >= 2
+    x0 = [torch.tensor(results[r]["idle"]["x0"]) for r in (0, 1)]
+    x = [torch.tensor(results[r]["idle"]["x"]) for r in (0, 1)]
+    torch.testing.assert_close(x[0] + x[1], x0[0] + x0[1], rtol=0, atol=2e-5)

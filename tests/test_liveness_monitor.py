@@ -132,7 +132,10 @@ def test_every_rank_names_a_frozen_adpsgd_rank_that_nobody_waits_on(tmp_path):
 
     hb = 5.0
     spec = {"strategy": "adpsgd", "epochs": 1, "samples": 200_000, "heartbeat_timeout": hb,
-            "timeout": 600, "fault": {"kind": "freeze_idle", "rank": 2, "step": 3}}
+            "timeout": 600, "fault": {"kind": "freeze_idle", "rank": 2, "step": 3},
+            # a rank that exits ends the launch (Lightning's launcher stops the others): each
+            # failed rank stays until the others have failed too (seen: one was stopped first)
+            "await_peer_errors_s": 60, "await_errors_of": [0, 1, 3]}
     # a generous launch limit: 4 ranks took 7 minutes to start on 2 loaded cores
     events, survivors, text = run_case(tmp_path, "monitor-adpsgd", spec, "lightning", nprocs=4,
                                        timeout=900, frozen=2)

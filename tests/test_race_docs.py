@@ -51,3 +51,14 @@ def test_a_fair_record_renders_its_claims() -> None:
     assert "No claim from this race: no link latency emulated." in " ".join(
         docs.race_part(loaded, []).split())
     assert docs.results_sentence(loaded).startswith("No speed-up is claimed")
+
+
+def test_the_remedies_race_is_labelled_and_left_out_of_the_readme_sentence() -> None:
+    """The remedies' race has fewer peers than the main race: its tables say which race it is,
+    and the README's sentence (the library against every peer) does not quote it."""
+    times = {"ddp": [300.0, 310.0, 305.0], "postlocal16": [250.0, 260.0, 240.0],
+             "dpsgd_hier_bf16": [150.0, 160.0, 170.0],
+             "dpsgd_hier_bf16_overlap": [140.0, 150.0, 145.0]}
+    remedies = [("asr_2x2_200mbit_0.5ms_remedies.json", fair_record(times))]
+    assert "0.5 ms, the remedies' race" in " ".join(docs.race_part(remedies, []).split())
+    assert docs.results_sentence(remedies).startswith("No speed-up is claimed")

@@ -117,6 +117,8 @@ def setting(rec: dict[str, Any]) -> str:
         words += f", {rec['latency_ms']:g} ms"
     if rec.get("slow_node") is not None:
         words += f", node {rec['slow_node']} slower"
+    if rules.remedies_race(rec):
+        words += ", the remedies' race"
     return words
 
 
@@ -138,7 +140,7 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
              "vs ddp | vs best peer |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for case, row in score["cases"].items():
-        lo_hi = f"{_f(row['min'])}-{_f(row['max'])}"
+        lo_hi = "-" if row["min"] is None else f"{_f(row['min'])}-{_f(row['max'])}"
         lines.append(f"| {case} | {_f(row['lr'], '.3g')} | {row['n']} | {_f(row['median'])} | "
                      f"{lo_hi} | {_f(row['vs_ddp'], '.2f')} | {_f(row['vs_best_peer'], '.2f')}"
                      f" | {row['claim_vs_ddp'] or '-'} | {row['claim_vs_best_peer'] or '-'} |")
@@ -212,7 +214,8 @@ def tuning_words(rec: dict[str, Any]) -> str:
         trial = (trials.get(case) or {}).get(f"{peak:g}") or {}
         samples = trial.get("samples_to_target")
         picks.append(f"{case} {peak:g} ({samples} samples)" if samples is not None else
-                     f"{case} {peak:g} (the target at no peak; final {trial.get('final_metric')})")
+                     f"{case} {peak:g} (the target at no peak; final "
+                     f"{_f(trial.get('final_metric'), '.1f')})")
     peaks = ", ".join(f"{p:g}" for p in tuning.get("peaks") or [])
     return (f"Tuning (peaks {peaks}; the pick: the fewest samples to the target): "
             + ", ".join(picks) + ".")
@@ -250,7 +253,7 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
     verdict = {"faster": "faster in every run", "slower": "slower in every run"}
     for _, rec in fair:
         score = rules.score(rec)
-        if score["withheld"]:
+        if score["withheld"] or rules.remedies_race(rec):  # (fewer peers: in the tables)
             continue
         best = score["best_peer"]
         rows = [(row["vs_ddp"], case, row) for case, row in score["cases"].items()

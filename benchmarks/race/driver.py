@@ -114,7 +114,7 @@ CASES: dict[str, dict[str, Any]] = {
 }
 """Case name -> what the worker runs."""
 
-REMEDIES = tuple(c for c in CASES if c.endswith(("_overlap", "_avg16", "_outer16")))
+REMEDIES = tuple(c for c in CASES if c.endswith(rules.REMEDY_SUFFIXES))
 """The remedies' cases: raced only when asked for (``--cases``)."""
 
 PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16",

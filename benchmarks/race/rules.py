@@ -48,6 +48,23 @@ PEAK_LRS = {"asr": (3e-3, 6e-3), "digits": (0.05, 0.1)}
 OPTIMIZER = {"asr": "adam", "digits": "sgd"}
 """The optimizer of each workload (the rule's factor applies to Adam only)."""
 
+REMEDY_SUFFIXES = ("_overlap", "_avg16", "_outer16")
+"""Case names ending so are the remedies' (issue 29, deliverable 4), raced next to their
+baselines in a race of their own."""
+
+
+def remedies_race(rec: dict[str, Any]) -> bool:
+    """Whether a record is the remedies' race (its peers are fewer than the main race's).
+
+    >>> remedies_race({"cases": {"ddp": {}, "dpsgd_hier_bf16_overlap": {}}})
+    True
+    >>> remedies_race({"cases": {"ddp": {}, "dpsgd_hier_bf16": {}}})
+    False
+    """
+    cases = rec.get("cases")  # (a list in the records from before the rules)
+    return isinstance(cases, dict) and any(name.endswith(REMEDY_SUFFIXES) for name in cases)
+
+
 TUNING_WORDS = (
     "Every case was run once at each peak rate of {peaks} (ddp's rate and twice it); a case "
     "whose learners run one optimizer each between averages (dpsgd, adpsgd, post-local SGD, "

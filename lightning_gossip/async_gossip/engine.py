@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -25,7 +26,11 @@ if TYPE_CHECKING:
 #: ``devices`` slices of ``mine``'s length, in local-rank order)
 NodeGather = Callable[[Tensor, Tensor], None]
 
-__all__ = ["AsyncGossip"]
+__all__ = ["IDLE_EVERY_MAX_S", "AsyncGossip"]
+
+IDLE_EVERY_MAX_S = 1.0
+"""The longest pause between two snapshots an idle active rank leaves
+(:meth:`AsyncGossip.idle`)."""
 
 
 class AsyncGossip:
@@ -100,6 +105,11 @@ class AsyncGossip:
                                       timeout, heartbeat, wire_dtype)
         self._thread: threading.Thread | None = None
         self._steps = 0
+        #: when the last step of the open phase ended, the last interval between two (capped
+        #: at IDLE_EVERY_MAX_S), when :meth:`idle` last left a snapshot: idle paces itself so
+        self._stepped_at: float | None = None
+        self._step_s = 0.0
+        self._idled_at = 0.0
 
     @property
     def stats(self) -> GossipStats:
@@ -134,6 +144,7 @@ class AsyncGossip:
             if shared.clock.is_open:
                 return
             shared.clock.open()
+            self._stepped_at = None
             shared.mailbox.reset(self._steps)
             shared.handoff.to_thread()
             shared.cv.notify_all()
@@ -164,23 +175,52 @@ class AsyncGossip:
             shared.raise_if_failed()
             self._steps += 1
             shared.stats.steps = self._steps
-            handed = False
-            if self._gather is None and box.due_now():
-                shared.handoff.wait_for_thread()
-                box.apply_due()
-                handed = True  # clean delta buffers: the thread overwrites what was read here
-            if not box.fresh_ready:  # the thread took the last snapshot: leave a new one
-                box.leave_snapshot(self._steps)
-                handed = True
-                shared.cv.notify_all()
-            if handed:
-                shared.handoff.to_thread()
+            now = time.monotonic()
+            if self._stepped_at is not None:
+                self._step_s = min(now - self._stepped_at, IDLE_EVERY_MAX_S)
+            self._stepped_at = now
+            self._hand_over()
             if self.max_staleness is not None and clock.is_open:
                 # A passive whose actives have all ended the phase gets no more gossip: go on.
                 bound = self.max_staleness
                 shared.wait_for(lambda: self._steps - box.gossiped <= bound or clock.quiet,
                                 f"waiting for gossip to catch up (max_staleness={bound})",
                                 count=True)
+
+    def _hand_over(self) -> None:
+        """(Under the lock) apply the due deltas (unsharded), and leave a fresh snapshot when
+        the gossip thread took the last one."""
+        shared, box = self._shared, self._shared.mailbox
+        handed = False
+        if self._gather is None and box.due_now():
+            shared.handoff.wait_for_thread()
+            box.apply_due()
+            handed = True  # clean delta buffers: the thread overwrites what was read here
+        if not box.fresh_ready:  # the thread took the last snapshot: leave a new one
+            box.leave_snapshot(self._steps)
+            handed = True
+            shared.cv.notify_all()
+        if handed:
+            shared.handoff.to_thread()
+
+    def idle(self) -> None:
+        """While this rank waits without stepping, mid-phase (an elastic fit's wait at an
+        epoch's end for its peers): an active rank hands its gossip thread a fresh snapshot of
+        the unchanged replica whenever the thread took the last one, so it keeps starting
+        exchanges. A passive peer still training may be waiting for one (``max_staleness``),
+        and actives start one exchange per snapshot. At most one snapshot per interval between
+        this rank's last two steps (at most :data:`IDLE_EVERY_MAX_S`): an idle rank exchanges
+        no faster than it did while training. Passive ranks and sharded engines (the node's
+        all-gather is a collective) do nothing.
+        """
+        shared, now = self._shared, time.monotonic()
+        if not self.active or self._gather is not None or now < self._idled_at + self._step_s:
+            return
+        with shared.cv:
+            shared.raise_if_failed()
+            if shared.clock.is_open and not shared.mailbox.fresh_ready:
+                self._idled_at = now
+                self._hand_over()
 
     def quiesce(self) -> None:
         """End the current phase: finish in-flight gossip everywhere, apply every delta."""

@@ -222,7 +222,7 @@ class ADPSGDStrategy(GossipStrategy):
             loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
             replicas=self.replicas, trainer=trainer)
         self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
-        self.phases.epoch_opened = survivors.epoch_opened
+        self.phases.epoch_opened, self.phases.poll = survivors.epoch_opened, survivors.poll
         return survivors
 
     def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:  # survivors'
@@ -253,7 +253,8 @@ class ADPSGDStrategy(GossipStrategy):
                 if self._sharded else None)  # the node's ranks step together: it claims
         return self.cursor.shared_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
                                          node=node, ledger=self.survivors and self.survivors.ledger(
-                                             f"run{self._run_id}/ledger"),
+                                             f"run{self._run_id}/ledger",
+                                             on_wait=self.phases.wait_at_end),
                                          epoch=trainer.fit_loop.epoch_progress.current.processed)
 
     @override

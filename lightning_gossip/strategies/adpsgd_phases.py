@@ -69,6 +69,8 @@ class Phases:
         #: told the epoch of every trained batch (the elastic cursor counts them)
         self.batch_trained: Callable[[int], None] = lambda epoch: None
         self.epoch_opened: Callable[[int], None] = lambda epoch: None  # (and an epoch begun)
+        #: recovers from losses and admits joins while this rank waits (the survivors')
+        self.poll: Callable[[], None] = lambda: None
         #: this rank validates late (:meth:`end_epoch`): its validation's meeting was held
         self.met_for_validation = False
         #: batches this rank trained in the epoch; whether the fit resumed at an epoch's end
@@ -145,6 +147,14 @@ class Phases:
             engine = self.engine  # the survivors' after a loss (its phase is open)
             if engine is not None:
                 engine.before_step(self._step())
+
+    def wait_at_end(self) -> None:
+        """At every poll of this rank's wait at an epoch's end for its peers (an elastic fit's
+        shared cursor): :attr:`poll`, then keep gossip going
+        (:meth:`~lightning_gossip.async_gossip.AsyncGossip.idle`): a passive peer still
+        training may wait on this rank's exchanges."""
+        self.poll()
+        self.survive(lambda: self.engine.idle() if self.engine is not None else None)
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the

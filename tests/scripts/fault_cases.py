@@ -27,7 +27,8 @@ Every rank whose fit raised also writes ``OUT/error<rank>`` after its ``error`` 
 ``await_peer_errors_s`` the rank whose fault fired waits, after its fit raised and before it
 exits, until every other rank has written that file (at most that many seconds): a launcher
 that stops the remaining ranks once one has exited can then not stop a peer before it has
-failed on its own and named the culprit.
+failed on its own and named the culprit. With ``await_errors_of`` (a list of ranks) every rank
+whose fit raised waits so for those ranks (a fault that fires no error, such as a freeze).
 """
 
 from __future__ import annotations
@@ -143,10 +144,11 @@ class Fault(Callback):
             os.kill(launcher, signal.SIGINT)
 
 
-def await_peer_errors(out: Path, rank: int, world: int, limit_s: float) -> None:
-    """Wait until every rank but ``rank`` has written ``OUT/error<r>`` (at most ``limit_s``)."""
+def await_peer_errors(out: Path, rank: int, ranks: list[int], limit_s: float) -> None:
+    """Wait until every rank of ``ranks`` but ``rank`` has written ``OUT/error<r>`` (at most
+    ``limit_s``)."""
     deadline = time.monotonic() + limit_s
-    peers = [r for r in range(world) if r != rank]
+    peers = [r for r in ranks if r != rank]
     while time.monotonic() < deadline and not all((out / f"error{r}").exists() for r in peers):
         time.sleep(0.1)
 
@@ -201,8 +203,10 @@ def main() -> None:
     except BaseException as e:
         event("error", type=type(e).__name__, message=str(e)[:2000])
         (out / f"error{rank}").touch()
-        if callbacks[0].fired and spec.get("await_peer_errors_s"):
-            await_peer_errors(out, rank, spec.get("devices", 2), spec["await_peer_errors_s"])
+        awaited = spec.get("await_errors_of")  # every rank that raised waits for these
+        if spec.get("await_peer_errors_s") and (callbacks[0].fired or awaited):
+            await_peer_errors(out, rank, awaited or list(range(spec.get("devices", 2))),
+                              spec["await_peer_errors_s"])
         raise
     with torch.no_grad():
         acc = float((model.net(x_val).argmax(-1) == (x_val @ rule > 0).long()).float().mean())
