@@ -17,9 +17,9 @@ The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
 ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
 the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds) and
 the last validation loss and the validations it ran. ``ELASTIC_FIT_SAMPLES``: the training set's
-size (default 192). Validation with a ``sync_dist`` metric, a ``ModelCheckpoint``
-(``save_last``) and a CSV logger run every epoch, so Lightning's collectives run over the
-survivors.
+size (default 192). Validation with a ``sync_dist`` value and a torchmetrics metric, a
+``ModelCheckpoint`` (``save_last``) and a CSV logger run every epoch, so Lightning's collectives
+run over the survivors.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torchmetrics
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -55,6 +56,9 @@ class Indexed(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Linear(6, 2)
+        # a torchmetrics metric logged as an object: Lightning computes it at the epoch's end,
+        # gathering over its process group, which must be the live ranks' after a loss
+        self.val_mean = torchmetrics.MeanMetric()
 
     def training_step(self, batch, batch_idx):
         time.sleep(STEP_S)  # a step that takes a little time, as a real one does
@@ -63,7 +67,10 @@ class Indexed(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         x, y, _ = batch
-        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y), sync_dist=True)
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.log("val_loss", loss, sync_dist=True)
+        self.val_mean.update(loss)
+        self.log("val_mean", self.val_mean)
 
     def configure_optimizers(self):
         # builds the training loader during the strategy's set-up, as a schedule sized by it

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.multiprocess
 #: this module's own name prefix (see tests/test_slurm_faults.py)
 PREFIX = os.environ.get("LG_SLURM_ELASTIC_PREFIX", "tse")
 TEMPLATE = ROOT / "recipes/imagenet/slurm/digits_cpu_elastic.sbatch"
-EPOCHS, VICTIM = 10, 3
+EPOCHS, VICTIM = 40, 3
+"""40 epochs (about 2 s each here): the fit outlasts the loss's detection, the relaunch delay
+and the replacement's start (at 10 epochs it ended first, 5 Dec 2026)."""
 EVENTS = {"lost": f"elastic fit: rank(s) {VICTIM} lost",
           "relaunch": f"task {VICTIM}: training process failed (attempt 1), relaunching",
           "joined": f"elastic fit: rank(s) {VICTIM} joined"}

@@ -67,3 +67,17 @@ def broadcast_object(obj: Any, src: int, group: Any | None, rank: int, device: t
                                                    device=device)
     watched(dist.broadcast, buf, src=src, group=group, what=what)
     return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301
+
+
+def sync_metrics_over(module: torch.nn.Module | None, group: Any) -> None:
+    """Make the torchmetrics ``Metric``\\ s in ``module`` gather over ``group`` (their
+    ``process_group``) when Lightning computes them: an elastic fit's collectives move to the
+    live ranks' group after a loss or a join, and a metric would otherwise still gather over the
+    default group, whose lost ranks never answer."""
+    if module is None:
+        return
+    from torchmetrics import Metric
+
+    for metric in module.modules():
+        if isinstance(metric, Metric):
+            metric.process_group = group

@@ -55,6 +55,7 @@ from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.liveness.store import bounded
 from lightning_gossip.membership import Membership
 from lightning_gossip.shared_cursor import default_store
+from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.sync_gossip import SyncGossip
@@ -82,8 +83,9 @@ class ElasticRounds:
         end_round: ``(step)``: what follows a round in the strategy's step: the step counted
             and its periodic collectives (global average, consensus distance); also after a
             gossip-only round, so that every rank runs the same collectives.
-        membership, hand_over: as for :class:`~.elastic.Survivors` (a newcomer's membership;
-            the members' side of a join, ``None``: joins refused).
+        membership, hand_over, on_group: as for :class:`~.elastic.Survivors` (a newcomer's
+            membership; the members' side of a join, ``None``: joins refused; told the new
+            group of Lightning's collectives).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -94,7 +96,8 @@ class ElasticRounds:
                  step: Callable[[], int], set_step: Callable[[int], None],
                  end_round: Callable[[int], None], epoch: Callable[[], int],
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
-                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None) -> None:
+                 hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
+                 on_group: Callable[[Any], None] = lambda group: None) -> None:
         self.run, self.world_size, self.topology = run, world_size, topology
         self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
         self.step, self.set_step, self.end_round = step, set_step, end_round
@@ -102,7 +105,7 @@ class ElasticRounds:
                                    backend=backend, make_engine=self._engine_over,
                                    set_engine=set_engine, step=step, epoch=epoch,
                                    loggers=loggers, membership=membership,
-                                   hand_over=hand_over, poll_joins=False)
+                                   hand_over=hand_over, poll_joins=False, on_group=on_group)
         self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
                                  live=lambda: self.survivors.live,
                                  timeout_s=timeout.total_seconds())
@@ -121,7 +124,8 @@ class ElasticRounds:
         """The rounds of ``trainer``'s fit (the ``run``-th elastic fit of this process),
         attached to it (:meth:`attach`); ``values``: the constructor's other arguments."""
         rounds = cls(f"dpsgd{run}", rank, world_size, timeout,
-                     epoch=lambda: trainer.current_epoch, **values)
+                     epoch=lambda: trainer.current_epoch, on_group=lambda group:
+                     sync_metrics_over(trainer.lightning_module, group), **values)
         rounds.attach(trainer)
         return rounds
 

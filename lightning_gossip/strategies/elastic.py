@@ -117,6 +117,8 @@ class Survivors:
             (:func:`~.newcomer.hand_over` with the fit's values); ``None``: joins are refused.
         poll_joins: admit newcomers from :meth:`poll` (``False``: the owner calls :meth:`admit`
             itself, at a step every member agreed on: synchronous gossip).
+        on_group: ``(group)``: told the new group of Lightning's collectives after every loss
+            and join (the module's metrics gather over it: ``collectives.sync_metrics_over``).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -126,13 +128,14 @@ class Survivors:
                  step: Callable[[], int], epoch: Callable[[], int],
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
-                 poll_joins: bool = True) -> None:
+                 poll_joins: bool = True,
+                 on_group: Callable[[Any], None] = lambda group: None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
         store = dist.PrefixStore(f"elastic/{run}/", default_store())
         self.membership = membership or Membership(store, rank, world_size, timeout, run)
-        self.hand_over, self.poll_joins = hand_over, poll_joins
+        self.hand_over, self.poll_joins, self.on_group = hand_over, poll_joins, on_group
         self._polled = 0.0  # when the membership was last polled for joins
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -292,6 +295,7 @@ class Survivors:
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
         groups = membership.new_groups([self.backend, "gloo", self.backend])
+        self.on_group(groups[0])
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
         self.set_engine(self.make_engine(live, *groups))
@@ -322,6 +326,7 @@ class Survivors:
         self.heartbeat.forgotten.difference_update(new)
         self.heartbeat.forget(())  # watch them: they beat since before they asked
         groups = membership.new_groups([self.backend, "gloo", self.backend])
+        self.on_group(groups[0])
         self.hand_over(old_group, groups[0], new, membership.rank == min(before))
         self.set_engine(self.make_engine(live, *groups))
         took = time.monotonic() - start

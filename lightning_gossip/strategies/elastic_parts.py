@@ -16,6 +16,7 @@ from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import NodeGroups
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
+from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
 
@@ -97,7 +98,9 @@ class ElasticParts:
                          backend=backend, make_engine=engine_over,
                          set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
                          membership=self.newcomer.membership if self.newcomer else None,
-                         hand_over=self.members_side(pack, replicas, trainer, step))
+                         hand_over=self.members_side(pack, replicas, trainer, step),
+                         on_group=lambda group: sync_metrics_over(trainer.lightning_module,
+                                                                  group))
 
     def members_side(self, pack: Callable[[], Any], replicas: Any, trainer: Any,
                      step: Callable[[], int]) -> Callable[[Any, Any, list[int], bool], None]:
