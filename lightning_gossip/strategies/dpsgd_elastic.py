@@ -52,7 +52,6 @@ from lightning_gossip import _compat
 from lightning_gossip.errors import NewcomersAdmitted
 from lightning_gossip.even_rounds import EvenRounds
 from lightning_gossip.liveness import Heartbeat
-from lightning_gossip.liveness.store import bounded
 from lightning_gossip.membership import Membership
 from lightning_gossip.shared_cursor import default_store
 from lightning_gossip.strategies.collectives import sync_metrics_over
@@ -178,11 +177,7 @@ class ElasticRounds:
                 or step % JOIN_CHECK_EVERY):
             return False
         self._checked = step
-        try:  # bounded: a frozen store host is not waited for (the heartbeat names it)
-            asked = bounded(survivors.membership.poll, survivors.heartbeat.timeout,
-                            "looking for joins") or ()
-        except Exception:  # noqa: BLE001
-            asked = ()
+        asked = survivors.asked_to_join() or ()
         flags = torch.zeros(self.world_size, dtype=torch.int64)
         flags[list(asked)] = 1
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)

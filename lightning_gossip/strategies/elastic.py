@@ -222,12 +222,19 @@ class Survivors:
                 or now < self._polled + POLL_EVERY_S):
             return
         self._polled = now
-        try:  # bounded: a frozen or dead store host is not waited for
-            asked = bounded(self.membership.poll, beat.timeout, "looking for joins")
-        except Exception:  # noqa: BLE001 - the heartbeat monitor names the store's host
-            return
+        asked = self.asked_to_join()
         if asked is not None:
             self.retry(lambda: self.admit(asked))
+
+    def asked_to_join(self) -> tuple[int, ...] | None:
+        """The rank slots processes asked for (:meth:`~lightning_gossip.membership.Membership.
+        poll`); ``None`` when none did, or when the store could not be read within the
+        heartbeat timeout (a frozen or dead store host is not waited for: the heartbeat
+        monitor names it)."""
+        try:
+            return bounded(self.membership.poll, self.heartbeat.timeout, "looking for joins")
+        except Exception:  # noqa: BLE001
+            return None
 
     def end(self) -> None:
         """The fit is over: later newcomers start on their own (never raises: after a lost
