@@ -1,4 +1,5 @@
-"""Every private Lightning and torch name lightning-gossip relies on, in one place.
+"""Every private Lightning and torch name lightning-gossip relies on, in one place (with
+:mod:`lightning_gossip._compat_loops`, re-exported here: the training loop's and logged values').
 
 Private names change without notice between releases. Each accessor below names the versions it
 was checked against; ``tests/test_compat.py`` calls every one of them, so an upgrade that
@@ -20,6 +21,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from lightning_gossip._compat_loops import (  # noqa: F401 - re-exported (loops, logged values)
+    end_epoch_without_batches,
+    epoch_end_restored,
+    logged_epoch_values,
+    register_epoch_values,
+    reload_train_dataloader,
+    validate_now,
+    validation_due,
+)
 
 #: Every version the whole test suite passed on (``make test``, ``make test-latest``).
 LIGHTNING_CHECKED: tuple[str, ...] = ("2.6.6",)
@@ -301,46 +312,3 @@ def dump_checkpoint(trainer: Any) -> dict[str, Any]:
     lightning 2.6.6: ``trainer._checkpoint_connector.dump_checkpoint(weights_only=False)``.
     """
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-
-
-
-def validate_now(trainer: Any) -> None:
-    """Run the fit's validation now, as the training epoch loop does after an epoch's last
-    batch (lightning 2.6.6: ``_TrainingEpochLoop.on_advance_end``, keeping the logger
-    connector's ``_first_loop_iter``; ``val_loop`` stops restarting once training goes on)."""
-    loop, connector = trainer.fit_loop.epoch_loop, trainer._logger_connector
-    first, trainer.validating = connector._first_loop_iter, True
-    loop.val_loop.restarting = False
-    loop.val_loop.run()
-    trainer.training, connector._first_loop_iter = True, first
-
-
-def reload_train_dataloader(trainer: Any) -> None:
-    """Make the fit build its training loader again (an elastic fit's, once its shared cursor is
-    set up: ``estimated_stepping_batches`` in ``configure_optimizers`` builds it during the
-    strategy's set-up). lightning 2.6.6: ``setup_data`` builds it once, when this is None."""
-    trainer.fit_loop._combined_loader = None
-
-
-def epoch_end_restored(trainer: Any) -> bool:
-    """Whether the fit's restored training epoch had trained its last batch (a checkpoint of
-    an epoch's end; lightning 2.6.6: the epoch loop's ``batch_progress`` before its reset)."""
-    p = trainer.fit_loop.epoch_loop.batch_progress
-    return bool(p.is_last_batch and 0 < p.current.ready == p.current.completed)
-
-
-def end_epoch_without_batches(trainer: Any) -> None:
-    """What the training epoch loop does after an epoch's last batch, for a rank whose epoch had
-    none (an elastic fit's shared cursor left it none; lightning 2.6.6): step the epoch-interval
-    schedulers but ``ReduceLROnPlateau`` (``update_lr_schedulers``), and let every
-    ``ModelCheckpoint`` save at this epoch's end though the global step did not move (it skips
-    the step it last saved at, ``_last_global_step_saved``; the others save: a collective)."""
-    trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
-    for callback in trainer.checkpoint_callbacks:
-        callback._last_global_step_saved = -1
-
-
-def validation_due(trainer: Any) -> bool:
-    """Whether the fit validates after this epoch's last batch (lightning 2.6.6: the training
-    epoch loop's ``_should_check_val_epoch``; with ``val_check_interval=1.0``)."""
-    return bool(trainer.fit_loop.epoch_loop._should_check_val_epoch())

@@ -16,10 +16,12 @@ after the recovery the lowest survivor kills a frozen victim (``stop``) or wakes
 The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
 ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
 the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds) and
-the last validation loss and the validations it ran. ``ELASTIC_FIT_SAMPLES``: the training set's
-size (default 192). Validation with a ``sync_dist`` value and a torchmetrics metric, a
-``ModelCheckpoint`` (``save_last``) and a CSV logger run every epoch, so Lightning's collectives
-run over the survivors.
+the last validation loss and the validations it ran, and the last epoch's ``train_samples``
+(the samples the live ranks trained in it, a ``sync_dist`` sum) and ``train_mean`` (a
+torchmetrics mean of the training loss). ``ELASTIC_FIT_SAMPLES``: the training set's size
+(default 192). Validation with a ``sync_dist`` value and a torchmetrics metric, the training
+epoch's values, a ``ModelCheckpoint`` (``save_last``) and a CSV logger run every epoch, so
+Lightning's collectives run over the survivors.
 """
 
 from __future__ import annotations
@@ -59,11 +61,20 @@ class Indexed(L.LightningModule):
         # a torchmetrics metric logged as an object: Lightning computes it at the epoch's end,
         # gathering over its process group, which must be the live ranks' after a loss
         self.val_mean = torchmetrics.MeanMetric()
+        self.train_mean = torchmetrics.MeanMetric()
 
     def training_step(self, batch, batch_idx):
         time.sleep(STEP_S)  # a step that takes a little time, as a real one does
         x, y, _ = batch
-        return nn.functional.cross_entropy(self.net(x), y)
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        # epoch-level values, reduced over the live ranks at the epoch's end (a rank that
+        # trained no batch in the epoch takes part too): a metric's mean, and the samples
+        # trained (every sample once per epoch: the training set's size)
+        self.train_mean.update(loss.detach())
+        self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
+        self.log("train_samples", float(len(y)), on_step=False, on_epoch=True, sync_dist=True,
+                 reduce_fx="sum")
+        return loss
 
     def validation_step(self, batch, batch_idx):
         x, y, _ = batch
@@ -183,6 +194,8 @@ def main() -> None:
         "recoveries": [] if survivors is None else [{"step": step, "began": began, "took_s": took}
                                                    for step, _, began, took in survivors.losses],
         "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "train_samples": float(trainer.callback_metrics["train_samples"]),
+        "train_mean": float(trainer.callback_metrics["train_mean"]),
         "validations": record.validations,
         "joins": [] if survivors is None else [[list(map(int, new)), step, took]
                                                for step, new, _, took in survivors.joins],

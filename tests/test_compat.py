@@ -351,6 +351,81 @@ def test_epoch_end_helpers_do_what_the_training_loop_does(tmp_path: Path):
     assert not checkpoint._should_skip_saving_checkpoint(trainer)
 
 
+def test_a_rank_without_a_batch_registers_the_values_another_logged(tmp_path: Path):
+    """``logged_epoch_values`` lists the training epoch's values that are reduced across ranks
+    at its end (``sync_dist`` on-epoch tensors, on-epoch metrics; not a local or a step-only
+    value), in the results' order; ``register_epoch_values`` on results that hold none of them
+    (never logged, or reset by an epoch's start) registers each with the same metadata as
+    ``self.log`` gives it (a later ``self.log`` of it is no conflict) and in its reset state
+    (adds nothing to a reduction), in the other rank's order, and Lightning computes them."""
+    import lightning as L
+    import torchmetrics
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    class Distributed(SingleDeviceStrategy):
+        @property
+        def is_distributed(self) -> bool:  # Lightning keeps sync_dist=True only then
+            return True
+
+    class Logging(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.mean = torchmetrics.MeanMetric()
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's hook
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("local", loss, on_step=False, on_epoch=True)
+            self.log("step_only", loss, sync_dist=True)
+            self.log("total", loss, on_step=False, on_epoch=True, sync_dist=True,
+                     reduce_fx="sum")
+            self.log("worst", loss, on_step=True, on_epoch=True, sync_dist=True, reduce_fx="max")
+            self.mean.update(loss)
+            self.log("mean", self.mean, on_step=False, on_epoch=True)
+            return loss
+
+        def configure_optimizers(self):  # noqa: ANN201 - Lightning's hook
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class WithoutBatches(Callback):
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def on_train_epoch_end(self, trainer, pl_module):  # noqa: ANN001 - Lightning's hook
+            results = trainer.fit_loop.epoch_loop._results
+            logged = _compat.logged_epoch_values(trainer)
+            metas = {key: results[key].meta for key in results}
+            if trainer.current_epoch == 0:
+                results.clear()  # a newcomer: nothing logged ever
+                pl_module.mean.reset()  # (nor updated)
+            else:
+                results.reset()  # a rank that trained in earlier epochs, none in this one
+            registered = _compat.register_epoch_values(trainer, logged)
+            self.seen.append((logged, registered, list(results), metas))
+            for key in registered:
+                entry = results[key]
+                assert entry.meta == metas[key] and not entry.has_reset
+                if entry.is_tensor:
+                    assert entry.value.item() == (float("-inf") if "worst" in key else 0.0)
+                else:
+                    assert entry.value is pl_module.mean and pl_module.mean.weight.item() == 0
+            assert {"total", "worst_epoch", "mean"} <= set(trainer.callback_metrics)
+
+    spy, data = WithoutBatches(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    trainer = L.Trainer(strategy=Distributed("cpu"), logger=False, max_epochs=2,
+                        enable_checkpointing=False, callbacks=[spy], enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        use_distributed_sampler=False)
+    trainer.fit(Logging(), data)
+    keys = ["training_step.total", "training_step.worst", "training_step.mean"]
+    for logged, registered, order, metas in spy.seen:
+        assert [value["key"] for value in logged["reduced"]] == keys == registered
+        assert logged["order"] == list(metas) and "training_step.local" in metas
+        assert [key for key in order if key in keys] == keys
+    assert len(spy.seen) == 2
+
+
 def test_reload_train_dataloader_builds_it_again_at_the_fit_start(tmp_path: Path):
     """A loader built in ``configure_optimizers`` (``estimated_stepping_batches``) is built
     again after the set-up when reloaded there: the fit trains from the second one."""
@@ -422,7 +497,7 @@ def test_private_names_are_reached_only_through_compat():
     package = Path(_compat.__file__).parent
     offenders = {}
     for path in sorted(package.rglob("*.py")):
-        if path.name == "_compat.py":
+        if path.name in ("_compat.py", "_compat_loops.py"):  # the accessors (re-exported)
             continue
         rel = path.relative_to(package.parent).as_posix()
         left = _private_accesses(path) - _MIGRATING.get(rel, set())

@@ -46,6 +46,14 @@ def check_exits(result, done: dict[int, Path], out: str) -> None:
         assert code == 0, (result.returncodes, out)
 
 
+def check_epoch_values(done: list[dict], samples: int = SAMPLES) -> None:
+    """The last epoch's training values, reduced over the live ranks at its end, are the same
+    on every rank: ``train_samples`` (a ``sync_dist`` sum) counts every sample once, and the
+    torchmetrics ``train_mean`` agrees (a rank without a batch took part in both)."""
+    assert [d["train_samples"] for d in done] == [samples] * len(done), done
+    assert len({d["train_mean"] for d in done}) == 1, done
+
+
 def trained(out: Path, rank: int) -> list[dict]:
     path = out / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -76,6 +84,7 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
     done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
     assert all(d["losses"] == [[victim]] for d in done), done
     assert len({round(d["sum"], 5) for d in done}) == 1, done
+    check_epoch_values(done)
     with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
         live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
                 if row.get("gossip/live_learners")]
@@ -126,6 +135,7 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(tmp_path: Path, stra
     assert all(d["joins"] and d["joins"][0][0] == [victim] for r, d in done.items()
                if r != victim), done
     assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
+    check_epoch_values(list(done.values()))
     with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
         live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
                 if row.get("gossip/live_learners")]
@@ -139,8 +149,10 @@ def test_a_rank_the_cursor_leaves_without_a_batch_validates_with_the_others(
     """3 ranks, 2 batches an epoch, nobody lost: some rank trains no batch in an epoch.
     Lightning validates after an epoch's last batch, so that rank must validate with the others
     from its epoch's end (under ``dpsgd`` the fit timed out before: it went on to the next
-    epoch while the others averaged for validation). Every rank validates every epoch, every
-    sample is trained once per epoch, and all end with the same replica."""
+    epoch while the others averaged for validation), and take part in the reductions of the
+    epoch's logged training values, which it never logged (before that fix: a collective
+    mismatch, found under the real SLURM). Every rank validates every epoch, every sample is
+    trained once per epoch, and all end with the same replica and epoch values."""
     samples, ranks = 8, 3
     result = run_fake_slurm_each(SCRIPT, str(tmp_path), "-1", "0", ntasks=ranks, timeout=180,
                                  env={"ELASTIC_FIT_STRATEGY": strategy,
@@ -161,6 +173,7 @@ def test_a_rank_the_cursor_leaves_without_a_batch_validates_with_the_others(
     assert [d["validations"] for d in done] == [EPOCHS] * ranks, (done, batches)
     assert len({round(d["sum"], 5) for d in done}) == 1, done
     assert len({d["val_loss"] for d in done}) == 1, done
+    check_epoch_values(done, samples)
 
 
 @pytest.mark.multiprocess

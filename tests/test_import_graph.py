@@ -206,7 +206,8 @@ def test_benchmarks_and_the_library_import_nothing_from_tests():
 # -- Lightning only in the adapters ----------------------------------------------------------
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 #: the modules that may import Lightning: the adapters and the accessor of its private names
-ADAPTERS = (f"{PACKAGE}.strategies", f"{PACKAGE}.fabric", f"{PACKAGE}._compat")
+ADAPTERS = (f"{PACKAGE}.strategies", f"{PACKAGE}.fabric", f"{PACKAGE}._compat",
+            f"{PACKAGE}._compat_loops")
 
 
 def lightning_imports(tree: ast.AST) -> list[tuple[int, str]]:

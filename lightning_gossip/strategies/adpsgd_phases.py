@@ -21,7 +21,7 @@ from typing_extensions import override
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.errors import NonFiniteReplica
-from lightning_gossip.strategies.collectives import Watched
+from lightning_gossip.strategies.collectives import Watched, batches_mark, share_epoch_values
 
 if TYPE_CHECKING:
     from lightning_gossip.strategies.fit import Fit
@@ -186,14 +186,17 @@ class Phases:
     def meet(self, stop: bool, requeue: bool, validating: bool = False) -> torch.Tensor:
         """The meeting of every rank (epoch end, or a requeue): one all-reduce (max) of
         ``[stop?, steps, requeue?, non-finite replica on rank r..., steps of rank r...,
+        a rank without a batch in the epoch?, the lowest rank with one (``batches_mark``),
         validating?]``; raises :class:`NonFiniteReplica` on every rank when a replica holds
         NaN/Inf."""
         assert self.fit is not None
         fit = self.fit
         world, rank, step = fit.world_size, fit.rank, self._step()
-        met = torch.zeros(4 + 2 * world, device=fit.device)
+        met = torch.zeros(6 + 2 * world, device=fit.device)
         met[0], met[1], met[2] = float(stop), float(step), float(requeue)
-        met[3 + 2 * world] = float(validating)
+        met[3 + 2 * world:5 + 2 * world] = torch.tensor(
+            batches_mark(self.batches_in_epoch > 0, rank, world))
+        met[5 + 2 * world] = float(validating)
         met[3 + world + rank] = float(step)
         met[3 + rank] = float(not bool(torch.isfinite(fit.replicas.flat.pack().sum())))
         self.watched(dist.all_reduce, met, op=dist.ReduceOp.MAX,
@@ -248,7 +251,8 @@ class Phases:
         rank whose epoch had no batch (a newcomer admitted as the shared cursor ran out, a rank
         resumed with nothing left to claim) steps them here, and when it finds the others at
         their validation's meeting, validates with them (its meeting held), then meets them
-        again here.
+        again here; and it takes part in the epoch-end reductions of the values the others
+        logged (:func:`~.collectives.share_epoch_values`).
         """
         engine = self.engine
         if engine is None:
@@ -262,6 +266,9 @@ class Phases:
             _compat.validate_now(trainer)
             self.met_for_validation = False  # (a validation that ran no hook)
             stop = self._meet_at_epoch_end(trainer)
+        world = self.fit.world_size  # a rank without a batch takes part in the reductions
+        share_epoch_values(trainer, self.batches_in_epoch > 0, self.watched,
+                           stop[3 + 2 * world:5 + 2 * world].tolist())
         if stop[0].item() > 0:
             trainer.should_stop = True
         n = self.global_average_every_n_steps

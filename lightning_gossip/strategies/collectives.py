@@ -6,7 +6,7 @@ beating (:meth:`~lightning_gossip.strategies.gossip.GossipStrategy.watched`)."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,3 +81,53 @@ def sync_metrics_over(module: torch.nn.Module | None, group: Any) -> None:
     for metric in module.modules():
         if isinstance(metric, Metric):
             metric.process_group = group
+
+
+def batches_mark(had_batches: bool, rank: int, world_size: int) -> list[float]:
+    """This rank's two values in a maximum all-reduce at a training epoch's end that finds the
+    rank of :func:`share_epoch_values`: whether it trained no batch in the epoch, and
+    ``world_size - rank`` when it trained one (the maximum names the lowest such rank).
+
+    >>> [batches_mark(r > 0, r, 3) for r in range(3)]
+    [[0.0, 3.0], [1.0, 0.0], [1.0, 0.0]]
+    >>> batches_source([1.0, 3.0], world_size=3), batches_source([0.0, 3.0], world_size=3)
+    (0, None)
+    """
+    return [float(not had_batches), float(world_size - rank) if had_batches else 0.0]
+
+
+def batches_source(reduced: Sequence[float], world_size: int) -> int | None:
+    """The lowest rank that trained a batch in the epoch, from the maximum of every rank's
+    :func:`batches_mark`; ``None`` when every rank trained one (nothing to share) or none did."""
+    without, lowest = reduced
+    return world_size - int(lowest) if without > 0 and lowest > 0 else None
+
+
+def share_epoch_values(trainer: Any, had_batches: bool, watched: Watched,
+                       reduced: Sequence[float] | None = None) -> None:
+    """At a training epoch's end, on every live rank: when some rank trained no batch in the
+    epoch, the lowest rank that trained one sends what it logged to be reduced at the epoch's
+    end (``_compat.logged_epoch_values``), and each rank without a batch registers it
+    (``_compat.register_epoch_values``), so that it takes part in each of Lightning's
+    reductions of those values instead of skipping them: a skipped one meets another
+    collective (under the real SLURM: the members in a torchmetrics metric's gather, a
+    newcomer without a batch in ``ModelCheckpoint``'s ``reduce_boolean_decision``).
+
+    ``reduced``: the maximum of every rank's :func:`batches_mark` (``adpsgd``'s epoch-end
+    meeting carries it); ``None``: all-reduced here first (one watched all-reduce of two
+    numbers over the live ranks). ``watched``: the strategy's watched wait."""
+    rank, world = trainer.global_rank, trainer.world_size
+    device = trainer.strategy.root_device
+    device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    if reduced is None:
+        marks = torch.tensor(batches_mark(had_batches, rank, world), device=device)
+        watched(dist.all_reduce, marks, op=dist.ReduceOp.MAX,
+                what="the epoch-end count of the ranks without a batch")
+        reduced = marks.tolist()
+    src = batches_source(reduced, world)
+    if src is None:
+        return
+    logged = broadcast_object(_compat.logged_epoch_values(trainer) if rank == src else None,
+                              src, None, rank, device, watched)
+    if not had_batches:
+        _compat.register_epoch_values(trainer, logged)

@@ -235,7 +235,7 @@ class DPSGDStrategy(GossipStrategy):
                 make_engine=engine, engine=lambda: self.engine,
                 set_engine=self._set_engine, step=lambda: self.step,
                 set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
-                loggers=trainer.loggers if self.is_global_zero else [],
+                loggers=trainer.loggers if self.is_global_zero else [], watched=self.watched,
                 membership=newcomer.membership if newcomer else None,
                 hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
                                                           trainer, lambda: self.step))

@@ -54,7 +54,7 @@ from lightning_gossip.even_rounds import EvenRounds
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.membership import Membership
 from lightning_gossip.shared_cursor import default_store
-from lightning_gossip.strategies.collectives import sync_metrics_over
+from lightning_gossip.strategies.collectives import Watched, share_epoch_values, sync_metrics_over
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.sync_gossip import SyncGossip
@@ -85,6 +85,8 @@ class ElasticRounds:
         membership, hand_over, on_group: as for :class:`~.elastic.Survivors` (a newcomer's
             membership; the members' side of a join, ``None``: joins refused; told the new
             group of Lightning's collectives).
+        watched: the strategy's watched wait (the epoch-end collectives of
+            :func:`~.collectives.share_epoch_values`).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -96,9 +98,11 @@ class ElasticRounds:
                  end_round: Callable[[int], None], epoch: Callable[[], int],
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
-                 on_group: Callable[[Any], None] = lambda group: None) -> None:
+                 on_group: Callable[[Any], None] = lambda group: None,
+                 watched: Watched) -> None:
         self.run, self.world_size, self.topology = run, world_size, topology
         self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
+        self.watched = watched
         self.step, self.set_step, self.end_round = step, set_step, end_round
         self.survivors = Survivors(run, rank, world_size, timeout, heartbeat=heartbeat,
                                    backend=backend, make_engine=self._engine_over,
@@ -258,13 +262,15 @@ class ElasticRounds:
         """At the epoch's end: :meth:`settle`. Lightning steps the epoch's schedulers and
         validates after an epoch's last batch, so a rank whose epoch had none (fewer batches
         left than ranks, a newcomer admitted as the shared cursor ran out) does both here: the
-        others validate after settling with it."""
+        others validate after settling with it. Then every rank: a rank without a batch takes
+        part in the epoch-end reductions of what the others logged
+        (:func:`~.collectives.share_epoch_values`)."""
         self.settle(trainer.current_epoch)
-        if self.batches or self.epoch_end_restored:
-            return
-        _compat.end_epoch_without_batches(trainer)
-        if _compat.validation_due(trainer):
-            _compat.validate_now(trainer)
+        if not (self.batches or self.epoch_end_restored):
+            _compat.end_epoch_without_batches(trainer)
+            if _compat.validation_due(trainer):
+                _compat.validate_now(trainer)
+        share_epoch_values(trainer, self.batches > 0, self.watched)
 
     def attach(self, trainer: pl.Trainer) -> None:
         """Check the trainer (``ValueError`` for what an elastic ``dpsgd`` fit cannot support)
