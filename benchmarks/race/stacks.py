@@ -24,6 +24,7 @@ from pathlib import Path
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("eval (off the clock)", ("RaceMeter.evaluate", "RaceMeter._validate", "validation_metric")),
     ("adpsgd: phase end (quiesce)", ("AsyncGossip.quiesce",)),
+    ("adpsgd: epoch-end meeting (waiting for every rank)", ("Phases.meet",)),
     ("adpsgd: node all-gather of slice deltas", ("NodeAverager.all_gather",)),
     ("adpsgd: add the gathered delta", ("AsyncGossip._apply_gathered",)),
     ("adpsgd: staleness wait", ("SharedState.wait_for",)),

@@ -88,10 +88,13 @@ def batches_mark(had_batches: bool, rank: int, world_size: int) -> list[float]:
     rank of :func:`share_epoch_values`: whether it trained no batch in the epoch, and
     ``world_size - rank`` when it trained one (the maximum names the lowest such rank).
 
-    >>> [batches_mark(r > 0, r, 3) for r in range(3)]
-    [[0.0, 3.0], [1.0, 0.0], [1.0, 0.0]]
-    >>> batches_source([1.0, 3.0], world_size=3), batches_source([0.0, 3.0], world_size=3)
-    (0, None)
+    >>> marks = [batches_mark(r != 0, r, 3) for r in range(3)]  # rank 0 trained none
+    >>> marks
+    [[1.0, 0.0], [0.0, 2.0], [0.0, 1.0]]
+    >>> batches_source([max(m) for m in zip(*marks)], world_size=3)  # rank 1 shares
+    1
+    >>> batches_source([0.0, 3.0], world_size=3) is None  # every rank trained one
+    True
     """
     return [float(not had_batches), float(world_size - rank) if had_batches else 0.0]
 
