@@ -103,6 +103,8 @@ class ClaimLedger:
         self._tried: dict[int, int] = {}  # epoch -> queue positions this rank tried to take
         #: the epoch this rank trains (:meth:`open`); the end of no other one is waited at
         self.opened: int | None = None
+        #: the epoch at whose end this rank has arrived (``None``: none, or withdrawn)
+        self.arrived: int | None = None
 
     def _key(self, epoch: int, *parts: object) -> str:
         return "/".join([self.key, f"epoch{epoch}", *map(str, parts)])
@@ -230,6 +232,7 @@ class ClaimLedger:
         mine = self._key(epoch, "arrived", self.rank)
         what = f"waiting at the end of epoch {epoch}"
         self._call(lambda: self.store.set(mine, "1"), what)
+        self.arrived = epoch
         if epoch != self.opened:  # the loader's set-up, before the epoch opened (see open())
             return None
         deadline = time.monotonic() + self.timeout
@@ -244,10 +247,12 @@ class ClaimLedger:
             everyone = bool(self._call(lambda k=arrived: self.store.check(k), what))
             if self._tried.get(epoch, 0) < self._pushed(epoch):
                 self._call(lambda: self.store.delete_key(mine), what)
+                self.arrived = None
                 unit = self.take_returned(epoch)
                 if unit is not None:
                     return unit
                 self._call(lambda: self.store.set(mine, "1"), what)
+                self.arrived = epoch
             elif everyone:
                 return None
             if time.monotonic() > deadline:

@@ -181,6 +181,25 @@ class Membership:
             return tuple(r for r in decided if r not in self.live)
         return None
 
+    def deciding(self) -> bool:
+        """Whether another member began deciding the next generation (its view is in the
+        store: a recovery or an admission in progress, which this rank must take part in).
+
+        >>> from datetime import timedelta
+        >>> import torch.distributed as dist
+        >>> store, t = dist.HashStore(), timedelta(seconds=5)
+        >>> a, b = (Membership(store, rank=r, world_size=2, timeout=t) for r in (0, 1))
+        >>> a.deciding()
+        False
+        >>> b.decide((), deadline_s=0.1, arrived=lambda ranks: True, joined=())
+        (0, 1)
+        >>> a.deciding(), b.deciding()  # rank 1 wrote its view of generation 1; rank 0 not
+        (True, False)
+        """
+        gen = self.generation + 1
+        return any(self.store.check([_gen_key(gen, f"view/{r}")]) for r in self.live
+                   if r != self.rank)
+
     @staticmethod
     def decided(store: dist.Store, generation: int) -> tuple[int, ...]:
         """The live ranks ``generation`` decided (``()`` when it decided nothing yet)."""

@@ -183,12 +183,13 @@ def test_end_wait_until_every_live_rank_arrives() -> None:
     a.open(0), b.open(0)
     ca, cb = Claims(store, "run", ledger=a), Claims(store, "run", ledger=b)
     assert (ca.next(0, 2), cb.next(0, 2)) == (0, 1)
+    assert (a.arrived, b.arrived) == (None, None)
     thread, result = waiter(a, 0)  # rank 0 found the counter exhausted: it waits
     thread.join(0.3)
-    assert thread.is_alive() and not result
+    assert thread.is_alive() and not result and a.arrived == 0  # (it begins no admission)
     assert cb.next(0, 2) is None  # rank 1 arrives too: both leave
     thread.join(WAIT)
-    assert result == [None]
+    assert result == [None] and (a.arrived, b.arrived) == (0, 0)
 
 
 def test_end_wait_takes_a_returned_unit_then_waits_again() -> None:
@@ -216,6 +217,7 @@ def test_end_wait_takes_a_returned_unit_then_waits_again() -> None:
     assert ca_next == [2]  # rank 0 took it (and recorded the claim as its own)
     assert a.claimed(0, 0) == [0, 2]
     assert not store.check(["run/epoch0/arrived/0"])  # it left the end while it trains unit 2
+    assert a.arrived is None
     thread, result = waiter(a, 0)
     assert cb.next(0, 3) is None  # rank 1 arrives; rank 2 no longer counts
     thread.join(WAIT)

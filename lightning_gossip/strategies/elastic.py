@@ -223,16 +223,20 @@ class Survivors:
             return
         self._polled = now
         asked = self.asked_to_join()
-        if asked is not None:
+        # a rank that arrived at its epoch's end only joins an admission another member began:
+        # the others may have left that end for the epoch's meetings (docs/faults.md, SLURM)
+        late = self.claims is not None and self.claims.arrived == self.epoch()
+        if asked is not None and (not late or self.asked_to_join(self.membership.deciding)):
             self.retry(lambda: self.admit(asked))
 
-    def asked_to_join(self) -> tuple[int, ...] | None:
+    def asked_to_join(self, read: Callable[[], Any] | None = None) -> Any:
         """The rank slots processes asked for (:meth:`~lightning_gossip.membership.Membership.
-        poll`); ``None`` when none did, or when the store could not be read within the
-        heartbeat timeout (a frozen or dead store host is not waited for: the heartbeat
-        monitor names it)."""
+        poll`; or what ``read`` reads); ``None`` when none did, or when the store could not be
+        read within the heartbeat timeout (a frozen or dead store host is not waited for: the
+        heartbeat monitor names it)."""
         try:
-            return bounded(self.membership.poll, self.heartbeat.timeout, "looking for joins")
+            return bounded(read or self.membership.poll, self.heartbeat.timeout,
+                           "looking for joins")
         except Exception:  # noqa: BLE001
             return None
 
