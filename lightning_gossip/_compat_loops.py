@@ -125,7 +125,7 @@ def register_epoch_values(trainer: Any, logged: dict[str, Any]) -> list[str]:
                 entry.value = metric
             results[key] = entry.to(trainer.strategy.root_device)
         entry.has_reset, entry._computed = False, None
-        for part in (entry, entry if value["tensor"] else entry.value):
+        for part in [entry] if value["tensor"] else [entry, entry.value]:
             part._update_count = max(part._update_count, 1)
         registered.append(key)
     order = {key: i for i, key in enumerate(logged["order"])}
