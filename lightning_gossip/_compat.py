@@ -101,33 +101,64 @@ def named_group(ranks: list[int], rank: int, backend: str, store: dist.Store, na
     calling process's groups, which differs between a survivor and a newcomer). The members
     meet in the group's construction (gloo connects them all); non-members do not call it.
 
+    ``rank`` and ``ranks`` are rank *slots* (the fit's global ranks). A process that joined a
+    running fit numbers its default group's members from 0 (:func:`join_as_default_group`), so
+    its default-group rank can differ from its slot when slots are free; the group's rank map
+    is the slots' all the same.
+
     torch 2.9.1: ``distributed_c10d._new_process_group_helper(size, group_rank, ranks,
-    backend, store, name, timeout=...)``, then ``_world.pg_group_ranks`` (``new_group`` fills
-    it after the helper, the helper does not).
+    backend, store, name, timeout=...)``, which returns a non-member unless the caller's
+    default-group rank is in ``ranks`` (so it is given that rank in this process's place),
+    then ``_world.pg_group_ranks`` (``new_group`` fills it after the helper, the helper does
+    not).
     """
     from torch.distributed import distributed_c10d as c10d
 
-    pg, _ = c10d._new_process_group_helper(len(ranks), ranks.index(rank), list(ranks), backend,
+    me = c10d._get_default_group().rank()
+    listed = [me if r == rank else r for r in ranks]
+    pg, _ = c10d._new_process_group_helper(len(ranks), ranks.index(rank), listed, backend,
                                           store, name, timeout=timeout)
     c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
     return pg
 
 
-def join_as_default_group(store: dist.Store, name: str, rank: int, world_size: int,
+def join_as_default_group(store: dist.Store, name: str, slots: list[int], slot: int,
                           backend: str, timeout: Any) -> None:
     """Initialise this process's default group as the group the other members build with
-    :func:`named_group` (``store``, ``name``): a process that joins a running fit.
+    :func:`named_group` (``store``, ``name``) over the rank slots ``slots`` (``slot``, this
+    process's, among them): a process that joins a running fit. Its members are numbered from
+    0 in the default group (``dist.get_rank()`` is ``slots.index(slot)``), and
+    ``dist.get_process_group_ranks(dist.group.WORLD)`` gives their slots, as for every other
+    group of the fit (:func:`group_rank`).
 
     ``name`` must end in ``"default_pg/0"``: torch 2.9.1 names a new process's default group
     ``"0"`` and, given a store, prefixes nothing of its own, so its keys are
-    ``<name>/`` of ``store`` when its store is ``PrefixStore(<name without "/0">, store)``.
+    ``<name>/`` of ``store`` when its store is ``PrefixStore(<name without "/0">, store)``;
+    its rank map is ``_world.pg_group_ranks[WORLD]`` (the identity, unless set).
     """
+    from torch.distributed import distributed_c10d as c10d
+
     head = name.removesuffix("/0")
     if head == name or not head.endswith("default_pg"):
         raise ValueError(f"a joiner's default group needs a name ending in 'default_pg/0', "
                          f"got {name!r}")
-    dist.init_process_group(backend, store=dist.PrefixStore(head, store), rank=rank,
-                            world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(head, store),
+                            rank=slots.index(slot), world_size=len(slots), timeout=timeout)
+    c10d._world.pg_group_ranks[dist.group.WORLD] = {g: i for i, g in enumerate(slots)}
+
+
+def group_rank(group: Any, slot: int) -> int:
+    """The rank in ``group`` (``None``: the default group) of the process in rank slot
+    ``slot``, for torch's ``group_src``/``group_dst``: the slot itself in a fit started
+    whole; in a process that joined a running fit with slots free, its default group numbers
+    the members from 0 (:func:`join_as_default_group`).
+
+    >>> group_rank(None, 3)  # no process group here: the slot
+    3
+    """
+    if not dist.is_initialized():
+        return slot
+    return dist.get_process_group_ranks(group or dist.group.WORLD).index(slot)
 
 
 def default_store_view(client: dist.Store) -> dist.Store:

@@ -110,31 +110,47 @@ class Membership:
 
     def decide(self, lost: Iterable[int], deadline_s: float,
                arrived: Callable[[Sequence[int]], bool] | None = None,
-               joined: Iterable[int] = ()) -> tuple[int, ...]:
+               joined: Iterable[int] = (),
+               also_lost: Callable[[list[int]], Iterable[int]] | None = None
+               ) -> tuple[int, ...]:
         """Agree with the other members on the live ranks after ``lost`` (and with ``joined``,
         newcomers that asked to join; see the module docstring); returns the new :attr:`live`.
         ``arrived(ranks)``: whether every one of ``ranks`` has written its view (default: read
-        the store; a newcomer writes none). Raises :class:`PeerSilent` when this rank is left
-        out, or when the members do not gather within ``deadline_s`` (naming those that did
-        not come)."""
+        the store; a newcomer writes none). ``also_lost(missing)``: which of the members that
+        have not come yet are lost too (a heartbeat's reading, asked every :data:`POLL_EVERY_S`
+        seconds): they are dropped from this rank's view, so that two ranks lost a moment apart
+        (a node's tasks) cost one agreement, not the fit. Raises :class:`PeerSilent` when this
+        rank is left out, or when the members do not gather within ``deadline_s`` (naming those
+        that did not come)."""
         gen = self.generation + 1
         members = tuple(r for r in self.live if r not in set(lost))
-        view = tuple(sorted(set(members) | set(joined)))
-        if self.rank not in view:
+        if self.rank not in members:
             raise ValueError(f"rank {self.rank} cannot count itself lost")
-        self.store.set(_gen_key(gen, f"view/{self.rank}"), json.dumps(view))
-        keys = [_gen_key(gen, f"view/{r}") for r in members]
-        came = arrived if arrived is not None else (lambda _: self.store.check(keys))
+        joined = tuple(joined)
         deadline = time.monotonic() + deadline_s
-        while not came(members):
-            if time.monotonic() > deadline:
-                missing = [r for r, k in zip(members, keys) if not self.store.check([k])]
-                raise PeerSilent(
-                    f"rank {self.rank}: the survivors of the loss of rank(s) "
-                    f"{', '.join(map(str, sorted(set(self.live) - set(view))))} did not gather "
-                    f"within {deadline_s:.0f} s: rank(s) {', '.join(map(str, missing))} did not "
-                    "come (lost too?)", missing)
-            time.sleep(POLL_S)
+        look = time.monotonic() + POLL_EVERY_S
+        while True:
+            view = tuple(sorted(set(members) | set(joined)))
+            self.store.set(_gen_key(gen, f"view/{self.rank}"), json.dumps(view))
+            keys = [_gen_key(gen, f"view/{r}") for r in members]
+            while not (arrived(members) if arrived is not None else self.store.check(keys)):
+                if also_lost is not None and time.monotonic() > look:
+                    look = time.monotonic() + POLL_EVERY_S
+                    gone = set(also_lost([r for r, k in zip(members, keys)
+                                          if not self.store.check([k])]))
+                    if gone - {self.rank}:
+                        members = tuple(r for r in members if r not in gone)
+                        break  # write the smaller view and wait for its members
+                if time.monotonic() > deadline:
+                    missing = [r for r, k in zip(members, keys) if not self.store.check([k])]
+                    raise PeerSilent(
+                        f"rank {self.rank}: the survivors of the loss of rank(s) "
+                        f"{', '.join(map(str, sorted(set(self.live) - set(view))))} did not "
+                        f"gather within {deadline_s:.0f} s: rank(s) "
+                        f"{', '.join(map(str, missing))} did not come (lost too?)", missing)
+                time.sleep(POLL_S)
+            else:
+                break
         decided = self.store.compare_set(_gen_key(gen, "decision"), "", json.dumps(view))
         agreed = tuple(json.loads(_text(decided)))
         for r in set(agreed) - set(self.live):  # admitted: their requests are answered
@@ -180,6 +196,14 @@ class Membership:
         if decided and set(self.live) <= set(decided):
             return tuple(r for r in decided if r not in self.live)
         return None
+
+    def announce(self, joined: Iterable[int]) -> None:
+        """Begin an admission of ``joined``: this rank's view of the next generation in the
+        store now, before it ends its gossip phase, so that a member waiting at its epoch's end
+        (which only takes part in an admission another began: :meth:`deciding`) comes to it.
+        :meth:`decide` writes the same view again."""
+        view = sorted(set(self.live) | set(joined))
+        self.store.set(_gen_key(self.generation + 1, f"view/{self.rank}"), json.dumps(view))
 
     def deciding(self) -> bool:
         """Whether another member began deciding the next generation (its view is in the
@@ -249,8 +273,7 @@ class Membership:
         (:func:`~lightning_gossip._compat.join_as_default_group`), the others are built by
         name as the members build them."""
         _compat.join_as_default_group(self.store, group_name(self.name, self.generation, 0),
-                                      self.live.index(self.rank), len(self.live),
-                                      backends[0], self.timeout)
+                                      list(self.live), self.rank, backends[0], self.timeout)
         groups = [dist.group.WORLD] + [
             _compat.named_group(list(self.live), self.rank, backend, self.store,
                                 group_name(self.name, self.generation, i), self.timeout)

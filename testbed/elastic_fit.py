@@ -3,8 +3,10 @@ benchmarks/perf/elastic_loss.py: an elastic ``adpsgd`` fit (``ELASTIC_FIT_STRATE
 elastic ``dpsgd`` fit) that loses one rank mid-epoch.
 
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
-``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost).
-A survivor writes ``OUT/recovered`` after the recovery (a replacement of the victim, started
+``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost;
+``2,3``: both are lost at the same batch).
+``ELASTIC_FIT_PAUSE``: a rank pauses in one batch (:data:`PAUSE`). A survivor writes
+``OUT/recovered`` after the recovery (a replacement of the victim, started
 with its environment, may then join: ``python -m testbed.elastic_fit OUT -1 0``). The victim
 writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s (``KIND``
 ``kill``, default) or ``SIGSTOP``\\ s (``stop``, ``cont``: frozen) itself at the start of its
@@ -15,7 +17,8 @@ after the recovery the lowest survivor kills a frozen victim (``stop``) or wakes
 
 The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
 ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
-the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds) and
+the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds), the
+joins (ranks, step, seconds, wall time begun) and
 the last validation loss and the validations it ran, and the last epoch's ``train_samples``
 (the samples the live ranks trained in it, a ``sync_dist`` sum) and ``train_mean`` (a
 torchmetrics mean of the training loss). ``ELASTIC_FIT_SAMPLES``: the training set's size
@@ -52,6 +55,9 @@ STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
 """Seconds each training step sleeps (longer: a replacement has time to start and join)."""
 STRATEGY = os.environ.get("ELASTIC_FIT_STRATEGY", "adpsgd")
 """``adpsgd`` or ``dpsgd``: the elastic strategy."""
+PAUSE = [float(v) for v in os.environ.get("ELASTIC_FIT_PAUSE", "").split(",") if v]
+"""``rank,epoch,batch,seconds``: that rank writes ``OUT/paused`` at the start of that batch and
+sleeps (the others run out of batches and wait for it at the epoch's end)."""
 
 
 class Indexed(L.LightningModule):
@@ -94,17 +100,21 @@ class Record(Callback):
     """Appends the indices of every trained batch; the victim kills itself at its batch."""
 
     def __init__(self, out: Path, rank: int, victim: int, batch: int, kind: str,
-                 epoch: int) -> None:
+                 epoch: int, victims: frozenset[int] = frozenset()) -> None:
         self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
         self.out = out
         self.rank, self.victim, self.batch, self.kind, self.epoch = rank, victim, batch, kind, epoch
+        self.victims = victims or frozenset({victim})
         self.validations = 0  # during the fit, the sanity check not counted
 
     def on_validation_end(self, trainer, module):
         self.validations += trainer.state.fn == "fit" and not trainer.sanity_checking
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if (self.rank == self.victim and trainer.current_epoch == self.epoch
+        if PAUSE and [self.rank, trainer.current_epoch, batch_idx] == [int(v) for v in PAUSE[:3]]:
+            (self.out / "paused").write_text(str(time.time()))
+            time.sleep(PAUSE[3])
+        if (self.rank in self.victims and trainer.current_epoch == self.epoch
                 and batch_idx == self.batch):
             record = {"t": time.time(), "pid": os.getpid(), "kind": self.kind}
             (self.out / "victim.json").write_text(json.dumps(record))
@@ -167,7 +177,9 @@ STARTED = time.time()  # after the imports: a replacement's start, imports exclu
 
 
 def main() -> None:
-    out, victim, batch = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # victim -1: none
+    out, batch = Path(sys.argv[1]), int(sys.argv[3])
+    victims = frozenset(int(v) for v in sys.argv[2].split(","))  # -1: none
+    victim = min(victims)
     kind, epoch = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("kill", 0)
     rank = int(os.environ["SLURM_PROCID"])
     g = torch.Generator().manual_seed(0)
@@ -179,7 +191,7 @@ def main() -> None:
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
-        callbacks=[record := Record(out, rank, victim, batch, kind, epoch),
+        callbacks=[record := Record(out, rank, victim, batch, kind, epoch, victims),
                    ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
     model = Indexed()
@@ -197,8 +209,8 @@ def main() -> None:
         "train_samples": float(trainer.callback_metrics["train_samples"]),
         "train_mean": float(trainer.callback_metrics["train_mean"]),
         "validations": record.validations,
-        "joins": [] if survivors is None else [[list(map(int, new)), step, took]
-                                               for step, new, _, took in survivors.joins],
+        "joins": [] if survivors is None else [[list(map(int, new)), step, took, wall]
+                                               for step, new, wall, took in survivors.joins],
         "joined": getattr(strategy, "elastic_parts", None) is not None
         and strategy.elastic_parts.newcomer is not None,
         "started": STARTED,

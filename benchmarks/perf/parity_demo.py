@@ -76,6 +76,37 @@ def plan(strategies: list[str], seeds: list[int], devices: int,
     return runs
 
 
+def table(rec: dict[str, Any]) -> str:
+    """The record as a Markdown table: per strategy and rate, the peak rate and each seed's
+    test WER (%) of the best-dev checkpoint and last dev WER; failed runs marked, missing ones
+    a dash.
+
+    >>> print(table({"runs": [{"strategy": "ddp", "rate": "ddp", "seed": 1, "lr": 0.006,
+    ...                        "test_wer": 2.27, "dev_wer": [9.0, 4.26]}]}))
+    | strategy | peak rate | test WER %, seed 1 | last dev WER %, seed 1 |
+    |---|---|---:|---:|
+    | ddp | ddp's (0.006) | 2.27 | 4.26 |
+    """
+    runs = rec["runs"]
+    seeds = sorted({r["seed"] for r in runs})
+    head = ("| strategy | peak rate | " + " | ".join(f"test WER %, seed {s}" for s in seeds)
+            + " | " + " | ".join(f"last dev WER %, seed {s}" for s in seeds) + " |")
+    lines = [head, "|---|---|" + "---:|" * 2 * len(seeds)]
+    def cell(run: dict[str, Any] | None, what: str) -> str:
+        if run is None:
+            return "-"
+        value = run["test_wer"] if what == "test" else (run["dev_wer"] or [None])[-1]
+        return "failed" if value is None else f"{value:.2f}"
+
+    for strategy, rate in dict.fromkeys((r["strategy"], r["rate"]) for r in runs):
+        mine = {r["seed"]: r for r in runs if (r["strategy"], r["rate"]) == (strategy, rate)}
+        lr = next(iter(mine.values()))["lr"]
+        lines.append(f"| {strategy} | {'the rule' if rate == 'rule' else 'ddp'}'s ({lr:g}) | "
+                     + " | ".join(cell(mine.get(s), "test") for s in seeds) + " | "
+                     + " | ".join(cell(mine.get(s), "dev") for s in seeds) + " |")
+    return "\n".join(lines)
+
+
 def git_commit() -> dict[str, Any]:
     """HEAD and whether tracked files differ from it."""
     def git(*args: str) -> str:

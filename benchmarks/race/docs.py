@@ -1,9 +1,11 @@
 """The race's parts of the docs, generated from the records in ``benchmarks/results/race/``.
 
 Writes, between markers, the race tables of ``docs/choosing.md`` and ``docs/benchmarks.md``
-(``<!-- race-table:begin -->`` ... ``<!-- race-table:end -->``) and the README's results
-sentence (``<!-- results-sentence:begin -->`` ... ``<!-- results-sentence:end -->``), wherever
-those markers are. ``tests/test_race_docs.py`` checks that the committed docs equal this text.
+(``<!-- race-table:begin -->`` ... ``<!-- race-table:end -->``), the README's results
+sentence (``<!-- results-sentence:begin -->`` ... ``<!-- results-sentence:end -->``) and the
+demo's parity table of ``docs/benchmarks.md`` (``parity-table``, from
+``benchmarks/results/parity/demo_parity.json``), wherever those markers are.
+``tests/test_race_docs.py`` checks that the committed docs equal this text.
 
 Fair records are the campaign records of ``benchmarks/race/campaign.py`` under
 ``benchmarks/results/race/fair/``; each is scored by ``rules.score`` (claims only where
@@ -24,6 +26,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from benchmarks.perf.parity_demo import OUT as PARITY
+from benchmarks.perf.parity_demo import table as parity_table
 from benchmarks.race import rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +40,12 @@ MARKERS = {
     "race-table": ("<!-- race-table:begin -->", "<!-- race-table:end -->"),
     "results-sentence": ("<!-- results-sentence:begin -->", "<!-- results-sentence:end -->"),
     "withdrawn-table": ("<!-- withdrawn-table:begin -->", "<!-- withdrawn-table:end -->"),
+    "parity-table": ("<!-- parity-table:begin -->", "<!-- parity-table:end -->"),
 }
 """Name -> (begin, end) markers of a generated part."""
 
-TARGETS = {"docs/choosing.md": ("race-table",), "docs/benchmarks.md": ("race-table",),
+TARGETS = {"docs/choosing.md": ("race-table",),
+           "docs/benchmarks.md": ("race-table", "parity-table"),
            "README.md": ("results-sentence",), WITHDRAWN: ("withdrawn-table",)}
 """Which generated parts each file may hold (a file without a part's markers is left alone)."""
 
@@ -287,7 +293,9 @@ def generated() -> dict[str, str]:
     fair = fair_records()
     withdrawn = withdrawn_records()
     return {"race-table": race_part(fair, withdrawn), "withdrawn-table": withdrawn_table(withdrawn),
-            "results-sentence": results_sentence(fair)}
+            "results-sentence": results_sentence(fair),
+            "parity-table": parity_table(json.loads(PARITY.read_text()))
+            if PARITY.exists() else "(not measured yet)"}
 
 
 def replace_between(text: str, begin: str, end: str, body: str) -> str:

@@ -38,9 +38,9 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
     """
     beat = heartbeat if heartbeat is not None else current()
     work = collective(*args, group=group, async_op=True, **kwargs)
-    me = dist.get_rank()
-    members = (range(dist.get_world_size()) if group is None
-               else dist.get_process_group_ranks(group))
+    # rank slots (a process that joined a running fit numbers its default group from 0)
+    members = dist.get_process_group_ranks(group or dist.group.WORLD)
+    me = members[dist.get_rank(group)]
     try:
         wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)
     except BaseException:

@@ -134,12 +134,14 @@ class Heartbeat:
             threading.Thread(target=self._watch, args=(self._generation,), daemon=True,
                              name=f"lightning-gossip-monitor-{self.rank}").start()
 
-    def forget(self, ranks: Iterable[int]) -> None:
-        """Stop watching ``ranks`` (lost from an elastic fit; marked gone, so that one that
-        wakes up learns it was left behind: :attr:`excluded`); the monitor starts again."""
-        for r in set(ranks) - self.forgotten:
+    def forget(self, ranks: Iterable[int], mark: bool = True) -> None:
+        """Stop watching ``ranks`` (lost from an elastic fit, or ``mark`` false: slots free when
+        a newcomer joined); the monitor starts again. ``mark``: mark them gone, so that one that
+        wakes up learns it was left behind (:attr:`excluded`)."""
+        ranks = set(ranks)
+        for r in ranks - self.forgotten if mark else ():
             self.writer_store.add(_key(r), DOWN)
-        self.forgotten |= set(ranks)
+        self.forgotten |= ranks
         self._generation += 1
         self._found = None
         if self._thread is not None:
@@ -295,14 +297,12 @@ class Heartbeat:
         counts = self.store_call(lambda: [int(self.store.add(_key(r), 0)) for r in others],
                                  "reading the heartbeats", ranks)
         for r, count in zip(others, counts):
-            if count >= DOWN:
-                with self._seen_lock:
+            with self._seen_lock:
+                if count >= DOWN:
                     self._down.add(r)
-                out.append(r)
-                continue
-            with self._seen_lock:
+                    out.append(r)
+                    continue
                 self._down.discard(r)
-            with self._seen_lock:
                 last = self._seen.get(r)
                 if last is None or last[0] != count:
                     self._seen[r] = (count, now, starved)

@@ -184,7 +184,7 @@ class ADPSGDStrategy(GossipStrategy):
         else:
             self.pairing = Pairing(self.pairing_name, nodes if self._sharded else self.world_size,
                                    self.seed)
-            self.engine = self._make_engine(self.pairing)
+            self.engine = self._make_engine(self.elastic_parts.first_pairing(self.pairing))
             self.engine.start()
             self.survivors = self._make_survivors(trainer) if self.elastic else None
             self.step = self.elastic_parts.open_phase(self.engine, self.step)  # a newcomer

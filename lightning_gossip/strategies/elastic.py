@@ -293,16 +293,17 @@ class Survivors:
         start, wall = time.monotonic(), time.time()
         membership = self.membership
         before = membership.live
+        free = [r for r in lost if r not in before]  # slots nobody fills: not watched
         lost = tuple(r for r in lost if r in before and r != membership.rank)
         if not lost:
-            self.heartbeat.forget(())  # a stale finding: watch on
+            self.heartbeat.forget(free, mark=False)  # a stale finding: watch on
             return
         step = self.step()
         old = self.set_engine(None)
         if old is not None:
             old.abandon()
         self._keep_at_exit(old)
-        live = membership.decide(lost, self.deadline_s)
+        live = membership.decide(lost, self.deadline_s, also_lost=self.heartbeat.silent)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
         groups = membership.new_groups([self.backend, "gloo", self.backend])
@@ -324,6 +325,7 @@ class Survivors:
         membership, step = self.membership, self.step()
         assert self.hand_over is not None
         before, old_group = membership.live, membership.group
+        membership.announce(joined)  # members waiting at an epoch's end come (docs/faults.md)
         old = self.set_engine(None)
         if old is not None:  # every member is here: end the phase cleanly (no waits left)
             try:

@@ -66,6 +66,19 @@ class ElasticParts:
         _, control, data = self.newcomer.groups
         return NodeGroups(data, data, control=control)
 
+    def pairing_over(self, live: Sequence[int]) -> RankPairing:
+        """The pairing of the engine over the live ranks ``live`` (the members' after a loss
+        or a join, and a newcomer's first: the same on every member)."""
+        assert self.pairing is not None
+        name, seed = self.pairing
+        return RankPairing(Pairing(name, len(live), seed), tuple(live))
+
+    def first_pairing(self, pairing: Pairing) -> Pairing | RankPairing:
+        """The pairing of this process's first engine: ``pairing`` (every rank slot), or a
+        newcomer's over its generation's live ranks (slots may be free)."""
+        return pairing if self.newcomer is None else self.pairing_over(
+            self.newcomer.membership.live)
+
     def open_phase(self, engine: AsyncGossip, step: int) -> int:
         """A newcomer's first step (the lowest member's at the handover), its engine's phase
         open at it (the members opened theirs: no meeting); ``step`` for any other rank."""
@@ -86,10 +99,7 @@ class ElasticParts:
             """A pairing over ``live`` (none for a lone rank), the engine's phase open."""
             if len(live) < 2:
                 return None
-            assert self.pairing is not None
-            name, seed = self.pairing
-            engine = make_engine(RankPairing(Pairing(name, len(live), seed), tuple(live)),
-                                 control, data)
+            engine = make_engine(self.pairing_over(live), control, data)
             engine.start()
             engine.before_step(step())
             return engine

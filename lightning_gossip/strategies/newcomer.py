@@ -19,10 +19,12 @@ one, the process
    member's), and that member's optimizer step. Lightning restores it as it restores a
    checkpoint file; gossip starts at that step with a pairing over every live rank.
 
-Only a fit whose every rank slot is filled again after the join is supported (one loss, one
-replacement: the common case): a joiner's default group numbers the live ranks from 0, which
-must be the global ranks. A process whose slot is taken, or that finds no running fit, starts
-as usual.
+Other slots may still be free after the join (two ranks lost, one replaced so far): the
+newcomer's default group numbers the live ranks from 0 (``dist.get_rank()`` is its position
+among them), while every group's rank map, the library's and torch's for its named groups,
+stays in rank slots (:func:`~lightning_gossip._compat.join_as_default_group`,
+:func:`~lightning_gossip._compat.group_rank`). A process whose slot is taken, or that finds no
+running fit, starts as usual.
 """
 
 from __future__ import annotations
@@ -94,16 +96,12 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     Membership.ask_to_join(store, rank)
     membership = Membership.await_admission(store, rank, world_size, timeout, run,
                                             deadline_s=timeout.total_seconds())
-    if membership.live != tuple(range(world_size)):
-        raise RuntimeError(
-            f"rank {rank} was admitted to the running fit {run}, but rank slot(s) "
-            f"{', '.join(map(str, membership.lost))} are still free: joining a fit that is not "
-            "whole again after the join is not supported yet (docs/faults.md)")
+    heartbeat.forget(membership.lost, mark=False)  # free slots: nobody to watch there
     groups = membership.join_groups([backend, "gloo", backend])
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
-    dist.recv_object_list(payload, src=min(r for r in membership.live if r != rank),
-                          group=groups[0])
+    lowest = min(r for r in membership.live if r != rank)
+    dist.recv_object_list(payload, group_src=membership.live.index(lowest), group=groups[0])
     handed = payload[0]
     if not isinstance(handed, dict) or handed.get("tag") != HANDOVER_TAG:
         raise RuntimeError(f"rank {rank}: the handover from the running fit is malformed")

@@ -1,11 +1,13 @@
 """Membership joins with real processes and gloo groups (``tests/test_membership_join.py``).
 
 Started as ``srun`` starts tasks (one process each, ``RANK``/``WORLD_SIZE``/``MASTER_*``),
-4 ranks: rank 3 leaves after the first all-reduce (``os._exit``); the survivors agree on
-(0, 1, 2) and build their groups by name; a newcomer started with ``RANK=3`` and ``JOINER=1``
-asks for the free slot, the survivors admit it at their next poll, and all four build the next
-generation's groups: the newcomer's default group is the first. Every process prints
-``RESULT <json>``.
+4 ranks: ranks 2 and 3 leave after the first all-reduce (``os._exit``; rank 2 says goodbye
+in the store, as a heartbeat would find it gone); the survivors learn of rank 3's loss, find
+rank 2 gone while they gather (``decide(also_lost=...)``), agree on (0, 1) and build their
+groups by name; a newcomer started with ``RANK=3`` and ``JOINER=1`` asks for its slot, the
+survivors admit it at their next poll with slot 2 still free, and all three build the next
+generation's groups: the newcomer's default group is the first, numbering (0, 1, 3) from 0.
+Every process prints ``RESULT <json>``.
 """
 
 from __future__ import annotations
@@ -38,10 +40,15 @@ def total(group: dist.ProcessGroup | None, value: float) -> float:
 def member(rank: int) -> dict:
     dist.init_process_group("gloo", timeout=TIMEOUT)
     first = total(None, rank)
-    if rank == 3:
+    store = store_of(_compat.default_store())
+    if rank == 2:
+        store.set("bye/2", "1")
+    if rank in (2, 3):
         os._exit(0)  # lost: no goodbye
-    m = Membership(store_of(_compat.default_store()), rank, 4, TIMEOUT, name=RUN)
-    after_loss = m.decide(lost=(3,), deadline_s=60)
+    m = Membership(store, rank, 4, TIMEOUT, name=RUN)
+    after_loss = m.decide(lost=(3,), deadline_s=60,  # rank 2's loss is found while gathering
+                          also_lost=lambda missing: [r for r in missing
+                                                     if store.check([f"bye/{r}"])])
     group, data = m.new_groups(["gloo", "gloo"])
     survivors_sum = total(group, rank)
     deadline = time.monotonic() + 90
@@ -55,7 +62,15 @@ def member(rank: int) -> dict:
         dist.send(torch.tensor([42.0]), dst=3, group=data)
     return {"rank": rank, "first": first, "after_loss": after_loss, "survivors_sum": survivors_sum,
             "asked": asked, "after_join": after_join, "joined_sum": total(group, rank + 10),
-            "data_sum": total(data, rank), "generation": m.generation}
+            "data_sum": total(data, rank), "generation": m.generation,
+            "from_3": from_slot(group, 3, 0.0)}
+
+
+def from_slot(group: dist.ProcessGroup, slot: int, value: float) -> float:
+    """A broadcast over ``group`` from the process in rank slot ``slot``."""
+    t = torch.tensor([value])
+    dist.broadcast(t, group_src=_compat.group_rank(group, slot), group=group)
+    return t.item()
 
 
 def joiner(rank: int) -> dict:
@@ -70,7 +85,10 @@ def joiner(rank: int) -> dict:
     dist.recv(got, src=0, group=data)
     return {"rank": rank, "after_join": m.live, "joined_sum": total(group, rank + 10),
             "default_is_group": group is dist.group.WORLD, "world": dist.get_world_size(),
-            "received": got.item(), "data_sum": total(data, rank), "generation": m.generation}
+            "default_rank": dist.get_rank(),
+            "default_slots": dist.get_process_group_ranks(dist.group.WORLD),
+            "received": got.item(), "data_sum": total(data, rank), "generation": m.generation,
+            "from_3": from_slot(group, 3, 33.0)}
 
 
 if __name__ == "__main__":
