@@ -143,23 +143,25 @@ def records(out: Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def outcome(out: Path, ranks: int, victim: int) -> dict[str, Any]:
+def outcome(out: Path, ranks: int, victim: int | list[int]) -> dict[str, Any]:
     """What a finished launch's records say: ``once`` (every sample of every epoch trained
-    exactly once among all ranks, the victim's trained batches counted), the survivors'
-    ``val_loss`` and, with a victim, ``detect_s`` (the loss to the first recovery), ``recover_s``
-    (the longest recovery), ``stall_s`` (the longest time a survivor finished no batch, from the
-    loss on) and ``step_s`` (the survivors' median batch interval before the loss)."""
-    survivors = [r for r in range(ranks) if r != victim]
+    exactly once among all ranks, the victims' trained batches counted), the survivors'
+    ``val_loss`` and, with a victim (or several, killed at the same batch), ``detect_s`` (the
+    loss to the first recovery), ``recover_s`` (the longest recovery), ``stall_s`` (the longest
+    time a survivor finished no batch, from the loss on) and ``step_s`` (the survivors' median
+    batch interval before the loss)."""
+    victims = set(victim) if isinstance(victim, list) else {victim} - {-1}
+    survivors = [r for r in range(ranks) if r not in victims]
     done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
-    lost = json.loads((out / "victim.json").read_text())["t"] if victim >= 0 else 0.0
-    trained = {r: [rec for rec in records(out, r) if r != victim or rec["t"] < lost]
+    lost = json.loads((out / "victim.json").read_text())["t"] if victims else 0.0
+    trained = {r: [rec for rec in records(out, r) if r not in victims or rec["t"] < lost]
                for r in range(ranks)}  # a woken victim's later batches were never mixed in
     once = all(Counter(i for recs in trained.values() for rec in recs if rec["epoch"] == e
                        for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
     result: dict[str, Any] = {"once": once, "val_loss": done[0]["val_loss"],
                               "same_replica": len({round(d["sum"], 5) for d in done}) == 1,
                               "losses": done[0]["losses"]}
-    if victim < 0:
+    if not victims:
         return result
     ends = {r: sorted(rec["t"] for rec in trained[r]) for r in survivors}
     before = sorted(b - a for r in survivors for a, b in zip(ends[r], ends[r][1:]) if b < lost)

@@ -5,9 +5,10 @@ Each run starts ``testbed.elastic_fit`` on 3 or 4 tasks (as ``srun`` starts them
 of them: a random victim (never rank 0, whose loss falls back to the emergency checkpoint by
 design: ``tests/test_elastic.py``), kind (``SIGKILL``; ``SIGSTOP``: frozen, killed after the
 recovery; or frozen and woken up after it, when it must exit on its own), epoch (0 or 1), batch
-(1..10) and, given several ``--strategies``, the strategy. Recorded per run: the exit codes,
-whether every survivor ended with 0, every sample was trained once per epoch, the survivors hold
-the same replica, the detection, recovery and stall seconds
+(1..10) and, given several ``--strategies``, the strategy; ``--pairs P``: a share ``P`` of the
+cases kills two of 4 ranks at the same batch instead (a node's tasks). Recorded per run: the
+exit codes, whether every survivor ended with 0, every sample was trained once per epoch, the
+survivors hold the same replica, the detection, recovery and stall seconds
 (:func:`testbed.elastic_fit.outcome`), the wall time, and the processes of the run still alive
 after the launch (orphans); the output is kept in ``RUN/log.txt``. Usage::
 
@@ -38,20 +39,27 @@ def orphans(out: Path) -> list[int]:
     return [int(pid) for pid in found.stdout.split() if int(pid) != os.getpid()]
 
 
-def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",)) -> dict[str, Any]:
+def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",),
+              pairs: float = 0.0) -> dict[str, Any]:
     """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``, ``strategy``
-    (drawn last, and only from several: one strategy draws the cases it always drew)."""
+    (drawn last, and only from several: one strategy draws the cases it always drew); with
+    probability ``pairs`` (drawn after them), two ranks of 4 killed at the same batch instead,
+    as a node's tasks die (``victim`` a list)."""
     ranks = rng.choice((3, 4))
     case = {"ranks": ranks, "victim": rng.randrange(1, ranks),
             "kind": rng.choice(("kill", "stop", "cont")),
             "epoch": rng.randrange(2), "batch": rng.randrange(1, 11)}
-    return dict(case, strategy=rng.choice(strategies) if len(strategies) > 1 else strategies[0])
+    case["strategy"] = rng.choice(strategies) if len(strategies) > 1 else strategies[0]
+    if pairs and rng.random() < pairs:
+        case.update(ranks=4, victim=sorted(rng.sample(range(1, 4), 2)), kind="kill")
+    return case
 
 
 def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
     """Launch one case in ``out``; what happened (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
-    commands = fake_slurm_commands("testbed.elastic_fit", str(out), str(case["victim"]),
+    victims = case["victim"] if isinstance(case["victim"], list) else [case["victim"]]
+    commands = fake_slurm_commands("testbed.elastic_fit", str(out), ",".join(map(str, victims)),
                                    str(case["batch"]), case["kind"], str(case["epoch"]),
                                    ntasks=case["ranks"],
                                    env={"ELASTIC_FIT_STRATEGY": case.get("strategy", "adpsgd")})
@@ -60,7 +68,7 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),
                                   codes=launched.returncodes, hang=launched.timed_out,
                                   orphans=orphans(out))
-    survivors = [r for r in range(case["ranks"]) if r != case["victim"]]
+    survivors = [r for r in range(case["ranks"]) if r not in victims]
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 for r in survivors)
     (out / "log.txt").write_text(launched.stdout)
@@ -77,13 +85,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--strategies", nargs="+", choices=("adpsgd", "dpsgd"),
                         default=["adpsgd"])
+    parser.add_argument("--pairs", type=float, default=0.0,
+                        help="share of cases that kill two ranks at the same batch")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     with open(args.out / "runs.jsonl", "a") as log:
         for i in range(args.runs):
-            case = fuzz_case(rng, tuple(args.strategies))
+            case = fuzz_case(rng, tuple(args.strategies), args.pairs)
             result = dict(run_case(args.out / f"run{i}", case), run=i)
             results.append(result)
             line = json.dumps(result)
