@@ -101,7 +101,8 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
     lowest = min(r for r in membership.live if r != rank)
-    dist.recv_object_list(payload, group_src=membership.live.index(lowest), group=groups[0])
+    dist.recv_object_list(payload, group_src=_compat.group_rank(groups[0], lowest),
+                          group=groups[0])
     handed = payload[0]
     if not isinstance(handed, dict) or handed.get("tag") != HANDOVER_TAG:
         raise RuntimeError(f"rank {rank}: the handover from the running fit is malformed")
