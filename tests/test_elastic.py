@@ -22,15 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.elastic_fuzz import fuzz_case, run_case
+from testbed.elastic_fuzz import EXIT_ABORT, fuzz_case, run_case
 from testbed.launch import fake_slurm_commands, launch_processes, run_fake_slurm_each
 
 SCRIPT = "testbed.elastic_fit"
 SAMPLES, EPOCHS = 192, 3  # as in the script
 
 
-#: what gloo prints when a process aborts at exit (docs/faults.md, "An abort at exit")
-EXIT_ABORT = "terminate called without an active exception"
 
 
 def check_exits(result, done: dict[int, Path], out: str) -> None:
@@ -271,6 +269,10 @@ def test_fuzzed_losses_every_fit_finishes(tmp_path: Path) -> None:
         assert result["finished"] and not result["hang"], (result,
                                                            (out / "log.txt").read_text()[-4000:])
         assert result["orphans"] == [] and result["once"] and result["same_replica"], result
+        if result["aborted_at_exit"]:
+            warnings.warn(f"run {i}: rank(s) {result['aborted_at_exit']} aborted at exit after "
+                          "writing their results (the known issue of docs/faults.md)",
+                          stacklevel=2)
 
 
 @pytest.mark.parametrize("name", ["ADPSGDStrategy", "DPSGDStrategy"])
