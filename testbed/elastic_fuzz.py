@@ -37,6 +37,14 @@ EXIT_ABORT = "terminate called without an active exception"
 """What gloo prints when a process aborts at exit (docs/faults.md, "An abort at exit")."""
 
 
+def aborted_at_exit(launched: Any, done: dict[int, Path]) -> list[int]:
+    """The processes ``i`` of ``done`` (launch index -> its results file) that ended with the
+    known abort at exit (-6 and gloo's message) after writing their results: the fit itself
+    finished (docs/faults.md), so they are listed, not counted as failures."""
+    return [i for i, path in done.items() if launched.returncodes[i] == -6
+            and EXIT_ABORT in launched.stdout and path.exists()]
+
+
 def orphans(out: Path) -> list[int]:
     """Processes whose command line names ``out`` (a run's folder), still alive."""
     found = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
@@ -73,11 +81,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
                                   codes=launched.returncodes, hang=launched.timed_out,
                                   orphans=orphans(out))
     survivors = [r for r in range(case["ranks"]) if r not in victims]
-    # the known abort at exit (-6, gloo's message) of a survivor that wrote its results is
-    # recorded, not hidden; the fit itself finished (as tests/test_elastic.py counts it)
-    result["aborted_at_exit"] = [
-        r for r in survivors if launched.returncodes[r] == -6 and EXIT_ABORT in launched.stdout
-        and (out / f"done{r}.json").exists()]
+    result["aborted_at_exit"] = aborted_at_exit(launched, {r: out / f"done{r}.json"
+                                                           for r in survivors})
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 or r in result["aborted_at_exit"] for r in survivors)
     (out / "log.txt").write_text(launched.stdout)
