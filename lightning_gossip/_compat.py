@@ -129,7 +129,7 @@ def join_as_default_group(store: dist.Store, name: str, slots: list[int], slot: 
     process's, among them): a process that joins a running fit. Its members are numbered from
     0 in the default group (``dist.get_rank()`` is ``slots.index(slot)``), and
     ``dist.get_process_group_ranks(dist.group.WORLD)`` gives their slots, as for every other
-    group of the fit (:func:`group_rank`).
+    group of the fit.
 
     ``name`` must end in ``"default_pg/0"``: torch 2.9.1 names a new process's default group
     ``"0"`` and, given a store, prefixes nothing of its own, so its keys are
@@ -145,20 +145,6 @@ def join_as_default_group(store: dist.Store, name: str, slots: list[int], slot: 
     dist.init_process_group(backend, store=dist.PrefixStore(head, store),
                             rank=slots.index(slot), world_size=len(slots), timeout=timeout)
     c10d._world.pg_group_ranks[dist.group.WORLD] = {g: i for i, g in enumerate(slots)}
-
-
-def group_rank(group: Any, slot: int) -> int:
-    """The rank in ``group`` (``None``: the default group) of the process in rank slot
-    ``slot``, for torch's ``group_src``/``group_dst``: the slot itself in a fit started
-    whole; in a process that joined a running fit with slots free, its default group numbers
-    the members from 0 (:func:`join_as_default_group`).
-
-    >>> group_rank(None, 3)  # no process group here: the slot
-    3
-    """
-    if not dist.is_initialized():
-        return slot
-    return dist.get_process_group_ranks(group or dist.group.WORLD).index(slot)
 
 
 def default_store_view(client: dist.Store) -> dist.Store:

@@ -28,8 +28,11 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
     within about ``heartbeat.timeout``, instead of waiting for ``timeout``.
 
     ``collective(*args, group=group, async_op=True, **kwargs)`` must return a ``dist.Work``.
-    Without a heartbeat (``heartbeat`` and :func:`current` both ``None``) it is a plain wait
-    with ``timeout``. Example, the exact average of the replicas at a checkpoint::
+    A ``src`` or ``dst`` is a rank slot (the fit's global rank), given to torch as its rank in
+    ``group``: a process that joined a running fit with slots free numbers its default group
+    from 0, which torch's own translation of a global rank does not know. Without a heartbeat
+    (``heartbeat`` and :func:`current` both ``None``) it is a plain wait with ``timeout``.
+    Example, the exact average of the replicas at a checkpoint::
 
         out = flat.clone()
         watched_collective(dist.all_reduce, out, op=dist.ReduceOp.SUM, timeout=self.timeout,
@@ -37,9 +40,11 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
         out.div_(world_size)
     """
     beat = heartbeat if heartbeat is not None else current()
+    members = dist.get_process_group_ranks(group or dist.group.WORLD)  # rank slots
+    for key in ("src", "dst"):
+        if key in kwargs:
+            kwargs[f"group_{key}"] = members.index(kwargs.pop(key))
     work = collective(*args, group=group, async_op=True, **kwargs)
-    # rank slots (a process that joined a running fit numbers its default group from 0)
-    members = dist.get_process_group_ranks(group or dist.group.WORLD)
     me = members[dist.get_rank(group)]
     try:
         wait_for_peers([work], [r for r in members if r != me], beat, timeout, what)

@@ -62,11 +62,10 @@ def broadcast_object(obj: Any, src: int, group: Any | None, rank: int, device: t
             else torch.empty(0, dtype=torch.uint8))
     size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     what = f"the broadcast of an object from rank {src}"
-    source = _compat.group_rank(group, src)
-    watched(dist.broadcast, size, group_src=source, group=group, what=what)
+    watched(dist.broadcast, size, src=src, group=group, what=what)
     buf = data.to(device) if mine else torch.empty(int(size.item()), dtype=torch.uint8,
                                                    device=device)
-    watched(dist.broadcast, buf, group_src=source, group=group, what=what)
+    watched(dist.broadcast, buf, src=src, group=group, what=what)
     return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())  # noqa: S301
 
 

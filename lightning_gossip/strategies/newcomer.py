@@ -22,8 +22,8 @@ one, the process
 Other slots may still be free after the join (two ranks lost, one replaced so far): the
 newcomer's default group numbers the live ranks from 0 (``dist.get_rank()`` is its position
 among them), while every group's rank map, the library's and torch's for its named groups,
-stays in rank slots (:func:`~lightning_gossip._compat.join_as_default_group`,
-:func:`~lightning_gossip._compat.group_rank`). A process whose slot is taken, or that finds no
+stays in rank slots (:func:`~lightning_gossip._compat.join_as_default_group`; the watched
+collectives address ranks by slot). A process whose slot is taken, or that finds no
 running fit, starts as usual.
 """
 
@@ -101,8 +101,7 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
     lowest = min(r for r in membership.live if r != rank)
-    dist.recv_object_list(payload, group_src=_compat.group_rank(groups[0], lowest),
-                          group=groups[0])
+    dist.recv_object_list(payload, group_src=membership.live.index(lowest), group=groups[0])
     handed = payload[0]
     if not isinstance(handed, dict) or handed.get("tag") != HANDOVER_TAG:
         raise RuntimeError(f"rank {rank}: the handover from the running fit is malformed")

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_gossip import _compat
+from lightning_gossip.liveness.collectives import watched_collective
 from lightning_gossip.membership import Membership
 
 TIMEOUT = timedelta(seconds=60)
@@ -67,9 +68,11 @@ def member(rank: int) -> dict:
 
 
 def from_slot(group: dist.ProcessGroup, slot: int, value: float) -> float:
-    """A broadcast over ``group`` from the process in rank slot ``slot``."""
+    """A broadcast over ``group`` from the process in rank slot ``slot`` (a watched
+    collective, which addresses ranks by slot)."""
     t = torch.tensor([value])
-    dist.broadcast(t, group_src=_compat.group_rank(group, slot), group=group)
+    watched_collective(dist.broadcast, t, src=slot, group=group, timeout=TIMEOUT,
+                       what=f"a broadcast from slot {slot}")
     return t.item()
 
 
