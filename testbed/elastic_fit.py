@@ -99,12 +99,12 @@ class Indexed(L.LightningModule):
 class Record(Callback):
     """Appends the indices of every trained batch; the victim kills itself at its batch."""
 
-    def __init__(self, out: Path, rank: int, victim: int, batch: int, kind: str,
-                 epoch: int, victims: frozenset[int] = frozenset()) -> None:
+    def __init__(self, out: Path, rank: int, victims: frozenset[int], batch: int, kind: str,
+                 epoch: int) -> None:
         self.file = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - open for the fit
         self.out = out
-        self.rank, self.victim, self.batch, self.kind, self.epoch = rank, victim, batch, kind, epoch
-        self.victims = victims or frozenset({victim})
+        self.rank, self.victims, self.batch, self.kind = rank, victims, batch, kind
+        self.epoch, self.victim = epoch, min(victims)  # (``stop``, ``cont``: one victim)
         self.validations = 0  # during the fit, the sanity check not counted
 
     def on_validation_end(self, trainer, module):
@@ -181,7 +181,6 @@ STARTED = time.time()  # after the imports: a replacement's start, imports exclu
 def main() -> None:
     out, batch = Path(sys.argv[1]), int(sys.argv[3])
     victims = frozenset(int(v) for v in sys.argv[2].split(","))  # -1: none
-    victim = min(victims)
     kind, epoch = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("kill", 0)
     rank = int(os.environ["SLURM_PROCID"])
     g = torch.Generator().manual_seed(0)
@@ -193,7 +192,7 @@ def main() -> None:
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
-        callbacks=[record := Record(out, rank, victim, batch, kind, epoch, victims),
+        callbacks=[record := Record(out, rank, victims, batch, kind, epoch),
                    ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
     model = Indexed()

@@ -49,6 +49,16 @@ def check_epoch_values(done: list[dict], samples: int = SAMPLES) -> None:
     assert len({d["train_mean"] for d in done}) == 1, done
 
 
+def check_each_sample_once(out: Path, ranks: int) -> None:
+    """In every epoch every sample was trained exactly once among the processes that wrote the
+    slots' records (a victim's batches before its loss and its replacement's included)."""
+    for epoch in range(EPOCHS):
+        seen = Counter(i for r in range(ranks) for rec in trained(out, r)
+                       if rec["epoch"] == epoch for i in rec["idx"])
+        assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
+        assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
+
+
 def trained(out: Path, rank: int) -> list[dict]:
     path = out / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -69,11 +79,7 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
     assert result.returncodes[victim] == -9, out
     check_exits(result, {r: tmp_path / f"done{r}.json" for r in survivors}, out)
     assert "elastic fit: rank(s) 2 lost" in result.stdout, out
-    for epoch in range(EPOCHS):
-        seen = Counter(i for r in range(ranks) for rec in trained(tmp_path, r)
-                       if rec["epoch"] == epoch for i in rec["idx"])
-        assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
-        assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
+    check_each_sample_once(tmp_path, ranks)
     victim_batches = trained(tmp_path, victim)
     assert len(victim_batches) == 3 and {rec["epoch"] for rec in victim_batches} == {0}
     done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
@@ -125,11 +131,7 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(
                for i in (*[r for r in live if r != slot], 4)}
     check_exits(result, results, out)
     assert f"elastic fit: rank(s) {slot} joined at step" in result.stdout, out
-    for epoch in range(EPOCHS):
-        seen = Counter(i for r in range(ranks) for rec in trained(tmp_path, r)
-                       if rec["epoch"] == epoch for i in rec["idx"])
-        assert set(seen) == set(range(SAMPLES)), (epoch, sorted(set(range(SAMPLES)) - set(seen)))
-        assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
+    check_each_sample_once(tmp_path, ranks)
     done = {r: json.loads((tmp_path / f"done{r}.json").read_text()) for r in live}
     assert done[slot]["joined"] and not done[0]["joined"], done
     lost_at = json.loads((tmp_path / "victim.json").read_text())["t"]
@@ -172,10 +174,7 @@ def test_a_join_asked_while_members_wait_at_the_epochs_end_is_admitted(tmp_path:
     joined = [rec["t"] for rec in trained(tmp_path, victim)
               if rec["t"] > json.loads((tmp_path / "victim.json").read_text())["t"]]
     assert joined and min(joined) > paused, (joined, paused)  # the replacement came at the pause
-    for epoch in range(EPOCHS):
-        seen = Counter(i for r in range(ranks) for rec in trained(tmp_path, r)
-                       if rec["epoch"] == epoch for i in rec["idx"])
-        assert seen == Counter(range(SAMPLES)), epoch
+    check_each_sample_once(tmp_path, ranks)
     done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)]
     assert all(d["joins"] and d["joins"][0][0] == [victim] for r, d in enumerate(done)
                if r != victim), done
