@@ -34,6 +34,7 @@ from lightning_gossip.liveness.heartbeat import store_call
 
 if TYPE_CHECKING:
     from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["Claims", "NodeShare"]
 
@@ -60,6 +61,9 @@ class Claims:
             taken before the counter, every claim is recorded, and an exhausted counter waits
             at the epoch's end (:class:`~lightning_gossip.claim_ledger.ClaimLedger`);
             ``None``: the counter alone.
+        balance: near an epoch's end, leave the last units to the claimants that finish them
+            first (:class:`~lightning_gossip.end_balance.EndBalance`; not with a ledger: a
+            lost claimant could not take what it was left); ``None``: claim until the end.
 
     Every rank of a node must call :meth:`next` equally often per epoch (they step together).
     :attr:`start` (``epoch -> claims``) makes an epoch's counter start past the claims made
@@ -67,13 +71,17 @@ class Claims:
     """
 
     def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None,
-                 ledger: ClaimLedger | None = None) -> None:
+                 ledger: ClaimLedger | None = None, balance: EndBalance | None = None) -> None:
+        if balance is not None and ledger is not None:
+            raise ValueError("a balanced epoch end (EndBalance) cannot go with elastic claims "
+                             "(a ClaimLedger): a lost claimant could not take the units left "
+                             "to it")
         if ledger is not None and share is not None:
             raise ValueError(
                 "elastic claims (a ClaimLedger) are flat-only for now: a node that claims as one "
                 "(hierarchical adpsgd, a NodeShare) cannot return a lost rank's units yet")
         self.store = store
-        self.ledger = ledger
+        self.ledger, self.balance = ledger, balance
         self.key = key
         self.share = share
         self._made: dict[int, int] = {}  # epoch -> claims made (a node's ranks agree on it)
@@ -104,6 +112,8 @@ class Claims:
             self._claims[epoch] = units
             ledger = self.ledger
             if ledger is None:
+                if not self._balanced(epoch, counter, units, offset, what):
+                    return None
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
                 return index if index < units else None
             if ledger.rank not in ledger.live():  # the others went on without this rank
@@ -122,10 +132,20 @@ class Claims:
         self._made[epoch] = k + 1
         mine = f"{counter}/node{share.node}/claim{k}"
         if share.local == 0:
-            claim = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+            claim = (int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+                     if self._balanced(epoch, counter, self._claims[epoch], offset, what)
+                     else self._claims[epoch])  # (the node's other ranks end with it)
             store_call(lambda: self.store.set(mine, str(claim)), what)
         else:
             claim = int(store_call(lambda: self.store.get(mine), f"{what} (node {share.node})"))
         if claim >= self._claims[epoch]:
             return None
         return (claim * share.devices + share.local) % units
+
+    def _balanced(self, epoch: int, counter: str, claims: int, offset: int, what: str) -> bool:
+        """Whether to claim now (always without :attr:`balance`; with it, ``False`` leaves the
+        epoch's last claims to the others)."""
+        if self.balance is None:
+            return True
+        made = int(store_call(lambda: self.store.add(counter, 0), what)) + offset
+        return self.balance.take(epoch, claims - made)

@@ -48,6 +48,7 @@ from lightning_gossip.node_claims import Claims, NodeShare
 
 if TYPE_CHECKING:
     from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["SharedBatchSampler", "SharedBatches"]
 
@@ -76,6 +77,8 @@ class SharedBatchSampler(Sampler[list[int]]):
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
         ledger: elastic claims (a lost rank's unfinished batches come back; flat only, see
             :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
+        balance: leave an epoch's last units to the claimants that finish them first
+            (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
 
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
     the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
@@ -88,7 +91,8 @@ class SharedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],
                  store: dist.Store, key: str, *, check: bool = True,
-                 node: NodeShare | None = None, ledger: ClaimLedger | None = None) -> None:
+                 node: NodeShare | None = None, ledger: ClaimLedger | None = None,
+                 balance: EndBalance | None = None) -> None:
         if not (isinstance(source, SharedBatches) or callable(source)):
             raise TypeError(f"source must implement shared_batches(epoch) or be a function of "
                             f"the epoch, got {type(source).__name__}")
@@ -96,7 +100,7 @@ class SharedBatchSampler(Sampler[list[int]]):
         self.store = store
         self.key = key
         self.check = check
-        self.claims = Claims(store, key, node, ledger)
+        self.claims = Claims(store, key, node, ledger, balance)
         self.epoch = int(getattr(source, "epoch", 0) or 0)
         #: batches this rank claimed in the last (or current) epoch
         self.claimed = 0

@@ -41,6 +41,7 @@ from lightning_gossip.node_claims import Claims, NodeShare
 
 if TYPE_CHECKING:
     from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["SharedCursorSampler", "default_store"]
 
@@ -68,11 +69,14 @@ class SharedCursorSampler(Sampler[int]):
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
         ledger: elastic claims (a lost rank's unfinished chunks come back; flat only, see
             :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
+        balance: leave an epoch's last units to the claimants that finish them first
+            (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
     """
 
     def __init__(self, num_samples: int, chunk_size: int, store: dist.Store, key: str,
                  shuffle: bool = True, seed: int = 0, node: NodeShare | None = None,
-                 ledger: ClaimLedger | None = None) -> None:
+                 ledger: ClaimLedger | None = None,
+                 balance: EndBalance | None = None) -> None:
         if num_samples < 1:
             raise ValueError(f"the dataset is empty (num_samples={num_samples})")
         if chunk_size < 1:
@@ -84,7 +88,7 @@ class SharedCursorSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.epoch = 0
-        self.claims = Claims(store, key, node, ledger)
+        self.claims = Claims(store, key, node, ledger, balance)
         #: number of chunks this rank claimed in the last (or current) epoch
         self.claimed = 0
 

@@ -72,8 +72,12 @@ CONV_AH_BF16 = Case("conv_ah_bf16",
 #: node 1 slow (its rank 2 sleeps after every batch): node 0 must take more of each epoch
 AH_STRAGGLER = Case("ah_straggler", strategy="adpsgd", epochs=2, batches=12, slow_rank=2,
                     slow_ms=60, num_nodes=NODES, strategy_kwargs={**_AH, "timeout": 60})
+# the slow node's step is several times the fast node's and an epoch long enough for it to learn
+# its pace, so it leaves the epoch's last batches (``shared_cursor="balanced"``)
+AH_BALANCED = replace(AH_STRAGGLER, name="ah_balanced", slow_ms=100, batches=24,
+                      strategy_kwargs={**AH_STRAGGLER.strategy_kwargs, "shared_cursor": "balanced"})
 ADPSGD_2X2 = [AH_LR0, AH_DELAY, AH_BF16, AD_BF16, AD_FP16, AH_TRAIN, CONV_AH, CONV_AH_BF16,
-              AH_STRAGGLER]
+              AH_STRAGGLER, AH_BALANCED]
 
 AH_ONE_PROC = Case("ah_one_proc", strategy_kwargs=_AH, **{**_AD_LR0, "num_nodes": 2})
 AD_ONE_PROC_FLAT = replace(AH_ONE_PROC, name="ad_one_proc_flat", strategy_kwargs=_AD)

@@ -33,6 +33,7 @@ from tests.multinode import (
     AD_BF16,
     AD_FP16,
     AD_ONE_PROC_FLAT,
+    AH_BALANCED,
     AH_BF16,
     AH_DELAY,
     AH_LR0,
@@ -158,6 +159,22 @@ def test_a_faster_node_takes_more_of_each_epoch(run):
     steps = [r["global_step"] for r in results]
     assert steps[0] == steps[1] and steps[2] == steps[3], steps  # a node steps together
     assert steps[0] >= 1.5 * steps[2], steps
+
+
+@multiprocess
+def test_a_balanced_end_leaves_the_last_batches_to_the_fast_node(run):
+    """``shared_cursor="balanced"``: the slow node (over 4x slower) stops claiming before the
+    counter runs out, in each epoch, leaving the last batches to node 0; still every sample once
+    per epoch and a node's ranks step together."""
+    results = _results(run, AH_BALANCED)
+    n = AH_BALANCED.batches * 4 * 4
+    seen = sorted(i for r in results for b in r["indices"] for i in b)
+    assert seen == sorted(list(range(n)) * 2)
+    steps = [r["global_step"] for r in results]
+    assert steps[0] == steps[1] and steps[2] == steps[3], steps
+    left_early = [r["left_early"] for r in results]  # local rank 0 decides for its node
+    assert left_early[0] == left_early[1] == left_early[3] == [], left_early
+    assert 1 in left_early[2], left_early  # (in epoch 0 it may not know its pace in time)
 
 
 # -- other layouts ------------------------------------------------------------------------------

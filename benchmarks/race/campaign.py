@@ -57,9 +57,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.N
     p.add_argument("--retries", type=int, default=1, help="extra runs for rejected ones")
     p.add_argument("--peaks", type=float, nargs="+", default=None,
                    help="peak rates tried per case (default rules.PEAK_LRS)")
-    p.add_argument("--tuning-from", type=Path, default=None,
-                   help="take the tuning (trials and picks) of this campaign record for the "
-                        "cases it tuned; the others are tuned here")
+    p.add_argument("--tuning-from", type=Path, nargs="+", default=None,
+                   help="take the tuning (trials and picks) of these campaign records for the "
+                        "cases they tuned (the first that tuned a case); the others are tuned "
+                        "here")
     p.add_argument("--settle-s", type=float, default=300.0,
                    help="wait at most this for the load to fall below --max-load")
     own, rest = p.parse_known_args(argv)
@@ -188,16 +189,17 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
     """Fill ``rec['tuning']``: every case at every peak once; with ``--tuning-from``, the cases
     that record tuned take its trials and picks (the same peaks), the others are tuned here."""
     tuning = rec["tuning"]
-    if own.tuning_from is not None and tuning.get("from") is None:
-        other = json.loads(own.tuning_from.read_text())["tuning"]
-        if [float(p) for p in other["peaks"]] != [float(p) for p in own.peaks]:
-            raise SystemExit(f"race campaign: {own.tuning_from} tried the peaks "
-                             f"{other['peaks']}, not {list(own.peaks)}")
-        for c in args.cases:
-            if c in other.get("chosen", {}):
-                tuning["trials"][c] = other["trials"][c]
-                tuning["chosen"][c] = other["chosen"][c]
-        tuning["from"] = str(own.tuning_from)
+    if own.tuning_from and tuning.get("from") is None:
+        for path in own.tuning_from:
+            other = json.loads(path.read_text())["tuning"]
+            if [float(p) for p in other["peaks"]] != [float(p) for p in own.peaks]:
+                raise SystemExit(f"race campaign: {path} tried the peaks "
+                                 f"{other['peaks']}, not {list(own.peaks)}")
+            for c in args.cases:
+                if c in other.get("chosen", {}) and c not in tuning["chosen"]:
+                    tuning["trials"][c] = other["trials"][c]
+                    tuning["chosen"][c] = other["chosen"][c]
+        tuning["from"] = " ".join(str(p) for p in own.tuning_from)
     for k, peak in enumerate(own.peaks):
         todo = [c for c in rules.rotated(args.cases, k)
                 if f"{peak:g}" not in tuning["trials"].get(c, {})]

@@ -111,6 +111,10 @@ CASES: dict[str, dict[str, Any]] = {
            ("avg16", {"global_average_every_n_steps": 16}),
            ("outer16", {"global_average_every_n_steps": 16, "outer_lr": 0.7,
                         "outer_momentum": 0.9, "outer_nesterov": True}))},
+    # the slow node leaves an epoch's last batches to the fast one (the slow-node race's
+    # remedy for the fast node's wait at the epoch ends)
+    "adpsgd_hier_bf16_balanced": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {
+        "hierarchical": True, "wire_dtype": "bf16", "shared_cursor": "balanced"}},
 }
 """Case name -> what the worker runs."""
 

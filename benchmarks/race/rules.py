@@ -48,7 +48,7 @@ PEAK_LRS = {"asr": (3e-3, 6e-3), "digits": (0.05, 0.1)}
 OPTIMIZER = {"asr": "adam", "digits": "sgd"}
 """The optimizer of each workload (the rule's factor applies to Adam only)."""
 
-REMEDY_SUFFIXES = ("_overlap", "_avg16", "_outer16")
+REMEDY_SUFFIXES = ("_overlap", "_avg16", "_outer16", "_balanced")
 """Case names ending so are the remedies' (issue 29, deliverable 4), raced next to their
 baselines in a race of their own."""
 

@@ -7,7 +7,7 @@
 # on where it stopped (finished races launch nothing).
 #
 #   sudo bash benchmarks/race/run_campaign.sh            # main, slow, sites; then the docs
-#   sudo RACES="remedies gbit" bash benchmarks/race/run_campaign.sh
+#   sudo RACES="remedies gbit slowremedies" bash benchmarks/race/run_campaign.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -29,6 +29,8 @@ REMEDIES=(ddp postlocal16 dpsgd_hier_bf16 dpsgd_hier_bf16_overlap adpsgd_hier_bf
 # alike; ddp_bf16 stands for them)
 FEW=(ddp ddp_bf16 postlocal16 dpsgd_hier_bf16 adpsgd_hier_bf16)
 SLOW=(ddp ddp_bf16 dpsgd_hier_bf16 adpsgd_hier_bf16)
+# the remedies under the slow node: the overlapped node all-reduce and the balanced epoch end
+SLOW_REMEDIES=(ddp ddp_bf16 adpsgd_hier_bf16 adpsgd_hier_bf16_overlap adpsgd_hier_bf16_balanced)
 MAIN=$OUT/asr_2x2_200mbit_0.5ms.json
 command -v iptables >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -qq iptables >/dev/null)
@@ -51,7 +53,11 @@ for r in $RACES; do
              --tuning-from "$MAIN" --out $OUT/asr_2x2_100mbit_25ms.json ;;
     remedies) race remedies --rate 200 --latency-ms 0.5 --cases "${REMEDIES[@]}" \
                 --tuning-from "$MAIN" --out $OUT/asr_2x2_200mbit_0.5ms_remedies.json ;;
-    *) echo "unknown race $r (main slow sites gbit remedies)" >&2; exit 2 ;;
+    slowremedies) race slowremedies --rate 200 --latency-ms 0.5 --slow-node 1 \
+                    --slow-extra-s 0.3568978640032583 --cases "${SLOW_REMEDIES[@]}" \
+                    --tuning-from "$MAIN" $OUT/asr_2x2_200mbit_0.5ms_remedies.json \
+                    --out $OUT/asr_2x2_200mbit_0.5ms_slow1_remedies.json ;;
+    *) echo "unknown race $r (main slow sites gbit remedies slowremedies)" >&2; exit 2 ;;
   esac
 done
 "$PY" -m benchmarks.race.docs

@@ -39,8 +39,9 @@ from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
+from lightning_gossip.strategies.options import Backend, Evaluate, SharedCursor, check_elastic
 from lightning_gossip.strategies.options import check_max_staleness as check_staleness
+from lightning_gossip.strategies.options import check_shared_cursor as check_cursor
 
 __all__ = ["ADPSGDStrategy"]
 
@@ -62,7 +63,8 @@ class ADPSGDStrategy(GossipStrategy):
         max_staleness: wait when more than this many steps are not gossiped (``None``: never).
         delay_by_one: apply each exchange's result one step boundary later.
         shared_cursor: draw training batches through one shared counter, so faster ranks take
-            more and every sample is used once per epoch (validation at epoch ends only).
+            more and every sample is used once per epoch (validation at epoch ends only);
+            ``"balanced"``: slower ranks also leave an epoch's last batches (:mod:`~.end_balance`).
         global_average_every_n_steps: the exact average of all replicas at the first epoch end
             after any rank passed a multiple of this many steps; ``None`` (default) never.
         hierarchical: a node's ranks are one learner (gradients averaged inside the node) and
@@ -110,13 +112,12 @@ class ADPSGDStrategy(GossipStrategy):
         precision_plugin: Precision | None = None,
         *,
         pairing: PairingName = "ring", seed: int = 0, max_staleness: int | None = 4,
-        delay_by_one: bool = False, shared_cursor: bool = True, final_average: bool = True,
+        delay_by_one: bool = False, shared_cursor: SharedCursor = True, final_average: bool = True,
         evaluate: Evaluate = "consensus", consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None, hierarchical: bool = False,
-        wire_dtype: WireDtype = "fp32",
-        outer_lr: float | None = None, outer_momentum: float = 0.0, outer_nesterov: bool = True,
-        node_allreduce: NodeAllreduce = "after_backward", elastic: bool = False,
-        process_group_backend: Backend | None = None,
+        wire_dtype: WireDtype = "fp32", outer_lr: float | None = None, outer_momentum: float = 0.0,
+        outer_nesterov: bool = True, node_allreduce: NodeAllreduce = "after_backward",
+        elastic: bool = False, process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
         check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout)
@@ -130,11 +131,10 @@ class ADPSGDStrategy(GossipStrategy):
             process_group_backend=process_group_backend, heartbeat_timeout=heartbeat_timeout)
         check_pairing(pairing)
         check_staleness(max_staleness)
-        #: the pairing's name as given (``"ring"`` or ``"random"``); the built
-        #: :class:`~lightning_gossip.pairing.Pairing` is :attr:`pairing` (after set-up)
+        #: the pairing's name as given; the :class:`~.pairing.Pairing` built at set-up: pairing
         self.pairing_name, self.pairing = pairing, None
         self.max_staleness = max_staleness
-        self.shared_cursor, self.elastic = bool(shared_cursor), bool(elastic)
+        self.shared_cursor, self.elastic = check_cursor(shared_cursor, elastic), bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
         self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed))
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
@@ -251,11 +251,13 @@ class ADPSGDStrategy(GossipStrategy):
             return dataloader
         node = (NodeShare(self.node_rank, self.local_rank, self.num_processes)
                 if self._sharded else None)  # the node's ranks step together: it claims
-        return self.cursor.shared_loader(dataloader, key=f"run{self._run_id}", seed=self.seed,
-                                         node=node, ledger=self.survivors and self.survivors.ledger(
-                                             f"run{self._run_id}/ledger",
-                                             on_wait=self.phases.wait_at_end),
-                                         epoch=trainer.fit_loop.epoch_progress.current.processed)
+        ledger = self.survivors and self.survivors.ledger(f"run{self._run_id}/ledger",
+                                                          on_wait=self.phases.wait_at_end)
+        claimant = (self.node_rank, self.num_nodes) if node else (self.global_rank, self.world_size)
+        return self.cursor.shared_loader(
+            dataloader, key=f"run{self._run_id}", seed=self.seed, node=node, ledger=ledger,
+            balance_as=claimant if self.shared_cursor == "balanced" else None,
+            epoch=trainer.fit_loop.epoch_progress.current.processed)
 
     @override
     def optimizer_step(

@@ -50,10 +50,12 @@ class CursorResume:
 
     def shared_loader(self, dataloader: object, *, key: str, seed: int,
                       node: NodeShare | None, epoch: int = 0,
-                      ledger: ClaimLedger | None = None) -> object:
+                      ledger: ClaimLedger | None = None,
+                      balance_as: tuple[int, int] | None = None) -> object:
         """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
         :func:`~.shared_loader.shared_cursor_loader`), its claims tracked; ``ledger``: elastic
-        claims (:mod:`~lightning_gossip.claim_ledger`).
+        claims (:mod:`~lightning_gossip.claim_ledger`); ``balance_as``: a balanced epoch end
+        (:mod:`~lightning_gossip.end_balance`).
 
         Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
         checkpoint's epoch if that is later: Lightning sets the sampler's epoch only at the
@@ -63,7 +65,8 @@ class CursorResume:
         resumed fit drew that batch from epoch 0's counter and the epoch from epoch 0's
         permutation.
         """
-        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node, ledger=ledger)
+        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node, ledger=ledger,
+                                      balance_as=balance_as)
         if shared is None:
             return dataloader
         self.track(shared.claims)

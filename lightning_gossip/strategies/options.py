@@ -10,11 +10,13 @@ from typing import Literal
 from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 
-__all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "Backend", "Evaluate",
-           "check_max_staleness", "check_options", "check_remedies"]
+__all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "Backend", "Evaluate", "SharedCursor",
+           "check_max_staleness", "check_options", "check_remedies", "check_shared_cursor"]
 
 #: ``evaluate=``: validation and test on the average of the replicas, or on each rank's own
 Evaluate = Literal["consensus", "local"]
+#: ``ADPSGDStrategy(shared_cursor=)``: off, greedy to the epoch's end, or with a balanced end
+SharedCursor = bool | Literal["balanced"]
 #: ``process_group_backend=`` (``None``: from the device)
 Backend = Literal["gloo", "nccl"]
 
@@ -70,6 +72,21 @@ def check_elastic(strategy: str, elastic: bool, hierarchical: bool,
     if elastic and (hierarchical or heartbeat_timeout is None):
         raise ValueError(f"{strategy}(elastic=True) needs hierarchical=False and a "
                          "heartbeat_timeout (lost ranks are found by their heartbeat)")
+
+
+def check_shared_cursor(shared_cursor: SharedCursor | str, elastic: bool) -> SharedCursor:
+    """``ADPSGDStrategy(shared_cursor=)``: ``True``, ``False`` or ``"balanced"`` (not with
+    ``elastic=True``: a lost rank could not take the units left to it); returned as given.
+
+    >>> check_shared_cursor("balanced", elastic=False)
+    'balanced'
+    """
+    if shared_cursor not in (True, False, "balanced"):
+        raise ValueError(f"shared_cursor must be True, False or 'balanced', got {shared_cursor!r}")
+    if shared_cursor == "balanced" and elastic:
+        raise ValueError("shared_cursor='balanced' cannot go with elastic=True (a lost rank "
+                         "could not take the units left to it); use shared_cursor=True")
+    return shared_cursor
 
 
 #: ``node_allreduce``: when the node's gradient all-reduce runs (hierarchical gossip)

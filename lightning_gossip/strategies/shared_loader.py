@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from lightning_gossip import _compat
+from lightning_gossip.end_balance import EndBalance
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
@@ -47,7 +48,8 @@ class SharedLoader(NamedTuple):
 def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
                          store: dist.Store | None = None,
                          node: NodeShare | None = None,
-                         ledger: ClaimLedger | None = None) -> SharedLoader | None:
+                         ledger: ClaimLedger | None = None,
+                         balance_as: tuple[int, int] | None = None) -> SharedLoader | None:
     """The training loader rebuilt to draw its data through the shared cursor, if it can be.
 
     * a batch sampler that implements
@@ -70,6 +72,9 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
             and the node takes ``devices`` units per claim); ``None``: this rank alone.
         ledger: elastic claims (elastic adpsgd: a lost rank's unfinished units come back to
             the survivors; flat only, see :mod:`~lightning_gossip.claim_ledger`).
+        balance_as: ``(claimant, claimants)``: this rank (or ``node``) is claimant ``claimant``
+            of ``claimants`` and leaves an epoch's last units to those that finish them first
+            (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
 
     Returns:
         The new loader and its sampler's :class:`~lightning_gossip.node_claims.Claims` (which
@@ -85,9 +90,14 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
         rank_zero_warn("adpsgd: the training loader has an iterable dataset, so it is used as "
                        "is (the shared cursor needs a map-style dataset).")
         return None
+    store = store or default_store()
+    # (Lightning's fetcher holds one batch ahead, a loader's workers prefetch more)
+    ahead = 1 + dataloader.num_workers * (dataloader.prefetch_factor or 0)
+    balance = None if balance_as is None else EndBalance(store, f"{key}/balance", *balance_as,
+                                                        ahead=ahead)
     if isinstance(batch_sampler, SharedBatches):
-        shared = SharedBatchSampler(batch_sampler, store or default_store(), key=f"{key}/batches",
-                                    node=node, ledger=ledger)
+        shared = SharedBatchSampler(batch_sampler, store, key=f"{key}/batches",
+                                    node=node, ledger=ledger, balance=balance)
         return SharedLoader(_with_batch_sampler(dataloader, shared), shared.claims)
     if dataloader.batch_size is None or (
             batch_sampler is not None and type(batch_sampler) is not BatchSampler):
@@ -101,7 +111,7 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
     sampler = dataloader.sampler
     shuffle = sampler.shuffle if isinstance(sampler, DistributedSampler) else True
     cursor = SharedCursorSampler(len(dataloader.dataset), chunk_size=dataloader.batch_size,
-                                 store=store or default_store(), key=key, shuffle=shuffle,
-                                 seed=seed, node=node, ledger=ledger)
+                                 store=store, key=key, shuffle=shuffle,
+                                 seed=seed, node=node, ledger=ledger, balance=balance)
     return SharedLoader(_compat.update_dataloader(dataloader, cursor, mode=RunningStage.TRAINING),
                         cursor.claims)

@@ -78,6 +78,12 @@ class Disturb(Callback):
         self.case, self.rank = case, rank
         self.rng = random.Random(case.delay_seed * 100 + rank)
         self.indices: list[list[int]] = []
+        self.left_early: list[int] | None = None  # (shared_cursor="balanced")
+
+    def on_train_epoch_end(self, trainer, module):
+        claims = getattr(getattr(trainer.strategy, "cursor", None), "claims", None)
+        if getattr(claims, "balance", None) is not None:
+            self.left_early = list(claims.balance.left_early)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         c = self.case
@@ -233,6 +239,7 @@ def _run_case(case: Case, out: Path) -> None:
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "indices": disturb.indices,
         "validations": validations.count,
+        "left_early": disturb.left_early,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "gossip_stats": getattr(trainer.strategy, "gossip_stats", {}),
     }
