@@ -18,6 +18,9 @@ PeerSilent`, so no two groups of survivors go on apart. Groups are built by name
 ``<name>/gen<g>/<i>``, keys in the fit's store): only the members meet, every member creates
 its groups in the same order, and a process that joins later builds the same groups.
 
+**A start with the ranks that came** (:meth:`Membership.found`): rank 0 decides generation 0
+with the rank slots that came within a deadline; the others join later.
+
 **A join.** A process that takes a free rank slot (a lost rank's, or one the fit has not
 filled yet) asks in the store (:meth:`Membership.ask_to_join`); the members find the request
 when they :meth:`poll` (a store read at most every :data:`POLL_EVERY_S` seconds), and the
@@ -237,6 +240,44 @@ class Membership:
         if not store.check([LATEST]) or store.check([ENDED]):
             return None
         return cls.decided(store, int(_read(store, LATEST)))
+
+    @classmethod
+    def found(cls, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+              name: str, wait_s: float) -> Membership | None:
+        """The first membership of a fit that may start without every rank slot filled:
+        every process says that it came; rank 0 decides generation 0 with the slots that came,
+        once all have or ``wait_s`` seconds after it began waiting, and the others read the
+        decision. ``None`` for a process that came after the decision: it joins the running
+        fit instead (:meth:`ask_to_join`). Raises :class:`PeerSilent` when rank 0 decides
+        nothing within ``wait_s`` plus ``timeout``.
+
+        >>> from datetime import timedelta
+        >>> import torch.distributed as dist
+        >>> store, t = dist.HashStore(), timedelta(seconds=5)
+        >>> m = Membership.found(store, rank=0, world_size=3, timeout=t, name="fit", wait_s=0.1)
+        >>> m.live, m.generation, m.lost, Membership.running(store)
+        ((0,), 0, (1, 2), (0,))
+        >>> Membership.found(store, 2, 3, t, "fit", wait_s=0.1) is None  # came too late
+        True
+        """
+        store.set(f"came/{rank}", "1")
+        if rank == 0:
+            deadline = time.monotonic() + wait_s
+            while True:
+                came = [r for r in range(world_size) if store.check([f"came/{r}"])]
+                if len(came) == world_size or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)
+            store.compare_set(_gen_key(0, "decision"), "", json.dumps(came))
+            store.set(LATEST, "0")  # (after the decision: whoever reads it finds the decision)
+        deadline = time.monotonic() + wait_s + timeout.total_seconds()
+        while not store.check([LATEST]):
+            if time.monotonic() > deadline:
+                raise PeerSilent(f"rank {rank}: rank 0 did not start the fit within "
+                                 f"{wait_s + timeout.total_seconds():.0f} s", [0])
+            time.sleep(POLL_S)
+        live = cls.decided(store, 0)
+        return cls(store, rank, world_size, timeout, name, live=live) if rank in live else None
 
     def end(self) -> None:
         """The fit is over: a process that comes to join it later starts on its own."""

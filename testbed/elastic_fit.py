@@ -5,7 +5,8 @@ elastic ``dpsgd`` fit) that loses one rank mid-epoch.
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
 ``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost;
 ``2,3``: both are lost at the same batch).
-``ELASTIC_FIT_PAUSE``: a rank pauses in one batch (:data:`PAUSE`). A survivor writes
+``ELASTIC_FIT_PAUSE``: a rank pauses in one batch (:data:`PAUSE`);
+``ELASTIC_FIT_START_TIMEOUT``: the fit starts with the ranks that came within it. A survivor writes
 ``OUT/recovered`` after the recovery (a replacement of the victim, started
 with its environment, may then join: ``python -m testbed.elastic_fit OUT -1 0``). The victim
 writes ``OUT/victim.json`` (the wall time, its pid) and ``SIGKILL``\\ s (``KIND``
@@ -55,6 +56,8 @@ STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
 """Seconds each training step sleeps (longer: a replacement has time to start and join)."""
 STRATEGY = os.environ.get("ELASTIC_FIT_STRATEGY", "adpsgd")
 """``adpsgd`` or ``dpsgd``: the elastic strategy."""
+START_TIMEOUT = os.environ.get("ELASTIC_FIT_START_TIMEOUT")
+"""``start_timeout`` of the strategy (seconds; unset: every rank meets at the start)."""
 PAUSE = [float(v) for v in os.environ.get("ELASTIC_FIT_PAUSE", "").split(",") if v]
 """``rank,epoch,batch,seconds``: that rank writes ``OUT/paused`` at the start of that batch and
 sleeps (the others run out of batches and wait for it at the epoch's end)."""
@@ -188,7 +191,8 @@ def main() -> None:
     data = TensorDataset(x, (x[:, 0] > 0).long(), torch.arange(SAMPLES))
     elastic = {"adpsgd": lightning_gossip.ADPSGDStrategy,
                "dpsgd": lightning_gossip.DPSGDStrategy}[STRATEGY]
-    strategy = elastic(elastic=True, heartbeat_timeout=3.0, timeout=120)
+    start = {} if START_TIMEOUT is None else {"start_timeout": float(START_TIMEOUT)}
+    strategy = elastic(elastic=True, heartbeat_timeout=3.0, timeout=120, **start)
     trainer = L.Trainer(
         strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
@@ -214,6 +218,8 @@ def main() -> None:
                                                for step, new, wall, took in survivors.joins],
         "joined": getattr(strategy, "elastic_parts", None) is not None
         and strategy.elastic_parts.newcomer is not None,
+        "founders": None if getattr(strategy.elastic_parts, "founders", None) is None
+        else list(strategy.elastic_parts.founders.founded),
         "started": STARTED,
     }))
 

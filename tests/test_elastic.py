@@ -186,6 +186,44 @@ def test_a_join_asked_while_members_wait_at_the_epochs_end_is_admitted(tmp_path:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("late", [True, False])
+def test_a_fit_starts_with_the_ranks_that_came_and_a_late_one_joins(
+        tmp_path: Path, late: bool) -> None:
+    """``adpsgd(start_timeout=4)``: ranks 0-2 start, rank 3 only once rank 0 has trained a
+    batch (long after the start timeout): the three found the fit and train, rank 3 joins the
+    running fit as a replacement would (its slot was never filled), and all four finish every
+    epoch with the same replica, every sample trained once per epoch. ``late=False``: all four
+    come in time and found the fit together (their groups built by name, as a newcomer's)."""
+    ranks = 4
+    env = {"ELASTIC_FIT_STEP_S": "0.5", "ELASTIC_FIT_START_TIMEOUT": "4"}
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), "-1", "0", ntasks=ranks, env=env)
+    if late:
+        argv, slot_env = commands[3]
+        commands[3] = (["bash", "-c", f"while [ ! -s {tmp_path}/rank0.jsonl ]; do sleep 0.2; "
+                                      f"done; exec {shlex.join(argv)}"], slot_env)
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    check_exits(result, {r: tmp_path / f"done{r}.json" for r in range(ranks)}, out)
+    check_each_sample_once(tmp_path, ranks)
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)]
+    founders = [0, 1, 2] if late else [0, 1, 2, 3]
+    assert [d["founders"] for d in done] == [founders] * (3 if late else 4) + (
+        [None] if late else []), done
+    assert [d["joined"] for d in done] == [False, False, False, late], done
+    if late:
+        assert "elastic fit: rank(s) 3 joined at step" in result.stdout, out
+        assert all(d["joins"] and d["joins"][0][0] == [3] for d in done[:3]), done
+        assert trained(tmp_path, 3), "the late rank trained no batch"
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    check_epoch_values(done)
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        learners = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
+                    if row.get("gossip/live_learners")]
+    assert learners[0] == len(founders) and learners[-1] == ranks, learners
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
 def test_a_rank_the_cursor_leaves_without_a_batch_validates_with_the_others(
         tmp_path: Path, strategy: str) -> None:

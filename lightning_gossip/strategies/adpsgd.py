@@ -74,6 +74,8 @@ class ADPSGDStrategy(GossipStrategy):
             deltas of an exchange still cancel exactly (:mod:`~lightning_gossip.compression`).
         elastic: survive lost ranks (not the store's host, rank 0): the survivors go on
             without them (:mod:`~.elastic`, ``docs/faults.md``). Flat only; default ``False``.
+        start_timeout: ``elastic``: start with the ranks that came within this many seconds,
+            the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
         outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for ``DPSGDStrategy``
             (the outer step is taken at the epoch-end meeting of the global average).
 
@@ -94,8 +96,7 @@ class ADPSGDStrategy(GossipStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        """Register ``"adpsgd"`` (ring pairing) and ``"adpsgd_random"`` (random pairing) in
-        Lightning's ``StrategyRegistry`` (called on import of :mod:`lightning_gossip`)."""
+        """Register ``"adpsgd"`` (ring pairing) and ``"adpsgd_random"`` (random) on import."""
         strategy_registry.register(
             cls.strategy_name, cls, override=True,
             description="Asynchronous decentralized parallel SGD (AD-PSGD), ring peer choice")
@@ -117,10 +118,11 @@ class ADPSGDStrategy(GossipStrategy):
         global_average_every_n_steps: int | None = None, hierarchical: bool = False,
         wire_dtype: WireDtype = "fp32", outer_lr: float | None = None, outer_momentum: float = 0.0,
         outer_nesterov: bool = True, node_allreduce: NodeAllreduce = "after_backward",
-        elastic: bool = False, process_group_backend: Backend | None = None,
+        elastic: bool = False, start_timeout: float | None = None,
+        process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout)
+        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout)
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -136,7 +138,8 @@ class ADPSGDStrategy(GossipStrategy):
         self.max_staleness = max_staleness
         self.shared_cursor, self.elastic = check_cursor(shared_cursor, elastic), bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed))
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed),
+                                          start_timeout)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
             self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"run{_fits[0]}")
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
@@ -243,8 +246,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Training loaders draw from the shared cursor (samples, or whole listed batches: see
-        :func:`~.shared_loader.shared_cursor_loader`); evaluation loaders are never touched."""
+        """Training loaders draw from the shared cursor (:mod:`~.shared_loader`), no other."""
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING):
@@ -295,8 +297,7 @@ class ADPSGDStrategy(GossipStrategy):
     @override
     def reduce(self, tensor: Tensor, group: Any | None = None,
                reduce_op: Any | None = "mean") -> Tensor:
-        """Like :meth:`GossipStrategy.reduce`, except mid-epoch, where values stay local (the
-        ranks are at different steps: a collective would pair up unrelated calls)."""
+        """The base's, except mid-epoch, where values stay local (ranks at different steps)."""
         if self.phases.in_phase and isinstance(tensor, Tensor):
             self.phases.warn_local_reduce()
             return tensor
@@ -331,8 +332,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def with_restart_position(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """``checkpoint`` with the shared cursor's position in the current epoch (mid-epoch;
-        the requeue and emergency checkpoints, once every rank has stopped claiming)."""
+        """``checkpoint`` with the shared cursor's position in the current epoch (requeue)."""
         return self.cursor.saved(checkpoint, self.lightning_module.trainer.current_epoch)
 
     @override

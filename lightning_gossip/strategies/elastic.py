@@ -155,7 +155,7 @@ class Survivors:
         #: one entry per loss survived: ``(step, lost ranks, wall time (time.time()) the
         #: recovery began, seconds it took)``
         self.losses: list[tuple[int, tuple[int, ...], float, float]] = []
-        self.log_live(world_size, step())
+        self.log_live(len(self.membership.live), step())
 
     def ledger(self, key: str, on_wait: Callable[[], None] | None = None) -> ClaimLedger:
         """A :class:`~lightning_gossip.claim_ledger.ClaimLedger` for the training loader's

@@ -1,5 +1,6 @@
 """The elastic parts of an ``ADPSGDStrategy(elastic=True)`` fit, set up from the strategy's
-values: a newcomer's join before the default group exists (:mod:`~.newcomer`), and the
+values: a newcomer's join before the default group exists (:mod:`~.newcomer`), a start with
+the ranks that came (:mod:`~.founders`), and the
 :class:`~.elastic.Survivors` of the fit with their side of a join (:func:`~.newcomer.hand_over`).
 ``DPSGDStrategy(elastic=True)`` uses the join and the members' side (:meth:`ElasticParts.join`,
 :meth:`ElasticParts.members_side`; its survivors are :mod:`~.dpsgd_elastic`'s).
@@ -15,9 +16,11 @@ from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import NodeGroups
 from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.membership import Membership
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.founders import Founders, found_fit
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
 
 __all__ = ["SETUP_BARRIERS", "ElasticParts"]
@@ -36,34 +39,53 @@ class ElasticParts:
         timeout: the process groups' timeout.
         heartbeat_timeout: the heartbeat's.
         pairing: the pairing's name and seed (``adpsgd``; ``None``: no survivors built here).
+        start_timeout: start the fit with the ranks that came within this many seconds
+            (:mod:`~.founders`); ``None``: every rank meets in Lightning's start.
     """
 
     def __init__(self, timeout: timedelta, heartbeat_timeout: float | None,
-                 pairing: tuple[PairingName, int] | None = None) -> None:
+                 pairing: tuple[PairingName, int] | None = None,
+                 start_timeout: float | None = None) -> None:
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.pairing = pairing
+        self.start_timeout = start_timeout
         #: this process, admitted to a running fit (``None``: it started with the fit)
         self.newcomer: Newcomer | None = None
+        #: this process, a founder of a fit started with the ranks that came (``start_timeout``)
+        self.founders: Founders | None = None
+
+    @property
+    def membership(self) -> Membership | None:
+        """A newcomer's or a founder's membership (``None``: every rank started the fit)."""
+        first = self.newcomer or self.founders
+        return first.membership if first else None
 
     def join(self, run: str, env: Any, backend: str | None, trainer: Any) -> Heartbeat | None:
         """Join the running fit ``run`` if there is one (:func:`~.newcomer.join_running_fit`;
         ``env``: Lightning's cluster environment): its checkpoint is handed to Lightning to
         restore; the newcomer's heartbeat, or ``None`` (a normal start)."""
         assert self.heartbeat_timeout is not None and backend is not None
-        self.newcomer = join_running_fit(run, env.global_rank(), env.world_size(),
-                                         env.main_address, env.main_port, self.timeout,
-                                         self.heartbeat_timeout, backend)
+        where = (run, env.global_rank(), env.world_size(), env.main_address, env.main_port,
+                 self.timeout, self.heartbeat_timeout, backend)
+        self.newcomer = join_running_fit(*where)
+        if self.newcomer is None and self.start_timeout is not None:
+            self.founders = found_fit(*where, self.start_timeout)
+            if self.founders is not None:
+                return self.founders.heartbeat
+            self.newcomer = join_running_fit(*where)  # it came after the founders' decision
         if self.newcomer is None:
             return None
         _compat.preload_checkpoint(trainer, self.newcomer.checkpoint)
         return self.newcomer.heartbeat
 
     def groups(self) -> NodeGroups | None:
-        """A newcomer's gossip groups (data, control) of its generation; ``None`` otherwise."""
-        if self.newcomer is None:
+        """A newcomer's or founder's gossip groups (data, control) of its generation; ``None``
+        otherwise."""
+        first = self.newcomer or self.founders
+        if first is None:
             return None
-        _, control, data = self.newcomer.groups
+        _, control, data = first.groups
         return NodeGroups(data, data, control=control)
 
     def pairing_over(self, live: Sequence[int]) -> RankPairing:
@@ -75,9 +97,9 @@ class ElasticParts:
 
     def first_pairing(self, pairing: Pairing) -> Pairing | RankPairing:
         """The pairing of this process's first engine: ``pairing`` (every rank slot), or a
-        newcomer's over its generation's live ranks (slots may be free)."""
-        return pairing if self.newcomer is None else self.pairing_over(
-            self.newcomer.membership.live)
+        newcomer's or founder's over its generation's live ranks (slots may be free)."""
+        membership = self.membership
+        return pairing if membership is None else self.pairing_over(membership.live)
 
     def open_phase(self, engine: AsyncGossip, step: int) -> int:
         """A newcomer's first step (the lowest member's at the handover), its engine's phase
@@ -92,8 +114,9 @@ class ElasticParts:
                   set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
                   step: Callable[[], int], epoch: Callable[[], int], loggers: Sequence[Any],
                   pack: Callable[[], Any], replicas: Any, trainer: Any) -> Survivors:
-        """The fit's :class:`~.elastic.Survivors` (a newcomer's keep its membership); a join
-        hands over the average of ``pack()`` and the lowest member's checkpoint with it."""
+        """The fit's :class:`~.elastic.Survivors` (a newcomer or founder keeps its membership);
+        a join hands over the average of ``pack()`` and the lowest member's checkpoint with
+        it."""
         def engine_over(live: Sequence[int], _group: Any, control: Any,
                         data: Any) -> AsyncGossip | None:
             """A pairing over ``live`` (none for a lone rank), the engine's phase open."""
@@ -107,7 +130,7 @@ class ElasticParts:
         return Survivors(run, rank, world_size, self.timeout, heartbeat=heartbeat,
                          backend=backend, make_engine=engine_over,
                          set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
-                         membership=self.newcomer.membership if self.newcomer else None,
+                         membership=self.membership,
                          hand_over=self.members_side(pack, replicas, trainer, step),
                          on_group=lambda group: sync_metrics_over(trainer.lightning_module,
                                                                   group))

@@ -66,12 +66,16 @@ def check_max_staleness(max_staleness: int | None) -> None:
 
 
 def check_elastic(strategy: str, elastic: bool, hierarchical: bool,
-                  heartbeat_timeout: float | None) -> None:
+                  heartbeat_timeout: float | None, start_timeout: float | None = None) -> None:
     """``<strategy>(elastic=True)``: raise ``ValueError`` with ``hierarchical=True`` (not
-    supported yet) or without a heartbeat (lost ranks are found by it)."""
+    supported yet) or without a heartbeat (lost ranks are found by it); ``start_timeout``
+    needs ``elastic=True`` and is not negative."""
     if elastic and (hierarchical or heartbeat_timeout is None):
         raise ValueError(f"{strategy}(elastic=True) needs hierarchical=False and a "
                          "heartbeat_timeout (lost ranks are found by their heartbeat)")
+    if start_timeout is not None and (not elastic or not float(start_timeout) >= 0):
+        raise ValueError(f"{strategy}(start_timeout={start_timeout!r}) needs elastic=True and "
+                         "a number of seconds >= 0 (the others join the running fit)")
 
 
 def check_shared_cursor(shared_cursor: SharedCursor | str, elastic: bool) -> SharedCursor:

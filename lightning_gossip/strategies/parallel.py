@@ -179,11 +179,14 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
 
     def join_running_fit(self, parts: ElasticParts, run: str) -> None:
         """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
-        join it (``parts``: the strategy's :class:`~.elastic_parts.ElasticParts`)."""
+        join it; with a start timeout, start it with the ranks that came (``parts``: the
+        strategy's :class:`~.elastic_parts.ElasticParts`)."""
         beat = parts.join(run, self.cluster_environment, self.process_group_backend,
                           self.lightning_module.trainer)
         if beat is not None:
-            self.heartbeat, self.joining, self.joined = beat, set(SETUP_BARRIERS), True
+            self.heartbeat = beat
+        if parts.newcomer is not None:
+            self.joining, self.joined = set(SETUP_BARRIERS), True
 
     def rebuild_train_loader(self, trainer: pl.Trainer) -> None:
         """Make Lightning build the fit's training loader again (an elastic fit's, once its
