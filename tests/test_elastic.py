@@ -186,16 +186,18 @@ def test_a_join_asked_while_members_wait_at_the_epochs_end_is_admitted(tmp_path:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("late", [True, False])
+@pytest.mark.parametrize(("strategy", "late"), [("adpsgd", True), ("adpsgd", False),
+                                                ("dpsgd", True)])
 def test_a_fit_starts_with_the_ranks_that_came_and_a_late_one_joins(
-        tmp_path: Path, late: bool) -> None:
-    """``adpsgd(start_timeout=4)``: ranks 0-2 start, rank 3 only once rank 0 has trained a
-    batch (long after the start timeout): the three found the fit and train, rank 3 joins the
-    running fit as a replacement would (its slot was never filled), and all four finish every
-    epoch with the same replica, every sample trained once per epoch. ``late=False``: all four
-    come in time and found the fit together (their groups built by name, as a newcomer's)."""
+        tmp_path: Path, strategy: str, late: bool) -> None:
+    """``start_timeout=4``: ranks 0-2 start, rank 3 only once rank 0 has trained a batch (long
+    after the start timeout): the three found the fit and train, rank 3 joins the running fit
+    as a replacement would (its slot was never filled), and all four finish every epoch with
+    the same replica, every sample trained once per epoch. ``late=False``: all four come in
+    time and found the fit together (their groups built by name, as a newcomer's)."""
     ranks = 4
-    env = {"ELASTIC_FIT_STEP_S": "0.5", "ELASTIC_FIT_START_TIMEOUT": "4"}
+    env = {"ELASTIC_FIT_STEP_S": "0.5", "ELASTIC_FIT_START_TIMEOUT": "4",
+           "ELASTIC_FIT_STRATEGY": strategy}
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), "-1", "0", ntasks=ranks, env=env)
     if late:
         argv, slot_env = commands[3]

@@ -88,6 +88,8 @@ class DPSGDStrategy(GossipStrategy):
             from a shared cursor; a replacement started with a lost rank's environment joins
             (:mod:`~.dpsgd_elastic`, ``docs/faults.md``). Flat only, the topology given by
             name; default ``False``.
+        start_timeout: ``elastic``: start with the ranks that came within this many seconds,
+            the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
 
     SIGTERM (a scheduler's time limit, preemption) and SLURM's auto-requeue signal are agreed
     through the gossip messages, without a per-step collective on the world group: every rank
@@ -112,8 +114,7 @@ class DPSGDStrategy(GossipStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        """Register ``"dpsgd"`` in Lightning's ``StrategyRegistry`` (called on import of
-        :mod:`lightning_gossip`; Lightning does not discover external strategies)."""
+        """Register ``"dpsgd"`` in Lightning's ``StrategyRegistry`` (on import)."""
         strategy_registry.register(
             cls.strategy_name, cls, override=True,
             description="Synchronous decentralized parallel SGD (D-PSGD) on a randomized ring")
@@ -128,16 +129,15 @@ class DPSGDStrategy(GossipStrategy):
         *,
         topology: str | Topology | np.ndarray | list = "random_ring", seed: int = 0,
         overlap: bool = True, delay_by_one: bool = False, hierarchical: bool = False,
-        wire_dtype: WireDtype = "fp32", outer_lr: float | None = None,
-        outer_momentum: float = 0.0, outer_nesterov: bool = True,
-        node_allreduce: NodeAllreduce = "after_backward", elastic: bool = False,
-        final_average: bool = True, evaluate: Evaluate = "consensus",
-        consensus_every_n_steps: int | None = 100,
+        wire_dtype: WireDtype = "fp32", outer_lr: float | None = None, outer_momentum: float = 0.0,
+        outer_nesterov: bool = True, node_allreduce: NodeAllreduce = "after_backward",
+        elastic: bool = False, start_timeout: float | None = None, final_average: bool = True,
+        evaluate: Evaluate = "consensus", consensus_every_n_steps: int | None = 100,
         global_average_every_n_steps: int | None = None,
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout)
+        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout)
         if elastic and not isinstance(topology, str):
             raise ValueError("DPSGDStrategy(elastic=True) rebuilds the topology over the "
                              f"survivors by its name: give a name, not {type(topology).__name__}")
@@ -168,7 +168,7 @@ class DPSGDStrategy(GossipStrategy):
         self.elastic = bool(elastic)
         #: the survivors and the epochs' ends of an elastic fit (:mod:`~.dpsgd_elastic`)
         self.elastic_rounds: ElasticRounds | None = None
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout)  # a newcomer's join
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout)
         self.collectives_local = lambda: (  # mid-epoch (a newcomer: from its start)
             self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
@@ -198,10 +198,10 @@ class DPSGDStrategy(GossipStrategy):
             self._warn_one_node()
         else:
             self.topology = self.resolve_topology(nodes, devices)
-        newcomer = self.elastic_parts.newcomer
-        if self.gossip_group is None:
-            # its own group, apart from Lightning's collectives (a newcomer's: its generation's)
-            self.gossip_group = newcomer.groups[2] if newcomer else dist.new_group(
+        newcomer, founders = self.elastic_parts.newcomer, self.elastic_parts.founders
+        first = newcomer or founders  # (its groups are its generation's, built by name)
+        if self.gossip_group is None:  # its own group, apart from Lightning's collectives
+            self.gossip_group = first.groups[2] if first else dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout)
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
@@ -219,13 +219,13 @@ class DPSGDStrategy(GossipStrategy):
                          overlap=self.overlap, delay_by_one=self.delay_by_one,
                          wire_dtype=self._wire, layout=self.layout, heartbeat=self.heartbeat,
                          stats=self._stats)  # the survivors' too (an elastic fit)
-        if exchanging and newcomer is None:
+        if exchanging and first is None:
             assert self.topology is not None
             self.engine = engine(self.topology, self.gossip_group,
                                  groups=self._groups if hierarchical else None,
                                  node_gather=self.node.all_gather if self.node else None)
             self.engine.start()
-        if self.elastic and (self.engine is not None or newcomer):
+        if self.elastic and (self.engine is not None or first):
             assert self._flat is not None
             run, _fits[0] = _fits[0], _fits[0] + 1
             self.elastic_rounds = ElasticRounds.of_fit(
@@ -236,13 +236,15 @@ class DPSGDStrategy(GossipStrategy):
                 set_engine=self._set_engine, step=lambda: self.step,
                 set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
                 loggers=trainer.loggers if self.is_global_zero else [], watched=self.watched,
-                membership=newcomer.membership if newcomer else None,
+                membership=first.membership if first else None,
                 hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
                                                           trainer, lambda: self.step))
             self.survivors = self.elastic_rounds.survivors
             if newcomer:  # the members' topology, from the step they admitted it at
                 self.engine = self.elastic_rounds.enter(newcomer.step, newcomer.membership.live,
                                                         *newcomer.groups[1:])
+            elif founders:  # the topology over the founders, from step 0
+                self.engine = self.elastic_rounds.found(founders.founded, *founders.groups[1:])
             self.rebuild_train_loader(trainer)  # through the shared cursor from now on
 
     def _set_engine(self, engine: SyncGossip | None) -> SyncGossip | None:  # survivors'
@@ -252,8 +254,7 @@ class DPSGDStrategy(GossipStrategy):
 
     def _gather_on_worker(self) -> bool:
         """Whether the communication thread all-gathers a sharded round's slices on a node
-        group of its own: not with NCCL, where NCCL does not promise progress for two
-        communicators driven from two threads (the training thread all-gathers)."""
+        group of its own: not with NCCL (no progress promised for two threads' communicators)."""
         backend = self.process_group_backend or dist.get_backend()
         return "nccl" not in str(backend)
 

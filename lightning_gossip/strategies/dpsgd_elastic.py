@@ -199,6 +199,11 @@ class ElasticRounds:
         self._checked, self.in_epoch = self.step(), True  # it joins mid-epoch
         return engine
 
+    def found(self, live: Sequence[int], control: Any, data: Any) -> SyncGossip | None:
+        """A founder's engine (a fit started with the ranks that came, :mod:`~.founders`):
+        the topology over ``live`` from the founders' common step (0)."""
+        return self._engine_over(live, None, control, data)
+
     def finish(self, step: int, engine: SyncGossip | None) -> None:
         """After the local step of ``step``: its round (``engine``'s), then :attr:`end_round`.
         When either fails on a lost rank, the step is counted and the survivors go on without

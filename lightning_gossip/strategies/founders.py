@@ -7,7 +7,8 @@ holds every other one. With ``start_timeout`` the fit's founders meet in the ren
 instead, before Lightning would make its group:
 
 1. rank 0 hosts the store itself (Lightning's launcher and ``srun`` give it the master's
-   address and port) and every process connects to it and says that it came;
+   address and port; under ``torchrun`` the agent hosts it) and every process connects to it
+   and says that it came;
 2. rank 0 decides the fit's first generation with the rank slots that came, once every slot has
    or ``start_timeout`` seconds after it began waiting
    (:meth:`~lightning_gossip.membership.Membership.found`);
@@ -67,7 +68,8 @@ def found_fit(run: str, rank: int, world_size: int, address: str, port: int,
     running fit: :func:`~.newcomer.join_running_fit`)."""
     os.environ.setdefault("MASTER_ADDR", address)  # (the heartbeat's clients connect there)
     os.environ.setdefault("MASTER_PORT", str(port))
-    store = dist.TCPStore(address, port, is_master=rank == 0, timeout=timeout,
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
+    store = dist.TCPStore(address, port, is_master=rank == 0 and not agent, timeout=timeout,
                           wait_for_workers=False)
     view = _compat.default_store_view(store)
     membership = Membership.found(membership_store(view, run), rank, world_size, timeout, run,
