@@ -67,7 +67,9 @@ def check_agreement(config: dict[str, Any], rank: int, world_size: int,
     rank when they differ, with one line per differing key."""
     if world_size <= 1:
         return
-    gathered: list[Any] = [None] * world_size
+    # (``group``'s members: fewer than ``world_size`` where a fit started with the ranks that
+    # came, lightning_gossip.strategies.founders)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, config, group=group)
     diffs = config_differences(gathered)
     if diffs:

@@ -58,7 +58,9 @@ class Replicas:
     def check_match(self) -> None:
         """Fail on every rank, naming the first mismatch, if replicas differ in shape/dtype
         (a collective)."""
-        signatures: list[Any] = [None] * self.world_size
+        # (the default group's members: fewer than the world size in a fit that started with
+        # the ranks that came, lightning_gossip.strategies.founders)
+        signatures: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(signatures, self.flat.signature())
         reference = signatures[0]
         for rank, sig in enumerate(signatures[1:], start=1):
