@@ -91,7 +91,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     strategy_name = "adpsgd"
     AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "max_staleness",
-                      "shared_cursor", "elastic")
+                      "shared_cursor", "elastic", "start_timeout")
 
     @classmethod
     @override

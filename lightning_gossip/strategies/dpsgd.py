@@ -109,7 +109,8 @@ class DPSGDStrategy(GossipStrategy):
 
     strategy_name = "dpsgd"
     resilience: AgreedStops
-    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap", "elastic")
+    AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap", "elastic",
+                      "start_timeout")
 
     @classmethod
     @override
@@ -332,8 +333,7 @@ class DPSGDStrategy(GossipStrategy):
         self.maybe_log_consensus()
 
     def global_average(self) -> None:
-        """Replace this rank's replica by the exact average of all replicas (a collective on
-        the default group; in-flight ``delay_by_one`` exchanges stay in flight)."""
+        """This replica becomes the exact average of all (a collective; rounds stay in flight)."""
         assert self.replicas is not None
         self.replicas.become_average("for the periodic global average", self.outer)
 

@@ -177,6 +177,12 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         )
         self.start_heartbeat()
 
+    @property
+    def start_timeout(self) -> float | None:
+        """An elastic fit's start timeout (:mod:`~.founders`; ``None``: every rank must come)."""
+        parts = getattr(self, "elastic_parts", None)
+        return None if parts is None else parts.start_timeout
+
     def join_running_fit(self, parts: ElasticParts, run: str) -> None:
         """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
         join it; with a start timeout, start it with the ranks that came (``parts``: the
