@@ -19,7 +19,7 @@ PeerSilent`, so no two groups of survivors go on apart. Groups are built by name
 its groups in the same order, and a process that joins later builds the same groups.
 
 **A start with the ranks that came** (:meth:`Membership.found`): rank 0 decides generation 0
-with the rank slots that came within a deadline; the others join later.
+with the rank slots that came within a deadline (at least two); the others join later.
 
 **A join.** A process that takes a free rank slot (a lost rank's, or one the fit has not
 filled yet) asks in the store (:meth:`Membership.ask_to_join`); the members find the request
@@ -246,27 +246,32 @@ class Membership:
               name: str, wait_s: float) -> Membership | None:
         """The first membership of a fit that may start without every rank slot filled:
         every process says that it came; rank 0 decides generation 0 with the slots that came,
-        once all have or ``wait_s`` seconds after it began waiting, and the others read the
-        decision. ``None`` for a process that came after the decision: it joins the running
-        fit instead (:meth:`ask_to_join`). Raises :class:`PeerSilent` when rank 0 decides
-        nothing within ``wait_s`` plus ``timeout``.
+        once all have, or once ``wait_s`` seconds have passed and at least two came (one has
+        nobody to gossip with); the others read the decision. ``None`` for a process that came
+        after it: it joins the running fit instead (:meth:`ask_to_join`). Raises
+        :class:`PeerSilent` when no decision comes within ``wait_s`` plus ``timeout``.
 
         >>> from datetime import timedelta
         >>> import torch.distributed as dist
         >>> store, t = dist.HashStore(), timedelta(seconds=5)
+        >>> store.set("came/2", "1")  # rank 2 came; rank 1 did not
         >>> m = Membership.found(store, rank=0, world_size=3, timeout=t, name="fit", wait_s=0.1)
         >>> m.live, m.generation, m.lost, Membership.running(store)
-        ((0,), 0, (1, 2), (0,))
-        >>> Membership.found(store, 2, 3, t, "fit", wait_s=0.1) is None  # came too late
+        ((0, 2), 0, (1,), (0, 2))
+        >>> Membership.found(store, 1, 3, t, "fit", wait_s=0.1) is None  # came too late
         True
         """
         store.set(f"came/{rank}", "1")
         if rank == 0:
-            deadline = time.monotonic() + wait_s
+            start = time.monotonic()
             while True:
                 came = [r for r in range(world_size) if store.check([f"came/{r}"])]
-                if len(came) == world_size or time.monotonic() > deadline:
+                waited = time.monotonic() - start
+                if len(came) == world_size or (waited > wait_s and len(came) >= 2):
                     break
+                if waited > wait_s + timeout.total_seconds():
+                    raise PeerSilent(f"rank 0: no other rank came within {waited:.0f} s",
+                                     list(range(1, world_size)))
                 time.sleep(POLL_S)
             store.compare_set(_gen_key(0, "decision"), "", json.dumps(came))
             store.set(LATEST, "0")  # (after the decision: whoever reads it finds the decision)
