@@ -97,3 +97,50 @@ def test_a_killed_rank_is_relaunched_and_joins(strategy: str) -> None:
     last = torch.load(sorted(run_dir.rglob("last.ckpt"))[0], map_location="cpu",
                       weights_only=False)
     assert last["epoch"] == EPOCHS - 1, last["epoch"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.usefixtures("slurm_available")
+def test_a_late_task_joins_a_fit_started_without_it() -> None:
+    """``START_TIMEOUT=20`` (``adpsgd``): task 3's training process is stopped (``SIGSTOP``) as
+    soon as it appears, in its imports, and woken 45 s later, as a task that a node starts late:
+    the other three found the fit once the 20 s passed and train; task 3 then finds the fit
+    running and joins it; the job completes every epoch, without a relaunch or an emergency
+    checkpoint."""
+    slurm_jobs.digits_data()
+    (ROOT / "logs").mkdir(exist_ok=True)
+    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    held: dict = {}
+    with cluster:
+        start = time.monotonic()
+        env = cluster.client_env(base_env())
+        job = cluster.submit(TEMPLATE, args=[
+            f"--export=ALL,STRATEGY=adpsgd,EPOCHS={EPOCHS},START_TIMEOUT=20", "--time=30"],
+            cwd=ROOT, env=env)
+        out_path = ROOT / "logs" / f"digits-elastic-{job}.out"
+        run_dir = ROOT / "runs" / f"digits-elastic-{job}"
+
+        def on_poll(now: float, w: slurm_jobs.Watch) -> None:
+            if "stopped" not in w.seen:
+                pid = _task_pid(cluster.net.members[1].netns, VICTIM)
+                if pid is not None:
+                    os.kill(pid, signal.SIGSTOP)
+                    w.seen["stopped"], held["pid"] = now, pid
+            elif "woken" not in w.seen and now > w.seen["stopped"] + 45:
+                os.kill(held["pid"], signal.SIGCONT)
+                w.seen["woken"] = now
+
+        w = slurm_jobs.watch_job(cluster, job, out_path, {"joined": EVENTS["joined"],
+                                                          "relaunch": EVENTS["relaunch"]},
+                                 on_poll, timeout_s=1800, poll_s=0.3, start=start)
+    info, seen, text = w.info, w.seen, w.text
+    print(f"\nlate task: job {job} events (s after sbatch) {seen}; {info.get('JobState')}")
+    for line in text.splitlines():
+        if "elastic fit:" in line:
+            print(line[:300])
+    assert info.get("JobState") == "COMPLETED", (info, text[-6000:])
+    assert {"stopped", "woken", "joined"} <= set(seen) and "relaunch" not in seen, (
+        seen, text[-6000:])
+    assert seen["stopped"] < seen["woken"] < seen["joined"], seen
+    assert not list(run_dir.rglob("emergency-*.ckpt")), text[-6000:]
