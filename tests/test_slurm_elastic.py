@@ -55,6 +55,14 @@ def _task_pid(netns: str, procid: int) -> int | None:
     return None
 
 
+def _submit(cluster: slurm_cluster.SlurmCluster, export: str) -> tuple[str, Path, Path]:
+    """Submit the elastic digits template with ``export`` (``NAME=value,...``) on ``cluster``:
+    the job, its output file and its run folder."""
+    job = cluster.submit(TEMPLATE, args=[f"--export=ALL,EPOCHS={EPOCHS},{export}", "--time=30"],
+                         cwd=ROOT, env=cluster.client_env(base_env()))
+    return job, ROOT / "logs" / f"digits-elastic-{job}.out", ROOT / "runs" / f"digits-elastic-{job}"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.usefixtures("slurm_available")
@@ -66,11 +74,7 @@ def test_a_killed_rank_is_relaunched_and_joins(strategy: str) -> None:
     killed: dict = {}
     with cluster:
         start = time.monotonic()
-        env = cluster.client_env(base_env())
-        job = cluster.submit(TEMPLATE, args=[f"--export=ALL,STRATEGY={strategy},EPOCHS={EPOCHS}",
-                                             "--time=30"], cwd=ROOT, env=env)
-        out_path = ROOT / "logs" / f"digits-elastic-{job}.out"
-        run_dir = ROOT / "runs" / f"digits-elastic-{job}"
+        job, out_path, run_dir = _submit(cluster, f"STRATEGY={strategy}")
 
         def on_poll(now: float, w: slurm_jobs.Watch) -> None:
             if "kill" not in w.seen and list(run_dir.rglob("last.ckpt")):  # an epoch done
@@ -114,12 +118,7 @@ def test_a_late_task_joins_a_fit_started_without_it() -> None:
     held: dict = {}
     with cluster:
         start = time.monotonic()
-        env = cluster.client_env(base_env())
-        job = cluster.submit(TEMPLATE, args=[
-            f"--export=ALL,STRATEGY=adpsgd,EPOCHS={EPOCHS},START_TIMEOUT=20", "--time=30"],
-            cwd=ROOT, env=env)
-        out_path = ROOT / "logs" / f"digits-elastic-{job}.out"
-        run_dir = ROOT / "runs" / f"digits-elastic-{job}"
+        job, out_path, run_dir = _submit(cluster, "STRATEGY=adpsgd,START_TIMEOUT=20")
 
         def on_poll(now: float, w: slurm_jobs.Watch) -> None:
             if "stopped" not in w.seen:

@@ -200,7 +200,7 @@ class DPSGDStrategy(GossipStrategy):
         else:
             self.topology = self.resolve_topology(nodes, devices)
         newcomer, founders = self.elastic_parts.newcomer, self.elastic_parts.founders
-        first = newcomer or founders  # (its groups are its generation's, built by name)
+        first = self.elastic_parts.first  # (its groups are its generation's, built by name)
         if self.gossip_group is None:  # its own group, apart from Lightning's collectives
             self.gossip_group = first.groups[2] if first else dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout)

@@ -56,10 +56,15 @@ class ElasticParts:
         self.founders: Founders | None = None
 
     @property
+    def first(self) -> Newcomer | Founders | None:
+        """How this process came to the fit: a newcomer's join, a founder's start, or ``None``
+        (every rank started it in Lightning's start)."""
+        return self.newcomer or self.founders
+
+    @property
     def membership(self) -> Membership | None:
         """A newcomer's or a founder's membership (``None``: every rank started the fit)."""
-        first = self.newcomer or self.founders
-        return first.membership if first else None
+        return self.first.membership if self.first else None
 
     def join(self, run: str, env: Any, backend: str | None, trainer: Any) -> Heartbeat | None:
         """Join the running fit ``run`` if there is one (:func:`~.newcomer.join_running_fit`;
@@ -82,10 +87,9 @@ class ElasticParts:
     def groups(self) -> NodeGroups | None:
         """A newcomer's or founder's gossip groups (data, control) of its generation; ``None``
         otherwise."""
-        first = self.newcomer or self.founders
-        if first is None:
+        if self.first is None:
             return None
-        _, control, data = first.groups
+        _, control, data = self.first.groups
         return NodeGroups(data, data, control=control)
 
     def pairing_over(self, live: Sequence[int]) -> RankPairing:

@@ -1,5 +1,5 @@
-"""A fit that starts with the ranks that came (``ADPSGDStrategy(elastic=True,
-start_timeout=...)``): :func:`found_fit`.
+"""A fit that starts with the ranks that came (``ADPSGDStrategy`` or ``DPSGDStrategy`` with
+``elastic=True, start_timeout=...``): :func:`found_fit`.
 
 Lightning's start needs every planned rank: the default group's rendezvous waits for all of them
 (for the process groups' timeout), so one task that a scheduler starts late, or not at all,
@@ -9,8 +9,8 @@ instead, before Lightning would make its group:
 1. rank 0 hosts the store itself (Lightning's launcher and ``srun`` give it the master's
    address and port; under ``torchrun`` the agent hosts it) and every process connects to it
    and says that it came;
-2. rank 0 decides the fit's first generation with the rank slots that came, once every slot has
-   or ``start_timeout`` seconds after it began waiting
+2. rank 0 decides the fit's first generation with the rank slots that came, once every slot has,
+   or once ``start_timeout`` seconds have passed and at least two came
    (:meth:`~lightning_gossip.membership.Membership.found`);
 3. the founders build that generation's groups by name, the first one their default group (the
    same groups a newcomer builds: :meth:`~lightning_gossip.membership.Membership.join_groups`),
