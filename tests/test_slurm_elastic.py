@@ -55,6 +55,13 @@ def _task_pid(netns: str, procid: int) -> int | None:
     return None
 
 
+def _cluster() -> slurm_cluster.SlurmCluster:
+    """The emulated 2-node cluster of these tests (the digits data and the log folder ready)."""
+    slurm_jobs.digits_data()
+    (ROOT / "logs").mkdir(exist_ok=True)
+    return slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+
+
 def _submit(cluster: slurm_cluster.SlurmCluster, export: str) -> tuple[str, Path, Path]:
     """Submit the elastic digits template with ``export`` (``NAME=value,...``) on ``cluster``:
     the job, its output file and its run folder."""
@@ -68,9 +75,7 @@ def _submit(cluster: slurm_cluster.SlurmCluster, export: str) -> tuple[str, Path
 @pytest.mark.usefixtures("slurm_available")
 @pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
 def test_a_killed_rank_is_relaunched_and_joins(strategy: str) -> None:
-    slurm_jobs.digits_data()
-    (ROOT / "logs").mkdir(exist_ok=True)
-    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    cluster = _cluster()
     killed: dict = {}
     with cluster:
         start = time.monotonic()
@@ -112,9 +117,7 @@ def test_a_late_task_joins_a_fit_started_without_it() -> None:
     the other three found the fit once the 20 s passed and train; task 3 then finds the fit
     running and joins it; the job completes every epoch, without a relaunch or an emergency
     checkpoint."""
-    slurm_jobs.digits_data()
-    (ROOT / "logs").mkdir(exist_ok=True)
-    cluster = slurm_cluster.SlurmCluster(2, 200, cpus=2, prefix=PREFIX)
+    cluster = _cluster()
     held: dict = {}
     with cluster:
         start = time.monotonic()
