@@ -23,9 +23,9 @@ the counter exhausted.
 untrained units for that epoch (the others have left it). So does a rank that dies between
 claiming on the counter and recording the claim (two store calls in a row). A unit the lost
 rank trained but did not yet count as finished is trained again. A rank found lost that is
-merely frozen and comes back would train its claims a second time. Flat claims only: a node
-that claims as one (hierarchical adpsgd, :class:`~lightning_gossip.node_claims.NodeShare`) is
-refused by :class:`~lightning_gossip.node_claims.Claims` for now.
+merely frozen and comes back would train its claims a second time. A node that claims as one
+(hierarchical adpsgd, :class:`~lightning_gossip.node_claims.NodeShare`) is one claimant here,
+its local rank 0: its units are the node's claims, and a lost node's go back whole.
 
 Store keys, under ``key``: ``epoch{e}/claims/{rank}`` (the claimed units, appended ``"u,"``),
 ``epoch{e}/finished/{rank}`` (a counter), ``epoch{e}/returned_by/{lost}`` (elects the one

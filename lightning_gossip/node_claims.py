@@ -25,6 +25,7 @@ Example (one node of 2 ranks on a local store)::
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,10 +58,11 @@ class Claims:
         key: a name unique to the run and loader (the same on every rank).
         share: ``None``: this rank claims alone; else its node claims ``devices`` units at a
             time (see the module docstring).
-        ledger: elastic claims (flat only, ``share=None``): a returned unit of a lost rank is
-            taken before the counter, every claim is recorded, and an exhausted counter waits
-            at the epoch's end (:class:`~lightning_gossip.claim_ledger.ClaimLedger`);
-            ``None``: the counter alone.
+        ledger: elastic claims: a returned unit of a lost rank is taken before the counter,
+            every claim is recorded, and an exhausted counter waits at the epoch's end
+            (:class:`~lightning_gossip.claim_ledger.ClaimLedger`; with ``share``, the node's
+            claims, kept by its local rank 0, the other ranks polling for them with the
+            ledger's ``on_wait``); ``None``: the counter alone.
         balance: near an epoch's end, leave the last units to the claimants that finish them
             first (:class:`~lightning_gossip.end_balance.EndBalance`; not with a ledger: a
             lost claimant could not take what it was left); ``None``: claim until the end.
@@ -76,10 +78,6 @@ class Claims:
             raise ValueError("a balanced epoch end (EndBalance) cannot go with elastic claims "
                              "(a ClaimLedger): a lost claimant could not take the units left "
                              "to it")
-        if ledger is not None and share is not None:
-            raise ValueError(
-                "elastic claims (a ClaimLedger) are flat-only for now: a node that claims as one "
-                "(hierarchical adpsgd, a NodeShare) cannot return a lost rank's units yet")
         self.store = store
         self.ledger, self.balance = ledger, balance
         self.key = key
@@ -106,41 +104,67 @@ class Claims:
         counter = f"{self.key}/epoch{epoch}"
         what = f"claiming a batch of epoch {epoch}"
         share = self.share
-        offset = self.start.get(epoch, 0)
+        offset, first = self.start.get(epoch, 0), epoch not in self._claims
         if share is None:
-            first = epoch not in self._claims
             self._claims[epoch] = units
-            ledger = self.ledger
-            if ledger is None:
+            if self.ledger is None:
                 if not self._balanced(epoch, counter, units, offset, what):
                     return None
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
                 return index if index < units else None
-            if ledger.rank not in ledger.live():  # the others went on without this rank
-                return None
-            if first and epoch >= 2:
-                ledger.forget(epoch - 2)  # every live rank has left it (ClaimLedger.forget)
-            unit = ledger.take_returned(epoch)
-            if unit is None:
-                index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
-                unit = index if index < units else ledger.wait_at_end(epoch)
-            if unit is not None:
-                ledger.record_claim(epoch, unit)
-            return unit
-        self._claims[epoch] = math.ceil(units / share.devices)
+            return self._recorded(epoch, counter, units, offset, what, first)
+        claims = self._claims[epoch] = math.ceil(units / share.devices)
         k = self._made.get(epoch, 0)
         self._made[epoch] = k + 1
         mine = f"{counter}/node{share.node}/claim{k}"
         if share.local == 0:
-            claim = (int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
-                     if self._balanced(epoch, counter, self._claims[epoch], offset, what)
-                     else self._claims[epoch])  # (the node's other ranks end with it)
+            if self.ledger is not None:
+                claim = self._recorded(epoch, counter, claims, offset, what, first)
+                claim = claims if claim is None else claim
+            else:
+                claim = (int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+                         if self._balanced(epoch, counter, claims, offset, what)
+                         else claims)  # (the node's other ranks end with it)
             store_call(lambda: self.store.set(mine, str(claim)), what)
         else:
-            claim = int(store_call(lambda: self.store.get(mine), f"{what} (node {share.node})"))
-        if claim >= self._claims[epoch]:
+            claim = self._read_node_claim(mine, f"{what} (node {share.node})")
+        if claim >= claims:
             return None
         return (claim * share.devices + share.local) % units
+
+    def _recorded(self, epoch: int, counter: str, units: int, offset: int, what: str,
+                  first: bool) -> int | None:
+        """The next unit through the :attr:`ledger` (see ``ledger``); ``None`` at the end."""
+        ledger = self.ledger
+        assert ledger is not None
+        if ledger.rank not in ledger.live():  # the others went on without this rank
+            return None
+        if first and epoch >= 2:
+            ledger.forget(epoch - 2)  # every live rank has left it (ClaimLedger.forget)
+        unit = ledger.take_returned(epoch)
+        if unit is None:
+            index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
+            unit = index if index < units else ledger.wait_at_end(epoch)
+        if unit is not None:
+            ledger.record_claim(epoch, unit)
+        return unit
+
+    def _read_node_claim(self, key: str, what: str) -> int:
+        """The node's claim under ``key``, written by its local rank 0 (elastic: polled,
+        running the ledger's ``on_wait`` meanwhile, so that this rank takes part in a recovery
+        while its node's claimant waits at the epoch's end)."""
+        ledger = self.ledger
+        if ledger is None:
+            return int(store_call(lambda: self.store.get(key), what))
+        deadline, pause = time.monotonic() + ledger.timeout, 0.001
+        while not store_call(lambda: self.store.check([key]), what):
+            ledger.on_wait()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: local rank 0 did not claim within "
+                                   f"{ledger.timeout:g} s")
+            time.sleep(pause)
+            pause = min(2 * pause, ledger.poll_s)
+        return int(store_call(lambda: self.store.get(key), what))
 
     def _balanced(self, epoch: int, counter: str, claims: int, offset: int, what: str) -> bool:
         """Whether to claim now (always without :attr:`balance`; with it, ``False`` leaves the

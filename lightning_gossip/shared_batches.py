@@ -75,7 +75,7 @@ class SharedBatchSampler(Sampler[list[int]]):
             waiting) and raise on the first rank whose list differs.
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
-        ledger: elastic claims (a lost rank's unfinished batches come back; flat only, see
+        ledger: elastic claims (a lost rank's unfinished batches come back; see
             :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
             (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.

@@ -67,7 +67,7 @@ class SharedCursorSampler(Sampler[int]):
         seed: permutation seed; the epoch is mixed in, as ``DistributedSampler`` does.
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
-        ledger: elastic claims (a lost rank's unfinished chunks come back; flat only, see
+        ledger: elastic claims (a lost rank's unfinished chunks come back; see
             :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
             (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.

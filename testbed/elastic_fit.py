@@ -5,7 +5,8 @@ elastic ``dpsgd`` fit) that loses one rank mid-epoch.
 Started the way ``srun`` starts tasks (``SLURM_*`` variables):
 ``python -m testbed.elastic_fit OUT VICTIM BATCH [KIND EPOCH]`` (``VICTIM`` -1: nobody is lost;
 ``2,3``: both are lost at the same batch).
-``ELASTIC_FIT_PAUSE``: a rank pauses in one batch (:data:`PAUSE`);
+``ELASTIC_FIT_PAUSE``: a rank pauses in one batch (:data:`PAUSE`); ``ELASTIC_FIT_NODES``:
+hierarchical ``adpsgd`` on that many nodes (:data:`NODES`);
 ``ELASTIC_FIT_START_TIMEOUT``: the fit starts with the ranks that came within it. A survivor writes
 ``OUT/recovered`` after the recovery (a replacement of the victim, started
 with its environment, may then join: ``python -m testbed.elastic_fit OUT -1 0``). The victim
@@ -19,8 +20,8 @@ after the recovery the lowest survivor kills a frozen victim (``stop``) or wakes
 The samples carry their index; every rank appends ``{"epoch", "idx", "t"}`` to
 ``OUT/rank<r>.jsonl`` for each batch it trained. Each survivor writes ``OUT/done<r>.json`` at
 the end: its final replica's sum, its steps, the recoveries (step, wall time begun, seconds), the
-joins (ranks, step, seconds, wall time begun) and
-the last validation loss and the validations it ran, and the last epoch's ``train_samples``
+joins (ranks, step, seconds, wall time begun), its last gossip engine's exchanges, the last
+validation loss and the validations it ran, and the last epoch's ``train_samples``
 (the samples the live ranks trained in it, a ``sync_dist`` sum) and ``train_mean`` (a
 torchmetrics mean of the training loss). ``ELASTIC_FIT_SAMPLES``: the training set's size
 (default 192). Validation with a ``sync_dist`` value and a torchmetrics metric, the training
@@ -56,6 +57,8 @@ STEP_S = float(os.environ.get("ELASTIC_FIT_STEP_S", "0.03"))
 """Seconds each training step sleeps (longer: a replacement has time to start and join)."""
 STRATEGY = os.environ.get("ELASTIC_FIT_STRATEGY", "adpsgd")
 """``adpsgd`` or ``dpsgd``: the elastic strategy."""
+NODES = int(os.environ.get("ELASTIC_FIT_NODES", "1"))
+"""Nodes (``SLURM_NNODES``; more than one: ``adpsgd`` with ``hierarchical=True``)."""
 START_TIMEOUT = os.environ.get("ELASTIC_FIT_START_TIMEOUT")
 """``start_timeout`` of the strategy (seconds; unset: every rank meets at the start)."""
 PAUSE = [float(v) for v in os.environ.get("ELASTIC_FIT_PAUSE", "").split(",") if v]
@@ -146,15 +149,17 @@ def records(out: Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def outcome(out: Path, ranks: int, victim: int | list[int]) -> dict[str, Any]:
+def outcome(out: Path, ranks: int, victim: int | list[int],
+            left: tuple[int, ...] = ()) -> dict[str, Any]:
     """What a finished launch's records say: ``once`` (every sample of every epoch trained
     exactly once among all ranks, the victims' trained batches counted), the survivors'
     ``val_loss`` and, with a victim (or several, killed at the same batch), ``detect_s`` (the
     loss to the first recovery), ``recover_s`` (the longest recovery), ``stall_s`` (the longest
     time a survivor finished no batch, from the loss on) and ``step_s`` (the survivors' median
-    batch interval before the loss)."""
+    batch interval before the loss). ``left``: ranks that left with the victims (a hierarchical
+    fit's node-mates): every batch they trained counts, and they are no survivors."""
     victims = set(victim) if isinstance(victim, list) else {victim} - {-1}
-    survivors = [r for r in range(ranks) if r not in victims]
+    survivors = [r for r in range(ranks) if r not in victims and r not in left]
     done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
     lost = json.loads((out / "victim.json").read_text())["t"] if victims else 0.0
     trained = {r: [rec for rec in records(out, r) if r not in victims or rec["t"] < lost]
@@ -192,9 +197,12 @@ def main() -> None:
     elastic = {"adpsgd": lightning_gossip.ADPSGDStrategy,
                "dpsgd": lightning_gossip.DPSGDStrategy}[STRATEGY]
     start = {} if START_TIMEOUT is None else {"start_timeout": float(START_TIMEOUT)}
+    if NODES > 1:
+        start["hierarchical"] = True
     strategy = elastic(elastic=True, heartbeat_timeout=3.0, timeout=120, **start)
     trainer = L.Trainer(
-        strategy=strategy, accelerator="cpu", devices=int(os.environ["SLURM_NTASKS"]),
+        strategy=strategy, accelerator="cpu", num_nodes=NODES,
+        devices=int(os.environ["SLURM_NTASKS"]) // NODES,
         max_epochs=EPOCHS, logger=CSVLogger(out, name="logs", version=0),
         callbacks=[record := Record(out, rank, victims, batch, kind, epoch),
                    ModelCheckpoint(out / "ckpts", save_last=True, monitor="val_loss")],
@@ -214,6 +222,7 @@ def main() -> None:
         "train_samples": float(trainer.callback_metrics["train_samples"]),
         "train_mean": float(trainer.callback_metrics["train_mean"]),
         "validations": record.validations,
+        "exchanges": strategy.gossip_stats.get("exchanges", 0),  # (the last engine's)
         "joins": [] if survivors is None else [[list(map(int, new)), step, took, wall]
                                                for step, new, wall, took in survivors.joins],
         "joined": getattr(strategy, "elastic_parts", None) is not None

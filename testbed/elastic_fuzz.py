@@ -6,7 +6,9 @@ of them: a random victim (never rank 0, whose loss falls back to the emergency c
 design: ``tests/test_elastic.py``), kind (``SIGKILL``; ``SIGSTOP``: frozen, killed after the
 recovery; or frozen and woken up after it, when it must exit on its own), epoch (0 or 1), batch
 (1..10) and, given several ``--strategies``, the strategy; ``--pairs P``: a share ``P`` of the
-cases kills two of 4 ranks at the same batch instead (a node's tasks). Recorded per run: the
+cases kills two of 4 ranks at the same batch instead (a node's tasks); ``--nodes N``:
+hierarchical ``adpsgd`` on ``N`` nodes of 2 ranks, the victim off node 0, its node leaving with
+it (its node-mate must exit, RankExcluded; it is not checked as a survivor). Recorded per run: the
 exit codes, whether every survivor ended with 0, every sample was trained once per epoch, the
 survivors hold the same replica, the survivors that aborted at exit after writing their results
 (the known abort of docs/faults.md: counted as finished, listed), the detection, recovery and
@@ -15,6 +17,7 @@ run still alive after the launch (orphans); the output is kept in ``RUN/log.txt`
 
     python -m testbed.elastic_fuzz --runs 30 --seed 0 --out /tmp/elastic_fuzz
     python -m testbed.elastic_fuzz --runs 30 --strategies adpsgd dpsgd --out /tmp/both
+    python -m testbed.elastic_fuzz --runs 30 --nodes 3 --out /tmp/nodes  # 3 nodes x 2
 
 One JSON line per run on stdout (and in ``OUT/runs.jsonl``), then a summary line.
 """
@@ -52,11 +55,17 @@ def orphans(out: Path) -> list[int]:
 
 
 def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",),
-              pairs: float = 0.0) -> dict[str, Any]:
+              pairs: float = 0.0, nodes: int = 1) -> dict[str, Any]:
     """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``, ``strategy``
     (drawn last, and only from several: one strategy draws the cases it always drew); with
     probability ``pairs`` (drawn after them), two ranks of 4 killed at the same batch instead,
-    as a node's tasks die (``victim`` a list)."""
+    as a node's tasks die (``victim`` a list). ``nodes`` > 1: hierarchical ``adpsgd`` on that
+    many nodes of 2 ranks, the victim any rank off node 0 (its node leaves with it)."""
+    if nodes > 1:
+        ranks = 2 * nodes
+        return {"ranks": ranks, "nodes": nodes, "victim": rng.randrange(2, ranks),
+                "kind": rng.choice(("kill", "stop", "cont")), "epoch": rng.randrange(2),
+                "batch": rng.randrange(1, 11), "strategy": "adpsgd"}
     ranks = rng.choice((3, 4))
     case = {"ranks": ranks, "victim": rng.randrange(1, ranks),
             "kind": rng.choice(("kill", "stop", "cont")),
@@ -71,23 +80,28 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     """Launch one case in ``out``; what happened (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     victims = case["victim"] if isinstance(case["victim"], list) else [case["victim"]]
+    nodes = case.get("nodes", 1)
     commands = fake_slurm_commands("testbed.elastic_fit", str(out), ",".join(map(str, victims)),
                                    str(case["batch"]), case["kind"], str(case["epoch"]),
-                                   ntasks=case["ranks"],
-                                   env={"ELASTIC_FIT_STRATEGY": case.get("strategy", "adpsgd")})
+                                   ntasks=case["ranks"], nodes=nodes,
+                                   env={"ELASTIC_FIT_STRATEGY": case.get("strategy", "adpsgd"),
+                                        "ELASTIC_FIT_NODES": str(nodes)})
     start = time.monotonic()
     launched = launch_processes(commands, timeout)
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),
                                   codes=launched.returncodes, hang=launched.timed_out,
                                   orphans=orphans(out))
-    survivors = [r for r in range(case["ranks"]) if r not in victims]
+    devices = case["ranks"] // nodes  # a victim's node-mates leave with it
+    left = tuple(r for r in range(case["ranks"]) if r not in victims
+                 and any(r // devices == v // devices for v in victims)) if nodes > 1 else ()
+    survivors = [r for r in range(case["ranks"]) if r not in victims and r not in left]
     result["aborted_at_exit"] = aborted_at_exit(launched, {r: out / f"done{r}.json"
                                                            for r in survivors})
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 or r in result["aborted_at_exit"] for r in survivors)
     (out / "log.txt").write_text(launched.stdout)
     if result["finished"]:
-        result.update(outcome(out, case["ranks"], case["victim"]))
+        result.update(outcome(out, case["ranks"], case["victim"], left))
     return result
 
 
@@ -101,13 +115,15 @@ def main() -> None:
                         default=["adpsgd"])
     parser.add_argument("--pairs", type=float, default=0.0,
                         help="share of cases that kill two ranks at the same batch")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="hierarchical adpsgd on this many nodes of 2 ranks (> 1)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     with open(args.out / "runs.jsonl", "a") as log:
         for i in range(args.runs):
-            case = fuzz_case(rng, tuple(args.strategies), args.pairs)
+            case = fuzz_case(rng, tuple(args.strategies), args.pairs, args.nodes)
             result = dict(run_case(args.out / f"run{i}", case), run=i)
             results.append(result)
             line = json.dumps(result)

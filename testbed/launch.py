@@ -309,17 +309,19 @@ def run_torchrun(
 
 
 def fake_slurm_commands(script: str | Path, *args: str, ntasks: int,
-                        env: dict[str, str] | None = None
+                        env: dict[str, str] | None = None, nodes: int = 1
                         ) -> list[tuple[list[str], dict[str, str]]]:
-    """The ``(argv, env)`` of ``ntasks`` processes started the way ``srun`` would on one node
-    (``SLURM_*`` variables set): Lightning's SLURM environment then provides the ranks.
-    ``env``: added to every task's environment."""
+    """The ``(argv, env)`` of ``ntasks`` processes started the way ``srun`` would on ``nodes``
+    nodes of ``ntasks // nodes`` tasks each (``SLURM_*`` variables set; every node's address
+    is this machine's): Lightning's SLURM environment then provides the ranks. ``env``: added
+    to every task's environment."""
     port = str(free_port())
-    commands = []
+    commands, per_node = [], ntasks // nodes
     for task in range(ntasks):
         task_env = base_env(
-            SLURM_NTASKS=str(ntasks), SLURM_NTASKS_PER_NODE=str(ntasks), SLURM_PROCID=str(task),
-            SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NNODES="1",
+            SLURM_NTASKS=str(ntasks), SLURM_NTASKS_PER_NODE=str(per_node),
+            SLURM_PROCID=str(task), SLURM_LOCALID=str(task % per_node),
+            SLURM_NODEID=str(task // per_node), SLURM_NNODES=str(nodes),
             SLURM_JOB_NAME="lightning-gossip-test", SLURM_JOB_ID="4242",
             SLURM_NODELIST="127.0.0.1", MASTER_PORT=port, **(env or {}),
         )
@@ -338,12 +340,12 @@ def run_fake_slurm(
 
 
 def run_fake_slurm_each(script: str | Path, *args: str, ntasks: int, timeout: float = 240,
-                        env: dict[str, str] | None = None) -> Launched:
+                        env: dict[str, str] | None = None, nodes: int = 1) -> Launched:
     """:func:`run_fake_slurm` with each task's exit code (``returncodes``: a test that kills
     a task checks the others); a timeout raises ``AssertionError`` with the stacks. ``env``:
-    added to every task's environment."""
-    launched = launch_processes(fake_slurm_commands(script, *args, ntasks=ntasks, env=env),
-                                timeout)
+    added to every task's environment; ``nodes``: as :func:`fake_slurm_commands`."""
+    launched = launch_processes(
+        fake_slurm_commands(script, *args, ntasks=ntasks, env=env, nodes=nodes), timeout)
     _finish(launched)
     return launched
 

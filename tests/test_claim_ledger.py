@@ -253,11 +253,29 @@ def test_without_a_ledger_the_store_holds_the_counter_only() -> None:
     assert store.num_keys() == 1 and int(store.add("run/epoch0", 0)) == 4
 
 
-def test_a_node_share_with_a_ledger_is_refused() -> None:
-    store = dist.HashStore()
-    ledger = ClaimLedger(store, "run", 0, lambda: [0])
-    with pytest.raises(ValueError, match="flat-only"):
-        Claims(store, "run", NodeShare(node=0, local=0, devices=2), ledger)
+def test_a_lost_nodes_claims_go_back_whole_to_a_live_node() -> None:
+    """Two nodes of 2 ranks claim as nodes (hierarchical adpsgd): each node's local rank 0 is
+    its claimant in the ledger (ranks 0 and 2), its other rank reads the node's claims. Node 1
+    dies after training one of its two claims (units 2-3 trained, 4-5 not): the live node
+    takes the untrained claim back whole (both of its ranks, units 4 and 5), then both of its
+    ranks end the epoch together once its claimant finds nothing left."""
+    store, live = dist.HashStore(), [0, 2]
+    ledgers = {r: ClaimLedger(store, "run", r - r % 2, lambda: live, poll_s=0.01, timeout=WAIT)
+               for r in range(4)}
+    claims = {r: Claims(store, "run", NodeShare(node=r // 2, local=r % 2, devices=2),
+                        ledgers[r]) for r in range(4)}
+    for ledger in ledgers.values():
+        ledger.open(0)
+    units = 8  # 4 node claims
+    assert [claims[r].next(0, units) for r in range(4)] == [0, 1, 2, 3]
+    assert [claims[r].next(0, units) for r in (2, 3, 0, 1)] == [4, 5, 6, 7]
+    ledgers[2].record_finished(0)  # node 1 trained claim 1 (units 2, 3) and died
+    live.remove(2)
+    assert ledgers[0].return_units(0, lost=2) == [2] and ledgers[0].return_units(0, lost=3) == []
+    assert [claims[r].next(0, units) for r in (0, 1)] == [4, 5]  # claim 2, whole
+    ends = run_threads({r: lambda r=r: claims[r].next(0, units) for r in (1, 0)})
+    assert ends == {0: None, 1: None}
+    assert ledgers[0].claimed(0, 0) == [0, 3, 2] and not store.check(["run/epoch0/claims/1"])
 
 
 def test_the_samplers_draw_through_the_ledger() -> None:

@@ -94,6 +94,34 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
 
 
 @pytest.mark.multiprocess
+def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Path) -> None:
+    """``adpsgd`` with ``hierarchical=True`` on 3 nodes of 2 ranks (as ``srun`` starts them):
+    rank 3 is killed, its node-mate 2 learns that its node left and exits (RankExcluded), and
+    nodes 0 and 2 go on gossiping over new column groups; node 1's untrained claims came back
+    (every sample once per epoch), Lightning's collectives ran over ranks 0, 1, 4, 5."""
+    ranks, nodes = 6, 3
+    result = run_fake_slurm_each(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=nodes,
+                                 timeout=300, env={"ELASTIC_FIT_NODES": str(nodes)})
+    out, survivors = result.stdout[-8000:], [0, 1, 4, 5]
+    assert result.returncodes[3] == -9 and result.returncodes[2] == 1, (result.returncodes, out)
+    assert "RankExcluded: rank 2: rank(s) 3 of its node were lost" in result.stdout, out
+    check_exits(result, {r: tmp_path / f"done{r}.json" for r in survivors}, out)
+    assert "elastic fit: rank(s) 2, 3 lost" in result.stdout, out
+    check_each_sample_once(tmp_path, ranks)
+    assert {rec["epoch"] for r in (2, 3) for rec in trained(tmp_path, r)} == {0}
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
+    assert all(d["losses"] == [[2, 3]] for d in done), done
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    assert all(d["exchanges"] > 0 for d in done), done  # the engine over nodes 0 and 2
+    check_epoch_values(done)
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
+                if row.get("gossip/live_learners")]
+    assert live == [6.0, 4.0], live
+    assert (tmp_path / "ckpts" / "last.ckpt").exists()
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("strategy", "victims"), [("adpsgd", (2,)), ("adpsgd", (2, 3)),
                                                    ("dpsgd", (2, 3))])
 def test_a_replacement_takes_the_lost_ranks_slot_and_trains(
@@ -311,16 +339,39 @@ def test_fuzzed_losses_every_fit_finishes(tmp_path: Path) -> None:
                           stacklevel=2)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fuzzed_node_losses_every_hierarchical_fit_finishes(tmp_path: Path) -> None:
+    """``make test-slow``: 6 seeded cases of ``testbed.elastic_fuzz --nodes`` (hierarchical
+    ``adpsgd``, 2 and 3 nodes of 2 ranks, a random victim off node 0, killed or frozen): the
+    live nodes' ranks end with 0, no hang, no orphan, every sample once per epoch, the same
+    final replica."""
+    rng = random.Random(32)
+    for i, nodes in enumerate((2, 2, 3, 3, 3, 3)):
+        out = tmp_path / f"run{i}"
+        result = run_case(out, fuzz_case(rng, nodes=nodes))
+        assert result["finished"] and not result["hang"], (result,
+                                                           (out / "log.txt").read_text()[-4000:])
+        assert result["orphans"] == [] and result["once"] and result["same_replica"], result
+
+
 @pytest.mark.parametrize("name", ["ADPSGDStrategy", "DPSGDStrategy"])
-def test_elastic_needs_a_flat_fit_a_heartbeat_and_a_topology_name(name: str) -> None:
+def test_elastic_needs_a_heartbeat_a_topology_name_and_adpsgd_to_be_hierarchical(
+        name: str) -> None:
     import numpy as np
 
     import lightning_gossip
 
     cls = getattr(lightning_gossip, name)
-    for options in ({"hierarchical": True}, {"heartbeat_timeout": None}):
-        with pytest.raises(ValueError, match=rf"{name}\(elastic=True\) needs hierarchical=False"):
-            cls(elastic=True, **options)
+    with pytest.raises(ValueError, match=rf"{name}\(elastic=True\) needs a heartbeat_timeout"):
+        cls(elastic=True, heartbeat_timeout=None)
+    hierarchical = [{"start_timeout": 10.0}, {"node_allreduce": "overlapped"}]
+    for options in ([{}] if name == "DPSGDStrategy" else hierarchical):
+        with pytest.raises(ValueError, match=rf"{name}\(elastic=True, hierarchical=True\) is "
+                                             "not supported yet"):
+            cls(elastic=True, hierarchical=True, **options)
+    if name == "ADPSGDStrategy":
+        assert cls(elastic=True, hierarchical=True).elastic
     if name == "DPSGDStrategy":  # the survivors rebuild it by name
         with pytest.raises(ValueError, match="by its name: give a name, not ndarray"):
             cls(elastic=True, topology=np.full((4, 4), 0.25))

@@ -110,6 +110,9 @@ class AsyncGossip:
         self._stepped_at: float | None = None
         self._step_s = 0.0
         self._idled_at = 0.0
+        #: sharded: an error of the work after the node's all-gather, raised before the next
+        #: node collective of this engine instead (see :meth:`after_step`)
+        self._deferred: BaseException | None = None
 
     @property
     def stats(self) -> GossipStats:
@@ -159,33 +162,52 @@ class AsyncGossip:
 
         Sharded: the node's ranks all-gather their due slice deltas (every step, zeros where
         none) and each adds the same full delta, before the fresh snapshot is packed (the
-        deltas still pending are added to this rank's slice of it only).
+        deltas still pending are added to this rank's slice of it only). An error after the
+        all-gather (the gossip thread's, a staleness wait's) is raised at the next call, before
+        the next all-gather: every rank of the node then leaves at the same collective (an
+        elastic fit re-issues the one a loss interrupted, on the survivors' group).
         """
         del step
-        shared, box, clock = self._shared, self._shared.mailbox, self._shared.clock
+        shared = self._shared
         if self._gather is not None:
             with shared.cv:
+                self._raise_deferred()
                 shared.raise_if_failed()
                 shared.handoff.wait_for_thread()
                 assert self._mine is not None
-                box.take_due(self._mine)
+                shared.mailbox.take_due(self._mine)
                 shared.handoff.to_thread()  # the thread may overwrite the buffers read here
             self._apply_gathered()
         with shared.cv:
-            shared.raise_if_failed()
-            self._steps += 1
-            shared.stats.steps = self._steps
-            now = time.monotonic()
-            if self._stepped_at is not None:
-                self._step_s = min(now - self._stepped_at, IDLE_EVERY_MAX_S)
-            self._stepped_at = now
-            self._hand_over()
-            if self.max_staleness is not None and clock.is_open:
-                # A passive whose actives have all ended the phase gets no more gossip: go on.
-                bound = self.max_staleness
-                shared.wait_for(lambda: self._steps - box.gossiped <= bound or clock.quiet,
-                                f"waiting for gossip to catch up (max_staleness={bound})",
-                                count=True)
+            try:
+                self._step_done()
+            except BaseException as e:
+                if self._gather is None:
+                    raise
+                self._deferred = e
+
+    def _raise_deferred(self) -> None:
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def _step_done(self) -> None:
+        """(Under the lock) count the step, hand a snapshot over, bound the staleness."""
+        shared, box, clock = self._shared, self._shared.mailbox, self._shared.clock
+        shared.raise_if_failed()
+        self._steps += 1
+        shared.stats.steps = self._steps
+        now = time.monotonic()
+        if self._stepped_at is not None:
+            self._step_s = min(now - self._stepped_at, IDLE_EVERY_MAX_S)
+        self._stepped_at = now
+        self._hand_over()
+        if self.max_staleness is not None and clock.is_open:
+            # A passive whose actives have all ended the phase gets no more gossip: go on.
+            bound = self.max_staleness
+            shared.wait_for(lambda: self._steps - box.gossiped <= bound or clock.quiet,
+                            f"waiting for gossip to catch up (max_staleness={bound})",
+                            count=True)
 
     def _hand_over(self) -> None:
         """(Under the lock) apply the due deltas (unsharded), and leave a fresh snapshot when
@@ -226,6 +248,7 @@ class AsyncGossip:
         """End the current phase: finish in-flight gossip everywhere, apply every delta."""
         shared, clock = self._shared, self._shared.clock
         with shared.cv:
+            self._raise_deferred()
             shared.raise_if_failed()
             if not clock.is_open:
                 return

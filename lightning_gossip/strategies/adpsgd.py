@@ -1,12 +1,6 @@
-"""Asynchronous decentralized parallel SGD (AD-PSGD, Lian et al. 2018).
-
-Each rank trains its replica without ever waiting for communication; a background thread
-averages it with one peer at a time (atomically), and the resulting change is applied at the
-next step boundary. A slow rank does not slow the others down; with straggler-resilient data
-(on by default) the faster ranks also process more of each epoch. With ``hierarchical=True`` the
-ranks of a node act as one learner (gradients averaged inside the node) and AD-PSGD runs between
-nodes, each local rank gossiping its slice of the replica.
-"""
+"""Asynchronous decentralized parallel SGD (AD-PSGD, Lian et al. 2018): each rank trains
+without waiting for communication; a background thread averages its replica with one peer at a
+time, the change applied at the next step boundary; faster ranks process more of each epoch."""
 
 from __future__ import annotations
 
@@ -36,6 +30,7 @@ from lightning_gossip.pairing import check_pairing_name as check_pairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -51,10 +46,9 @@ _fits = [0]  # fits in this process, counted the same way on every rank (a newco
 class ADPSGDStrategy(GossipStrategy):
     """AD-PSGD: background pairwise averaging, bounded staleness, straggler-resilient data.
 
-    Other keyword arguments: :class:`~.gossip.GossipStrategy`'s (the consensus distance is
-    measured at epoch ends). Owned parts besides the base's: :attr:`engine`
-    (:class:`~lightning_gossip.async_gossip.AsyncGossip`), :attr:`phases`
-    (:class:`~.adpsgd_phases.Phases`), :attr:`cursor` and :attr:`survivors` (``elastic``).
+    Other keyword arguments: :class:`~.gossip.GossipStrategy`'s. Owned parts besides the base's:
+    :attr:`engine` (:class:`~lightning_gossip.async_gossip.AsyncGossip`), :attr:`phases`,
+    :attr:`cursor`, :attr:`survivors`.
 
     Args:
         pairing: ``"ring"`` (default: an active rank alternates between its ring neighbours)
@@ -73,7 +67,8 @@ class ADPSGDStrategy(GossipStrategy):
         wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``; the two
             deltas of an exchange still cancel exactly (:mod:`~lightning_gossip.compression`).
         elastic: survive lost ranks (not the store's host, rank 0): the survivors go on
-            without them (:mod:`~.elastic`, ``docs/faults.md``). Flat only; default ``False``.
+            without them (:mod:`~.elastic`, ``docs/faults.md``; hierarchical: without the
+            lost rank's node, :mod:`~.elastic_nodes`). Default ``False``.
         start_timeout: ``elastic``: start with the ranks that came within this many seconds,
             the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
         outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for ``DPSGDStrategy``
@@ -85,8 +80,8 @@ class ADPSGDStrategy(GossipStrategy):
         import lightning_gossip  # registers "adpsgd" and "adpsgd_random"
 
         trainer = L.Trainer(strategy="adpsgd", accelerator="cpu", devices=4, max_epochs=10)
-        trainer = L.Trainer(strategy=lightning_gossip.ADPSGDStrategy(pairing="random"),
-                            accelerator="gpu", devices=8, num_nodes=16)
+        trainer = L.Trainer(strategy=lightning_gossip.ADPSGDStrategy(hierarchical=True,
+                            elastic=True), accelerator="gpu", devices=8, num_nodes=16)
     """
 
     strategy_name = "adpsgd"
@@ -122,7 +117,8 @@ class ADPSGDStrategy(GossipStrategy):
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout)
+        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
+                      node_allreduce)
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -145,8 +141,7 @@ class ADPSGDStrategy(GossipStrategy):
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
         self.engine: AsyncGossip | None = None
-        #: node and column groups (flat: the data group as both) and the gloo control group
-        self._groups: NodeGroups | None = None
+        self._groups: NodeGroups | None = None  # node, column (flat: data as both), control
         self._run_id: int | None = None
         self._last_stats: dict[str, float] = {}
         #: the gossip phases: trainer checks, phase start, epoch-end meeting
@@ -166,8 +161,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
-        """Check the node layout (``hierarchical``), build :attr:`pairing` (over ranks, or over
-        nodes), the groups, and start the gossip thread. Bad input fails here on every rank."""
+        """Check the node layout, build :attr:`pairing`, the groups, start the gossip thread."""
         self.phases.check_trainer(trainer, sync_batchnorm=_compat.layer_sync(self) is not None)
         self._run_id, _fits[0] = _fits[0], _fits[0] + 1
         nodes, devices = self.num_nodes, self.num_processes
@@ -205,9 +199,11 @@ class ADPSGDStrategy(GossipStrategy):
                      data: Any = None) -> AsyncGossip:
         """The gossip engine over ranks, or nodes (sharded); ``control``/``data``: survivors'."""
         assert self._flat is not None and self._groups is not None
-        layout = self.layout if self._sharded else None
+        # an elastic pairing is over the column's ranks already; the first one over nodes
+        if (layout := self.layout if self._sharded else None) and isinstance(pairing, Pairing):
+            pairing = ColumnPairing(pairing, layout)
         return AsyncGossip(
-            self._flat, self.global_rank, ColumnPairing(pairing, layout) if layout else pairing,
+            self._flat, self.global_rank, pairing,
             control_group=control or self._groups.control, data_group=data or self._groups.column,
             timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
             heartbeat=self.heartbeat, wire_dtype=self._wire,
@@ -223,7 +219,11 @@ class ADPSGDStrategy(GossipStrategy):
             make_engine=self._make_engine, set_engine=self._set_engine,
             step=lambda: self.step, epoch=lambda: trainer.current_epoch,
             loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
-            replicas=self.replicas, trainer=trainer)
+            replicas=self.replicas, trainer=trainer,
+            units=NodeUnits(self.num_processes if self._sharded else 1),
+            node_group=lambda group: setattr(self.node, "group", group))
+        if self.node:  # (a node all-reduce interrupted by a loss is issued again after it)
+            self.node.retry = survivors.retry
         self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
         self.phases.epoch_opened, self.phases.poll = survivors.epoch_opened, survivors.poll
         return survivors

@@ -1,30 +1,24 @@
 """The survivors' side of a lost rank in an elastic fit (``ADPSGDStrategy(elastic=True)``):
-:class:`Survivors`, owned by the strategy as ``strategy.survivors`` and built from values and
-small callables.
+:class:`Survivors`, owned by the strategy as ``strategy.survivors``, built from values.
 
-A loss surfaces in the training thread as :class:`~lightning_gossip.errors.PeerSilent`: the
-liveness monitor's finding at a step boundary, a gossip wait on the lost rank, or a watched
-collective at a meeting. :meth:`Survivors.recover` then, on every survivor:
-
-1. stops the gossip thread without ending its phase and applies the deltas already received
-   (:meth:`~lightning_gossip.async_gossip.AsyncGossip.abandon`);
-2. agrees with the other survivors on the live ranks (:class:`~lightning_gossip.membership.
-   Membership`, in the rendezvous store) and stops watching the lost ones' heartbeats;
-3. builds new groups over the live ranks (Lightning's collectives, gossip control and data);
-4. returns the lost ranks' claimed but untrained batches to the shared cursor;
-5. starts a new gossip engine over the live ranks (``adpsgd``: a pairing over them, its phase
-   open; ``dpsgd``: a topology over them from a step the survivors agree on);
-6. warns, naming the lost ranks and the step, and logs ``gossip/live_learners``.
+A loss surfaces in the training thread as :class:`~lightning_gossip.errors.PeerSilent` (the
+liveness monitor's finding at a step boundary, a gossip wait on the lost rank, a watched
+collective at a meeting). :meth:`Survivors.recover` then, on every survivor: (1) stops the gossip
+thread without ending its phase, applying the deltas already received (:meth:`~lightning_gossip.
+async_gossip.AsyncGossip.abandon`); (2) agrees with the others on the live ranks
+(:class:`~lightning_gossip.membership.Membership`) and stops watching the lost ones; (3) builds
+new groups over the live ranks (Lightning's collectives, gossip control and data; hierarchical:
+the lost rank's whole node leaves, :mod:`~.elastic_nodes`); (4) returns the lost ranks' claimed
+but untrained batches to the shared cursor; (5) starts a new gossip engine over the live ranks
+(``adpsgd``: its phase open; ``dpsgd``: from a step the survivors agree on); (6) warns, naming
+the lost ranks and the step, and logs ``gossip/live_learners``.
 
 A process that takes a lost rank's slot (:mod:`~.newcomer`) asks in the store;
 :meth:`Survivors.poll` finds the request at a step boundary and :meth:`Survivors.admit` lets it
-in: the same steps 1-3 with the newcomer added, then the members' exact average and the lowest
-member's checkpoint are handed over (:func:`~.newcomer.hand_over`), and the new engine pairs
-over every live rank.
-
-The loss of the rank that hosts the rendezvous store (rank 0 under Lightning's launcher and
-``srun``) cannot be survived this way: every survivor's store call fails, and the fit falls back
-to the emergency checkpoint (``docs/faults.md``).
+in: steps 1-3 with the newcomer added, then the members' exact average and the lowest member's
+checkpoint are handed over (:func:`~.newcomer.hand_over`). The loss of the rank that hosts the
+rendezvous store (rank 0 under Lightning's launcher and ``srun``) is not survived: the fit falls
+back to the emergency checkpoint (``docs/faults.md``).
 """
 
 from __future__ import annotations
@@ -39,11 +33,12 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_gossip.claim_ledger import ClaimLedger
-from lightning_gossip.errors import PeerSilent
+from lightning_gossip.errors import PeerSilent, RankExcluded
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
 from lightning_gossip.membership import POLL_EVERY_S, Membership
 from lightning_gossip.shared_cursor import default_store
+from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 
 __all__ = ["LIVE_METRIC", "Engine", "Survivors", "lost_ranks"]
 
@@ -102,23 +97,22 @@ class Survivors:
             :class:`~lightning_gossip.membership.Membership`.
         heartbeat: this rank's heartbeat (its finding names the lost ranks; it must run).
         backend: the backend of Lightning's collectives and of the gossip data group.
-        make_engine: ``(live, group, control, data)``: a started gossip engine over the live
-            ranks and the survivors' groups (Lightning's, gossip control and data), ready for
-            the next step; ``None`` for a lone survivor.
+        make_engine: ``(live, *groups)``: a started gossip engine over the live ranks and
+            their groups (:meth:`~.elastic_nodes.NodeUnits.groups`); ``None``: no gossip.
         set_engine: ``(engine)``: makes ``engine`` the fit's (``None``: none); returns the
             one it replaces.
         step: the current optimizer step.
         epoch: the current epoch (the lost ranks' untrained batches of it go back to the
             shared cursor, through the :meth:`ledger` of the training loader).
         loggers: where :data:`LIVE_METRIC` goes (rank 0's loggers; empty elsewhere).
-        membership: a newcomer's (admitted to a running fit); default: a new one, every rank
-            live.
+        membership: a newcomer's or founder's; default: a new one, every rank live.
         hand_over: ``(old group, new group, newcomers, lowest)``: the members' side of a join
             (:func:`~.newcomer.hand_over` with the fit's values); ``None``: joins are refused.
         poll_joins: admit newcomers from :meth:`poll` (``False``: the owner calls :meth:`admit`
             itself, at a step every member agreed on: synchronous gossip).
         on_group: ``(group)``: told the new group of Lightning's collectives after every loss
             and join (the module's metrics gather over it: ``collectives.sync_metrics_over``).
+        units: what leaves together (hierarchical: a node, :mod:`~.elastic_nodes`).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -129,13 +123,15 @@ class Survivors:
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
                  poll_joins: bool = True,
-                 on_group: Callable[[Any], None] = lambda group: None) -> None:
+                 on_group: Callable[[Any], None] = lambda group: None,
+                 units: NodeUnits = RANKS) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
         store = dist.PrefixStore(f"elastic/{run}/", default_store())
         self.membership = membership or Membership(store, rank, world_size, timeout, run)
-        self.hand_over, self.poll_joins, self.on_group = hand_over, poll_joins, on_group
+        self.hand_over, self.poll_joins, self.on_group, self.units = (hand_over, poll_joins,
+                                                                      on_group, units)
         self._polled = 0.0  # when the membership was last polled for joins
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -162,18 +158,19 @@ class Survivors:
         shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses
         (``on_wait``: run at each of its polls instead, e.g. a round of synchronous gossip
         that recovers from losses itself)."""
-        self.claims = ClaimLedger(default_store(), key, self.membership.rank,
+        self.claims = ClaimLedger(default_store(), key, self.units.claimant(self.membership.rank),
                                   live=self._live_unless_left_out, on_wait=on_wait or self.poll,
                                   timeout=self._timeout.total_seconds())
         return self.claims
 
     def _live_unless_left_out(self) -> tuple[int, ...]:
-        """The live ranks; none when the others went on without this rank (a rank that
-        wakes up after a freeze must not take the batches returned on its behalf)."""
+        """The live claimants (ranks, or nodes' claimants); none when the others went on
+        without this rank (a rank that wakes up after a freeze must not take the batches
+        returned on its behalf)."""
         now = time.monotonic()
         if not self.heartbeat.excluded and now >= self._left_checked + 1.0:  # 1 read a second
             self._left_checked, self._left = now, self.membership.left_out()
-        return () if self.heartbeat.excluded or self._left else self.live
+        return () if self.heartbeat.excluded or self._left else self.units.claimants(self.live)
 
     def epoch_opened(self, epoch: int) -> None:
         """This rank began training ``epoch`` (:meth:`~lightning_gossip.claim_ledger.
@@ -183,7 +180,7 @@ class Survivors:
 
     def batch_trained(self, epoch: int) -> None:
         """This rank trained one more batch of ``epoch`` (in the order it claimed them)."""
-        if self.claims is not None:
+        if self.claims is not None and self.claims.rank == self.membership.rank:
             self.claims.record_finished(epoch)
 
     def log_live(self, live: int, step: int) -> None:
@@ -254,7 +251,12 @@ class Survivors:
         lost = lost_ranks(error)
         if lost is None:  # e.g. gloo's "connection closed by peer": the heartbeat names it
             lost = self._await_finding()
-        if lost is None or not self.survivable(lost):
+        if lost is not None and self.membership.rank in set(self.units.whole(lost)) - set(lost):
+            self._keep_at_exit(self.set_engine(None))  # a node-mate was lost: the node leaves
+            raise RankExcluded(f"rank {self.membership.rank}: rank(s) "
+                               f"{', '.join(map(str, lost))} of its node were lost; the node "
+                               "leaves the elastic fit", lost) from error
+        if lost is None or not self.survivable(self.units.whole(lost)):
             if self.heartbeat.excluded:  # this rank goes; the others went on without it
                 engine = self.set_engine(None)
                 self.set_engine(engine)  # (only read)
@@ -263,10 +265,8 @@ class Survivors:
         self.recover(lost)
 
     def _keep_at_exit(self, engine: Engine | None) -> None:
-        """Never destroy Lightning's group and ``engine`` with its groups: they were shared
-        with a rank that is gone (or went on without this one), so a gloo thread or a gossip
-        wait may still wait on it, and destroying them at exit aborts the process (the
-        operating system reclaims them)."""
+        """Never destroy Lightning's group and ``engine``'s groups: a gloo thread may still
+        wait on a rank that is gone, and destroying them at exit aborts the process."""
         kept = (engine, *engine.process_groups) if engine else ()
         for part in (self.membership.group, *kept):  # a group None: the default group
             keep_alive_at_exit(part)
@@ -294,7 +294,7 @@ class Survivors:
         membership = self.membership
         before = membership.live
         free = [r for r in lost if r not in before]  # slots nobody fills: not watched
-        lost = tuple(r for r in lost if r in before and r != membership.rank)
+        lost = tuple(r for r in self.units.whole(lost) if r in before and r != membership.rank)
         if not lost:
             self.heartbeat.forget(free, mark=False)  # a stale finding: watch on
             return
@@ -306,7 +306,7 @@ class Survivors:
         live = membership.decide(lost, self.deadline_s, also_lost=self.heartbeat.silent)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
-        groups = membership.new_groups([self.backend, "gloo", self.backend])
+        groups = self.units.groups(membership, self.backend)
         self.on_group(groups[0])
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
@@ -338,7 +338,7 @@ class Survivors:
         new = [r for r in live if r not in before]
         self.heartbeat.forgotten.difference_update(new)
         self.heartbeat.forget(())  # watch them: they beat since before they asked
-        groups = membership.new_groups([self.backend, "gloo", self.backend])
+        groups = self.units.groups(membership, self.backend)
         self.on_group(groups[0])
         self.hand_over(old_group, groups[0], new, membership.rank == min(before))
         self.set_engine(self.make_engine(live, *groups))

@@ -20,6 +20,7 @@ from lightning_gossip.membership import Membership
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 from lightning_gossip.strategies.founders import Founders, found_fit
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
 
@@ -92,18 +93,23 @@ class ElasticParts:
         _, control, data = self.first.groups
         return NodeGroups(data, data, control=control)
 
-    def pairing_over(self, live: Sequence[int]) -> RankPairing:
-        """The pairing of the engine over the live ranks ``live`` (the members' after a loss
-        or a join, and a newcomer's first: the same on every member)."""
+    def pairing_over(self, live: Sequence[int], rank: int,
+                     units: NodeUnits = RANKS) -> RankPairing | None:
+        """The pairing of ``rank``'s engine over the live ranks ``live`` (the members' after a
+        loss or a join, and a newcomer's first: the same on every member; hierarchical: over
+        the live nodes, in ``rank``'s column); ``None`` with fewer than two."""
         assert self.pairing is not None
-        name, seed = self.pairing
-        return RankPairing(Pairing(name, len(live), seed), tuple(live))
+        return units.pairing(*self.pairing, live, rank)
 
     def first_pairing(self, pairing: Pairing) -> Pairing | RankPairing:
         """The pairing of this process's first engine: ``pairing`` (every rank slot), or a
         newcomer's or founder's over its generation's live ranks (slots may be free)."""
         membership = self.membership
-        return pairing if membership is None else self.pairing_over(membership.live)
+        if membership is None:
+            return pairing
+        first = self.pairing_over(membership.live, membership.rank)
+        assert first is not None  # (at least two founders; a newcomer and a member)
+        return first
 
     def open_phase(self, engine: AsyncGossip, step: int) -> int:
         """A newcomer's first step (the lowest member's at the handover), its engine's phase
@@ -117,16 +123,22 @@ class ElasticParts:
                   backend: str, make_engine: Callable[..., AsyncGossip],
                   set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
                   step: Callable[[], int], epoch: Callable[[], int], loggers: Sequence[Any],
-                  pack: Callable[[], Any], replicas: Any, trainer: Any) -> Survivors:
+                  pack: Callable[[], Any], replicas: Any, trainer: Any,
+                  units: NodeUnits = RANKS,
+                  node_group: Callable[[Any], None] = lambda group: None) -> Survivors:
         """The fit's :class:`~.elastic.Survivors` (a newcomer or founder keeps its membership);
         a join hands over the average of ``pack()`` and the lowest member's checkpoint with
-        it."""
-        def engine_over(live: Sequence[int], _group: Any, control: Any,
-                        data: Any) -> AsyncGossip | None:
-            """A pairing over ``live`` (none for a lone rank), the engine's phase open."""
-            if len(live) < 2:
+        it. Hierarchical (``units`` of several ranks): ``node_group`` is told each new group
+        of this rank's node; joins are refused (:mod:`~.elastic_nodes`)."""
+        def engine_over(live: Sequence[int], _group: Any, control: Any, data: Any,
+                        node: Any = None) -> AsyncGossip | None:
+            """A pairing over ``live`` (none for a lone learner), the engine's phase open."""
+            if node is not None:
+                node_group(node)
+            pairing = self.pairing_over(live, rank, units)
+            if pairing is None:
                 return None
-            engine = make_engine(self.pairing_over(live), control, data)
+            engine = make_engine(pairing, control, data)
             engine.start()
             engine.before_step(step())
             return engine
@@ -134,8 +146,9 @@ class ElasticParts:
         return Survivors(run, rank, world_size, self.timeout, heartbeat=heartbeat,
                          backend=backend, make_engine=engine_over,
                          set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
-                         membership=self.membership,
-                         hand_over=self.members_side(pack, replicas, trainer, step),
+                         membership=self.membership, units=units,
+                         hand_over=None if units.devices > 1
+                         else self.members_side(pack, replicas, trainer, step),
                          on_group=lambda group: sync_metrics_over(trainer.lightning_module,
                                                                   group))
 

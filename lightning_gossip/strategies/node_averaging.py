@@ -66,6 +66,10 @@ class NodeAverager:
         self.overlap = overlap
         #: the last overlapped average (``overlap``; rebuilt when the trainable set changes)
         self.overlapped: OverlappedAllReduce | None = None
+        #: an elastic fit's survivors' ``retry`` (:meth:`~.elastic.Survivors.retry`): an
+        #: all-reduce that a loss elsewhere interrupted is issued again, on the node's new
+        #: :attr:`group` (the survivors build one per membership change); ``None``: not elastic
+        self.retry: Callable[[Callable[[], Tensor]], Tensor] | None = None
 
     def wrap(self, closure: Any) -> Any:
         """``closure`` (forward/backward), then the gradients averaged over the node; with
@@ -131,8 +135,19 @@ class NodeAverager:
     def all_reduce(self, flat: Tensor, what: str) -> None:
         """Sum ``flat`` over the node group, failing fast and naming the rank(s) when a rank of
         the node left after an error or stopped beating (instead of a bare gloo error, or a
-        wait of ``timeout``)."""
-        self._wait([dist.all_reduce(flat, group=self.group, async_op=True)], what)
+        wait of ``timeout``). Elastic (:attr:`retry`): a loss found while it waits is survived,
+        and the sum is taken again on the new group from the same values."""
+        if self.retry is None:
+            self._wait([dist.all_reduce(flat, group=self.group, async_op=True)], what)
+            return
+        values = flat.clone()
+
+        def attempt() -> Tensor:
+            mine = values.clone()  # (an abandoned all-reduce keeps the buffer it was given)
+            self._wait([dist.all_reduce(mine, group=self.group, async_op=True)], what)
+            return mine
+
+        flat.copy_(self.retry(attempt))
 
     def all_gather(self, mine: Tensor, out: Tensor) -> None:
         """``out`` = the node's ranks' ``mine``, in local-rank order (the slice deltas of

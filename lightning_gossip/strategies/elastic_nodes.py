@@ -1,0 +1,97 @@
+"""Elastic hierarchical ``adpsgd``: the node is the unit that leaves (:class:`NodeUnits`).
+
+With ``ADPSGDStrategy(hierarchical=True, elastic=True)`` the ranks of a node are one learner
+(their gradients are averaged inside the node every step). A node that loses one of its ranks
+cannot take another step, so the survivors of a loss count the lost rank's whole node lost: its
+other ranks learn that they were left out and exit (:class:`~lightning_gossip.errors.
+RankExcluded`), and the live nodes go on with
+
+* Lightning's collectives over the live ranks, a new group per node (the node's gradient and
+  buffer all-reduce and gossip all-gather: a collective interrupted by the loss is issued
+  again on it, :class:`~.node_averaging.NodeAverager`), and per column (local rank ``l`` of
+  every live node) a new gossip data group and gloo control group (:meth:`NodeUnits.groups`);
+* the pairing over the live nodes, seen by each column (:meth:`NodeUnits.pairing`; none for a
+  lone node, which trains on without gossip);
+* the lost node's claimed but untrained batches returned to the shared cursor: the node claims
+  as one (its local rank 0, the *claimant*, records the node's claims in the
+  :class:`~lightning_gossip.claim_ledger.ClaimLedger`).
+
+Not covered yet: a node that rejoins the running fit (its relaunched ranks wait for an admission
+that never comes, then exit), ``start_timeout``, and the loss of node 0, whose rank 0 hosts the
+store (the emergency checkpoint, as for flat fits). Example::
+
+    >>> units = NodeUnits(devices=2)
+    >>> units.whole((3,)), units.claimant(3), units.claimants((0, 1, 4, 5))
+    ((2, 3), 2, (0, 4))
+    >>> flat = NodeUnits(devices=1)
+    >>> flat.whole((3,)), flat.claimants((0, 2))
+    ((3,), (0, 2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from lightning_gossip import _compat
+from lightning_gossip.membership import Membership, group_name
+from lightning_gossip.pairing import Pairing, PairingName, RankPairing
+
+__all__ = ["RANKS", "NodeUnits"]
+
+
+@dataclass(frozen=True)
+class NodeUnits:
+    """The units of an elastic fit: nodes of ``devices`` ranks (``1``: each rank alone, a
+    flat fit), numbered ``rank = node * devices + local``."""
+
+    devices: int = 1
+
+    def whole(self, ranks: Iterable[int]) -> tuple[int, ...]:
+        """Every rank of the nodes of ``ranks`` (a rank lost takes its node with it)."""
+        d = self.devices
+        return tuple(sorted({r - r % d + k for r in ranks for k in range(d)}))
+
+    def claimant(self, rank: int) -> int:
+        """The rank that claims the shared cursor's batches for ``rank``'s node."""
+        return rank - rank % self.devices
+
+    def claimants(self, live: Iterable[int]) -> tuple[int, ...]:
+        """The claimants of the nodes of ``live``."""
+        return tuple(sorted({self.claimant(r) for r in live}))
+
+    def pairing(self, name: PairingName, seed: int, live: Sequence[int],
+                rank: int) -> RankPairing | None:
+        """The gossip pairing over the live nodes, in the global ranks of ``rank``'s column
+        (flat: over the live ranks); ``None`` with fewer than two."""
+        column = tuple(c + rank % self.devices for c in self.claimants(live))
+        return RankPairing(Pairing(name, len(column), seed), column) if len(column) > 1 else None
+
+    def groups(self, membership: Membership, backend: str) -> list[dist.ProcessGroup]:
+        """The groups of :attr:`Membership.live <.membership.Membership.live>`, by name (see
+        :meth:`~.membership.Membership.new_groups`): Lightning's (over every live rank; it
+        becomes ``membership.group``), the gossip control (gloo) and data groups of this
+        rank's column, and this rank's node group. Every group is built by its members only,
+        all in the same order (Lightning's, the nodes', the columns')."""
+        if self.devices == 1:
+            return membership.new_groups([backend, "gloo", backend])
+        live, rank, d = list(membership.live), membership.rank, self.devices
+        column = [r for r in live if r % d == rank % d]
+
+        def over(ranks: list[int], kind: str, group_backend: str) -> Any:
+            name = f"{group_name(membership.name, membership.generation, 1)}/{kind}"
+            return _compat.named_group(ranks, rank, group_backend, membership.store, name,
+                                       membership.timeout)
+
+        lightning = membership.new_groups([backend])[0]
+        node = over([r for r in live if r // d == rank // d], f"node{rank // d}", backend)
+        control = over(column, f"control{rank % d}", "gloo")
+        data = over(column, f"column{rank % d}", backend)
+        return [lightning, control, data, node]
+
+
+RANKS = NodeUnits()
+"""The units of a flat fit: each rank alone."""
