@@ -135,7 +135,7 @@ class ADPSGDStrategy(GossipStrategy):
         self.shared_cursor, self.elastic = check_cursor(shared_cursor, elastic), bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
         self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed),
-                                          start_timeout)
+                                          start_timeout, refuse_joins=hierarchical)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
             self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"run{_fits[0]}")
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
