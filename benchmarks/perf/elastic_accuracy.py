@@ -13,6 +13,7 @@ Usage::
 
     python -m benchmarks.perf.elastic_accuracy                   # digits and asr, seeds 1 2
     python -m benchmarks.perf.elastic_accuracy --workloads digits --seeds 1 --out /tmp/a.json
+    python -m benchmarks.perf.elastic_accuracy --nodes 3 --workloads digits  # 3 nodes x 2
 """
 
 from __future__ import annotations
@@ -33,14 +34,20 @@ OUT = ROOT / "benchmarks" / "results" / "elastic" / "accuracy.json"
 GOAL_POINTS = 0.5
 
 
-def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str) -> dict[str, Any]:
-    """One fit; rank 0's result (raises when a survivor failed)."""
+def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str,
+        nodes: int = 1) -> dict[str, Any]:
+    """One fit; rank 0's result (raises when a survivor failed). ``nodes`` > 1: hierarchical
+    on that many nodes of 2 ranks (the victim's node-mate leaves with it)."""
     folder.mkdir(parents=True)
     t0 = time.time()
+    ranks = RANKS if nodes == 1 else 2 * nodes
     launched = run_fake_slurm_each("benchmarks.perf.elastic_accuracy_rank", str(folder), workload,
-                                   str(seed), str(victim), strategy, ntasks=RANKS, timeout=1800)
+                                   str(seed), str(victim), strategy, ntasks=ranks, nodes=nodes,
+                                   timeout=1800)
     codes = launched.returncodes
-    if any(codes[r] != 0 for r in range(RANKS) if r != victim):
+    gone = {victim} if nodes == 1 else {r for r in range(ranks) if victim >= 0
+                                        and r // 2 == victim // 2}
+    if any(codes[r] != 0 for r in range(ranks) if r not in gone):
         raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")
     result = json.loads((folder / "result.json").read_text())
     return dict(result, codes=codes, wall_s=round(time.time() - t0, 1))
@@ -65,7 +72,10 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--strategy", choices=("adpsgd", "dpsgd"), default="adpsgd")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="hierarchical adpsgd on this many nodes of 2 ranks (rank 3 lost)")
     args = parser.parse_args()
+    victim = VICTIM if args.nodes == 1 else 3  # (3: a rank off node 0, whose rank 0 must live)
     if "asr" in args.workloads:  # the race's corpus (reused when it is there, as the race does)
         from recipes.asr.synth import CorpusConfig, generate_corpus
 
@@ -76,22 +86,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for workload in args.workloads:
             for seed in args.seeds:
-                order = (VICTIM, -1) if seed % 2 else (-1, VICTIM)
+                order = (victim, -1) if seed % 2 else (-1, victim)
                 got = {}
-                for victim in order:
-                    progress(f"{workload} seed {seed} victim {victim} ({args.strategy})")
-                    got[victim] = fit(Path(tmp) / f"{workload}_{seed}_{victim}", workload, seed,
-                                      victim, args.strategy)
-                    fits.append(got[victim])
-                    progress(json.dumps(got[victim]))
+                for lost in order:
+                    progress(f"{workload} seed {seed} victim {lost} ({args.strategy})")
+                    got[lost] = fit(Path(tmp) / f"{workload}_{seed}_{lost}", workload, seed,
+                                    lost, args.strategy, args.nodes)
+                    fits.append(got[lost])
+                    progress(json.dumps(got[lost]))
                 pairs.append({"workload": workload, "seed": seed, "metric": got[-1]["metric"],
-                              "unfailed": got[-1]["value"], "lost": got[VICTIM]["value"],
-                              "cost_points": gap(got[VICTIM], got[-1]),
-                              "within_goal": abs(gap(got[VICTIM], got[-1])) <= GOAL_POINTS})
+                              "unfailed": got[-1]["value"], "lost": got[victim]["value"],
+                              "cost_points": gap(got[victim], got[-1]),
+                              "within_goal": abs(gap(got[victim], got[-1])) <= GOAL_POINTS})
     info = machine_info()
     write_json(args.out, {
-        "what": __doc__.split("\n\n")[0], "strategy": args.strategy, "ranks": RANKS,
-        "victim": VICTIM, "loss_at": f"batch {LOSS_BATCH} of the middle epoch",
+        "what": __doc__.split("\n\n")[0], "strategy": args.strategy,
+        "ranks": RANKS if args.nodes == 1 else 2 * args.nodes, "nodes": args.nodes,
+        "victim": victim, "loss_at": f"batch {LOSS_BATCH} of the middle epoch",
         "heartbeat_timeout_s": HEARTBEAT_S, "goal_points": GOAL_POINTS,
         "machine": info, "machine_text": describe_machine(info), "fits": fits, "pairs": pairs})
     for p in pairs:

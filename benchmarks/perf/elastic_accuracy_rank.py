@@ -12,7 +12,8 @@ images, rank 0) or ``asr`` (the recipe itself, through its LightningCLI, with th
 WER % as the recipe logs it). ``VICTIM`` -1: nobody is lost; otherwise that rank ``SIGKILL``\\ s
 itself at the start of batch :data:`LOSS_BATCH` of the middle epoch (:class:`LoseRank`).
 ``STRATEGY``: ``adpsgd`` (default) or ``dpsgd``, always ``elastic=True``,
-``heartbeat_timeout`` :data:`HEARTBEAT_S`. Rank 0 writes ``OUT/result.json``.
+``heartbeat_timeout`` :data:`HEARTBEAT_S`. ``SLURM_NNODES`` > 1: ``hierarchical=True`` on
+that many nodes (``adpsgd``; a lost rank's node leaves). Rank 0 writes ``OUT/result.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ HEARTBEAT_S = 5.0
 LOSS_BATCH = 10
 EPOCHS = {"digits": 16, "asr": 10}
 ASR_CORPUS = ROOT / "data" / "asr-race"
+NODES = int(os.environ.get("SLURM_NNODES", "1"))
+DEVICES = int(os.environ.get("SLURM_NTASKS", "1")) // NODES
 
 
 class LoseRank(Callback):
@@ -55,7 +58,8 @@ class LoseRank(Callback):
 
 def strategy_kwargs(seed: int) -> dict[str, Any]:
     """The strategy's options (``seed``: its pairing or topology and the shared cursor's order)."""
-    return {"elastic": True, "heartbeat_timeout": HEARTBEAT_S, "timeout": 300, "seed": seed}
+    return {"elastic": True, "heartbeat_timeout": HEARTBEAT_S, "timeout": 300, "seed": seed,
+            **({"hierarchical": True} if NODES > 1 else {})}
 
 
 def digits(out: Path, seed: int, victim: int, name: str) -> dict[str, Any]:
@@ -76,8 +80,8 @@ def digits(out: Path, seed: int, victim: int, name: str) -> dict[str, Any]:
     train, x_test, y_test = digits_80_20()
     cls = {"adpsgd": lightning_gossip.ADPSGDStrategy, "dpsgd": lightning_gossip.DPSGDStrategy}
     strategy = cls[name](**strategy_kwargs(seed))
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu",
-                        devices=int(os.environ["SLURM_NTASKS"]), max_epochs=EPOCHS["digits"],
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", num_nodes=NODES,
+                        devices=DEVICES, max_epochs=EPOCHS["digits"],
                         logger=CSVLogger(out, name="logs", version=0),
                         callbacks=[LoseRank(victim, EPOCHS["digits"] // 2, LOSS_BATCH, str(out))],
                         enable_progress_bar=False, enable_model_summary=False)
@@ -101,7 +105,7 @@ def asr(out: Path, seed: int, victim: int, name: str) -> dict[str, Any]:
     run = cli(["fit", "--config", str(ROOT / "recipes" / "asr" / "configs" / "synth.yaml"),
                f"--seed_everything={seed}", f"--data.seed={seed}",
                f"--trainer.strategy={json.dumps(strategy)}",
-               f"--trainer.devices={os.environ['SLURM_NTASKS']}",
+               f"--trainer.devices={DEVICES}", f"--trainer.num_nodes={NODES}",
                f"--trainer.max_epochs={EPOCHS['asr']}",
                f"--trainer.default_root_dir={out}",
                f"--trainer.logger.init_args.save_dir={out}",
