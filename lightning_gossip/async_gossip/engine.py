@@ -232,11 +232,13 @@ class AsyncGossip:
         exchanges. A passive peer still training may be waiting for one (``max_staleness``),
         and actives start one exchange per snapshot. At most one snapshot per interval between
         this rank's last two steps (at most :data:`IDLE_EVERY_MAX_S`): an idle rank exchanges
-        no faster than it did while training. Passive ranks and sharded engines (the node's
-        all-gather is a collective) do nothing.
+        no faster than it did while training. Passive ranks do nothing. Sharded, the snapshot
+        is of this rank's slice with its pending deltas added (no collective: the deltas stay
+        pending until the node's next all-gather); without it, a passive node still training
+        waited for this one until the timeout (found by a 3-node elastic digits fit).
         """
         shared, now = self._shared, time.monotonic()
-        if not self.active or self._gather is not None or now < self._idled_at + self._step_s:
+        if not self.active or now < self._idled_at + self._step_s:
             return
         with shared.cv:
             shared.raise_if_failed()

@@ -28,7 +28,7 @@ GRACE_S = 1.0
 
 def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: Heartbeat | None,
                    timeout: timedelta, what: str,
-                   should_stop: Callable[[], bool] | None = None) -> bool:
+                   should_stop: Callable[[], bool] | None = None, polled: bool = False) -> bool:
     """Wait for every work to complete, failing fast if a peer it depends on goes silent.
 
     Args:
@@ -40,6 +40,11 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
         what: what is being waited for, for error messages ("rank 3 receiving ...").
         should_stop: polled too; when it returns ``True`` the wait is abandoned and ``False``
             is returned (the works are left pending).
+        polled: poll the works' ``is_completed()`` instead of waiting in a helper thread (for
+            collectives only: gloo's send and receive complete inside ``wait()``). A wait
+            that may be abandoned on a live peer (an elastic fit's node collectives) then
+            leaves no thread blocked in gloo, which would abort the process if its wait ended
+            while the interpreter shuts down (``docs/faults.md``, "An abort at exit").
 
     Returns:
         ``True`` when every work completed.
@@ -48,6 +53,14 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
     deadline = time.monotonic() + timeout.total_seconds()
     if (heartbeat is None and should_stop is None) or all(w.is_completed() for w in works):
         _wait_blocking(works, timeout, what, peers)
+        return True
+    if polled:
+        if not _watch(_Polled(works), peers, heartbeat, deadline, timeout, what, should_stop):
+            return False
+        try:
+            _wait_blocking(works, timeout, what, peers)  # complete: returns or raises at once
+        except GossipTimeout as e:
+            raise blame(e, peers, heartbeat, what)  # noqa: B904 - blame chains it
         return True
     # gloo's send/recv works complete only inside ``wait()`` (``is_completed`` stays False), so
     # a helper thread waits and this thread watches it, the deadline, the stop flag and the
@@ -110,6 +123,24 @@ def find_silent(heartbeat: Heartbeat, peers: Iterable[int], within_s: float,
         time.sleep(poll_s)
 
 
+class _Polled:
+    """``works`` seen as the event :func:`_watch` waits on: set once every work reports itself
+    completed (also when it failed), polled every 0.1 ms at first, every 5 ms at most."""
+
+    def __init__(self, works: Sequence[dist.Work]) -> None:
+        self.works, self._pause = list(works), 1e-4
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not all(w.is_completed() for w in self.works):
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self._pause, left))
+            self._pause = min(2 * self._pause, 0.005)
+        return True
+
+
 class _Waiter:
     """A daemon thread that waits for ``works`` (blocking) and records the outcome."""
 
@@ -144,7 +175,7 @@ def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat 
            timeout, what)
 
 
-def _watch(done: threading.Event, peers: Sequence[int], heartbeat: Heartbeat | None,
+def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: Heartbeat | None,
            deadline: float, timeout: timedelta, what: str,
            should_stop: Callable[[], bool] | None = None) -> bool:
     """The one deadline-and-heartbeat wait: wait for ``done`` until the monotonic ``deadline``

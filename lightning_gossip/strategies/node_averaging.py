@@ -163,7 +163,8 @@ class NodeAverager:
         label = (f"rank {layout.rank}: {what} in node {layout.node} (ranks "
                  f"{ranks}) at step {self._step()}")
         try:
-            wait_for_peers(works, ranks, self.heartbeat, self.timeout, label)
+            wait_for_peers(works, ranks, self.heartbeat, self.timeout, label,
+                           polled=self.retry is not None)  # (elastic: it may be abandoned)
         except GossipTimeout:
             keep_alive_at_exit(self.group)
             raise
