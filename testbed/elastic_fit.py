@@ -157,13 +157,18 @@ def outcome(out: Path, ranks: int, victim: int | list[int],
     loss to the first recovery), ``recover_s`` (the longest recovery), ``stall_s`` (the longest
     time a survivor finished no batch, from the loss on) and ``step_s`` (the survivors' median
     batch interval before the loss). ``left``: ranks that left with the victims (a hierarchical
-    fit's node-mates): every batch they trained counts, and they are no survivors."""
+    fit's node-mates): the batches they trained before the survivors' recovery began count, and
+    they are no survivors."""
     victims = set(victim) if isinstance(victim, list) else {victim} - {-1}
     survivors = [r for r in range(ranks) if r not in victims and r not in left]
     done = [json.loads((out / f"done{r}.json").read_text()) for r in survivors]
     lost = json.loads((out / "victim.json").read_text())["t"] if victims else 0.0
+    # a woken victim's later batches were never mixed in, nor were those its node-mates
+    # trained with it once it woke up (after the survivors' recovery began)
+    recovered = min((rec["began"] for d in done for rec in d["recoveries"]), default=lost)
     trained = {r: [rec for rec in records(out, r) if r not in victims or rec["t"] < lost]
-               for r in range(ranks)}  # a woken victim's later batches were never mixed in
+               for r in range(ranks) if r not in left}
+    trained.update({r: [rec for rec in records(out, r) if rec["t"] < recovered] for r in left})
     once = all(Counter(i for recs in trained.values() for rec in recs if rec["epoch"] == e
                        for i in rec["idx"]) == Counter(range(SAMPLES)) for e in range(EPOCHS))
     result: dict[str, Any] = {"once": once, "val_loss": done[0]["val_loss"],
