@@ -203,10 +203,18 @@ class AsyncGossip:
         self._stepped_at = now
         self._hand_over()
         if self.max_staleness is not None and clock.is_open:
-            # A passive whose actives have all ended the phase gets no more gossip: go on.
             bound = self.max_staleness
-            shared.wait_for(lambda: self._steps - box.gossiped <= bound or clock.quiet,
-                            f"waiting for gossip to catch up (max_staleness={bound})",
+
+            def caught_up() -> bool:
+                # the thread took and exchanged the last snapshot, left steps ago while it was
+                # busy: it gets the current one, or it would idle and this wait never end
+                if (not box.fresh_ready and box.gossiped >= box.fresh_step
+                        and self._steps - box.gossiped > bound):
+                    self._hand_over()
+                # a passive whose actives have all ended the phase gets no more gossip: go on
+                return self._steps - box.gossiped <= bound or clock.quiet
+
+            shared.wait_for(caught_up, f"waiting for gossip to catch up (max_staleness={bound})",
                             count=True)
 
     def _hand_over(self) -> None:
