@@ -60,6 +60,13 @@ def check_each_sample_once(out: Path, ranks: int) -> None:
         assert max(seen.values()) == 1, (epoch, [i for i, n in seen.items() if n > 1])
 
 
+def live_learners(out: Path) -> list[float]:
+    """The ``gossip/live_learners`` values rank 0's CSV logger saw, in order."""
+    with open(out / "logs" / "version_0" / "metrics.csv") as f:
+        return [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
+                if row.get("gossip/live_learners")]
+
+
 def trained(out: Path, rank: int) -> list[dict]:
     path = out / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -87,9 +94,7 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
     assert all(d["losses"] == [[victim]] for d in done), done
     assert len({round(d["sum"], 5) for d in done}) == 1, done
     check_epoch_values(done)
-    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
-        live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
-                if row.get("gossip/live_learners")]
+    live = live_learners(tmp_path)
     assert live == [4.0, 3.0], live
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
 
@@ -115,9 +120,7 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Pa
     assert len({round(d["sum"], 5) for d in done}) == 1, done
     assert all(d["exchanges"] > 0 for d in done), done  # the engine over nodes 0 and 2
     check_epoch_values(done)
-    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
-        live = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
-                if row.get("gossip/live_learners")]
+    live = live_learners(tmp_path)
     assert live == [6.0, 4.0], live
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
 
@@ -190,9 +193,7 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(
                if r != slot), done
     assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
     check_epoch_values(list(done.values()))
-    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
-        learners = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
-                    if row.get("gossip/live_learners")]
+    learners = live_learners(tmp_path)
     # two victims may be found in one agreement or in two (they die a step apart)
     assert learners[0] == 4 and learners[-1] == len(live), learners
     assert min(learners) == ranks - len(victims), learners
@@ -269,9 +270,7 @@ def test_a_fit_starts_with_the_ranks_that_came_and_a_late_one_joins(
         assert trained(tmp_path, 3), "the late rank trained no batch"
     assert len({round(d["sum"], 5) for d in done}) == 1, done
     check_epoch_values(done)
-    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
-        learners = [float(row["gossip/live_learners"]) for row in csv.DictReader(f)
-                    if row.get("gossip/live_learners")]
+    learners = live_learners(tmp_path)
     assert learners[0] == len(founders) and learners[-1] == ranks, learners
 
 
