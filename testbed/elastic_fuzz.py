@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.elastic_fit import outcome
+from testbed.elastic_fit import BATCH_SIZE, SAMPLES, outcome
 from testbed.launch import fake_slurm_commands, launch_processes
 
 EXIT_ABORT = "terminate called without an active exception"
@@ -60,12 +60,13 @@ def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",),
     (drawn last, and only from several: one strategy draws the cases it always drew); with
     probability ``pairs`` (drawn after them), two ranks of 4 killed at the same batch instead,
     as a node's tasks die (``victim`` a list). ``nodes`` > 1: hierarchical ``adpsgd`` on that
-    many nodes of 2 ranks, the victim any rank off node 0 (its node leaves with it)."""
+    many nodes of 2 ranks, the victim any rank off node 0 (its node leaves with it), at a batch
+    every rank reaches (1..10 on 2 nodes, 1..6 on 3: a rank's share of an epoch, less 2)."""
     if nodes > 1:
-        ranks = 2 * nodes
+        ranks, share = 2 * nodes, SAMPLES // BATCH_SIZE // (2 * nodes)
         return {"ranks": ranks, "nodes": nodes, "victim": rng.randrange(2, ranks),
                 "kind": rng.choice(("kill", "stop", "cont")), "epoch": rng.randrange(2),
-                "batch": rng.randrange(1, 11), "strategy": "adpsgd"}
+                "batch": rng.randrange(1, share - 1), "strategy": "adpsgd"}
     ranks = rng.choice((3, 4))
     case = {"ranks": ranks, "victim": rng.randrange(1, ranks),
             "kind": rng.choice(("kill", "stop", "cont")),
@@ -100,7 +101,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 or r in result["aborted_at_exit"] for r in survivors)
     (out / "log.txt").write_text(launched.stdout)
-    if result["finished"]:
+    result["lost"] = (out / "victim.json").exists()  # (the victim reached its batch)
+    if result["finished"] and result["lost"]:
         result.update(outcome(out, case["ranks"], case["victim"], left))
     return result
 
@@ -132,7 +134,7 @@ def main() -> None:
             log.flush()
     good = [r for r in results if r["finished"]]
     print(json.dumps({
-        "runs": len(results), "finished": len(good),
+        "runs": len(results), "finished": len(good), "lost": sum(r["lost"] for r in results),
         "hangs": sum(r["hang"] for r in results),
         "orphans": sum(len(r["orphans"]) for r in results),
         "aborted_at_exit": sum(bool(r["aborted_at_exit"]) for r in results),

@@ -371,7 +371,7 @@ def test_fuzzed_node_losses_every_hierarchical_fit_finishes(tmp_path: Path) -> N
     for i, nodes in enumerate((2, 2, 3, 3, 3, 3)):
         out = tmp_path / f"run{i}"
         result = run_case(out, fuzz_case(rng, nodes=nodes))
-        assert result["finished"] and not result["hang"], (result,
+        assert result["finished"] and result["lost"] and not result["hang"], (result,
                                                            (out / "log.txt").read_text()[-4000:])
         assert result["orphans"] == [] and result["once"] and result["same_replica"], result
 
