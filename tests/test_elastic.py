@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 import shlex
 import warnings
 from collections import Counter
@@ -38,8 +39,10 @@ def check_exits(result, done: dict[int, Path], out: str) -> None:
     for i in aborted:
         warnings.warn(f"process {i} aborted at exit after writing its results (the known "
                       "issue of docs/faults.md)", stacklevel=2)
-    assert all(result.returncodes[i] == 0 for i in done if i not in aborted), (
-        result.returncodes, out)
+    failed = [i for i in done if i not in aborted and result.returncodes[i] != 0]
+    errors = [line for line in result.stdout.splitlines()  # "[rank1]: RuntimeError: ..."
+              if any(re.match(rf"\[rank{i}\]: [\w.]+: ", line) for i in failed)]
+    assert not failed, (result.returncodes, errors[-6:], out)
 
 
 def check_epoch_values(done: list[dict], samples: int = SAMPLES) -> None:
