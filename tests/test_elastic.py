@@ -103,15 +103,19 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
 
 
 @pytest.mark.multiprocess
-def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Path) -> None:
-    """``adpsgd`` with ``hierarchical=True`` on 3 nodes of 2 ranks (as ``srun`` starts them):
-    rank 3 is killed, its node-mate 2 learns that its node left and exits (RankExcluded), and
-    nodes 0 and 2 go on gossiping over new column groups; node 1's untrained claims came back
-    (every sample once per epoch), Lightning's collectives ran over ranks 0, 1, 4, 5."""
-    ranks, nodes = 6, 3
+@pytest.mark.parametrize("nodes", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Path,
+                                                                   nodes: int) -> None:
+    """``adpsgd`` with ``hierarchical=True`` on 2 (``make test-slow``: 3) nodes of 2 ranks, as
+    ``srun`` starts them: rank 3 is killed, its node-mate 2 learns that its node left and exits
+    (RankExcluded), and node 0 goes on (3 nodes: nodes 0 and 2 go on gossiping over new column
+    groups); node 1's untrained claims came back (every sample once per epoch), Lightning's
+    collectives ran over the live ranks. (4 processes in ``make test``: 6 beside the suite's
+    other workers starved the heartbeats of timing-sensitive tests.)"""
+    ranks = 2 * nodes
     result = run_fake_slurm_each(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=nodes,
                                  timeout=300, env={"ELASTIC_FIT_NODES": str(nodes)})
-    out, survivors = result.stdout[-8000:], [0, 1, 4, 5]
+    out, survivors = result.stdout[-8000:], [r for r in range(ranks) if r not in (2, 3)]
     assert result.returncodes[3] == -9 and result.returncodes[2] == 1, (result.returncodes, out)
     assert "RankExcluded: rank 2: rank(s) 3 of its node were lost" in result.stdout, out
     check_exits(result, {r: tmp_path / f"done{r}.json" for r in survivors}, out)
@@ -121,10 +125,10 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Pa
     done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in survivors]
     assert all(d["losses"] == [[2, 3]] for d in done), done
     assert len({round(d["sum"], 5) for d in done}) == 1, done
-    assert all(d["exchanges"] > 0 for d in done), done  # the engine over nodes 0 and 2
+    if nodes > 2:  # the engine over nodes 0 and 2 (one node left: no gossip)
+        assert all(d["exchanges"] > 0 for d in done), done
     check_epoch_values(done)
-    live = live_learners(tmp_path)
-    assert live == [6.0, 4.0], live
+    assert live_learners(tmp_path) == [float(ranks), float(ranks - 2)]
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
 
 
