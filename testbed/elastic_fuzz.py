@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from testbed.elastic_fit import BATCH_SIZE, SAMPLES, outcome
 from testbed.launch import fake_slurm_commands, launch_processes
 
@@ -92,9 +93,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),
                                   codes=launched.returncodes, hang=launched.timed_out,
                                   orphans=orphans(out))
-    devices = case["ranks"] // nodes  # a victim's node-mates leave with it
-    left = tuple(r for r in range(case["ranks"]) if r not in victims
-                 and any(r // devices == v // devices for v in victims)) if nodes > 1 else ()
+    units = NodeUnits(case["ranks"] // nodes if nodes > 1 else 1)  # node-mates leave too
+    left = tuple(r for r in units.whole(victims) if r not in victims)
     survivors = [r for r in range(case["ranks"]) if r not in victims and r not in left]
     result["aborted_at_exit"] = aborted_at_exit(launched, {r: out / f"done{r}.json"
                                                            for r in survivors})

@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, progress, write_json
 from benchmarks.perf.elastic_accuracy_rank import ASR_CORPUS, HEARTBEAT_S, LOSS_BATCH
+from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from testbed.launch import ROOT, run_fake_slurm_each
 
 RANKS, VICTIM = 4, 2
@@ -45,8 +46,7 @@ def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str,
                                    str(seed), str(victim), strategy, ntasks=ranks, nodes=nodes,
                                    timeout=1800)
     codes = launched.returncodes
-    gone = {victim} if nodes == 1 else {r for r in range(ranks) if victim >= 0
-                                        and r // 2 == victim // 2}
+    gone = set(NodeUnits(2 if nodes > 1 else 1).whole([victim]))  # its node leaves with it
     if any(codes[r] != 0 for r in range(ranks) if r not in gone):
         raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")
     result = json.loads((folder / "result.json").read_text())

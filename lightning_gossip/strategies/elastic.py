@@ -246,21 +246,21 @@ class Survivors:
             log.debug("rank %d: could not mark the fit ended: %s", self.membership.rank, e)
 
     def survive(self, error: BaseException) -> None:
-        """Recover from the loss ``error`` names, or re-raise it (not a loss, or the store's
-        host was lost)."""
+        """Recover from the loss ``error`` names, or re-raise it (not a loss; a lost store)."""
         lost = lost_ranks(error)
         if lost is None:  # e.g. gloo's "connection closed by peer": the heartbeat names it
             lost = self._await_finding()
-        if lost is not None and self.membership.rank in set(self.units.whole(lost)) - set(lost):
-            self._keep_at_exit(self.set_engine(None))  # a node-mate was lost: the node leaves
-            raise RankExcluded(f"rank {self.membership.rank}: rank(s) "
-                               f"{', '.join(map(str, lost))} of its node were lost; the node "
-                               "leaves the elastic fit", lost) from error
-        if lost is None or not self.survivable(self.units.whole(lost)):
-            if self.heartbeat.excluded:  # this rank goes; the others went on without it
+        whole = None if lost is None else self.units.whole(lost)  # a node leaves whole
+        if whole is None or not self.survivable(whole):
+            node_left = whole is not None and self.membership.rank in set(whole) - set(lost)
+            if node_left or self.heartbeat.excluded:  # this rank goes; the others go on
                 engine = self.set_engine(None)
-                self.set_engine(engine)  # (only read)
                 self._keep_at_exit(engine)
+                self.set_engine(engine)  # (only read)
+            if node_left:
+                raise RankExcluded(f"rank {self.membership.rank}: rank(s) "
+                                   f"{', '.join(map(str, lost))} of its node were lost; the "
+                                   "node leaves the elastic fit", lost) from error
             raise error
         self.recover(lost)
 

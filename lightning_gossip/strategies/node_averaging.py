@@ -140,14 +140,17 @@ class NodeAverager:
         if self.retry is None:
             self._wait([dist.all_reduce(flat, group=self.group, async_op=True)], what)
             return
-        values = flat.clone()
+        values, retried = flat.clone(), [False]
 
-        def attempt() -> Tensor:
-            mine = values.clone()  # (an abandoned all-reduce keeps the buffer it was given)
+        def attempt() -> Tensor:  # a retry sums a fresh copy of the same values (an
+            mine = values.clone() if retried[0] else flat  # abandoned all-reduce keeps its own)
+            retried[0] = True
             self._wait([dist.all_reduce(mine, group=self.group, async_op=True)], what)
             return mine
 
-        flat.copy_(self.retry(attempt))
+        summed = self.retry(attempt)
+        if summed is not flat:
+            flat.copy_(summed)
 
     def all_gather(self, mine: Tensor, out: Tensor) -> None:
         """``out`` = the node's ranks' ``mine``, in local-rank order (the slice deltas of
