@@ -217,8 +217,10 @@ class ClaimLedger:
         meet it at the epoch's start first (:meth:`wait_at_end`)."""
         self.opened = epoch
 
-    def wait_at_end(self, epoch: int) -> int | None:
-        """This rank found ``epoch``'s counter exhausted: wait at the epoch's end.
+    def wait_at_end(self, epoch: int,
+                    on_wait: Callable[[], None] | None = None) -> int | None:
+        """This rank found ``epoch``'s counter exhausted: wait at the epoch's end (``on_wait``:
+        called at each poll instead of :attr:`on_wait`).
 
         Marks this rank arrived (and returns ``None`` at once before the epoch was opened,
         :meth:`open`), then polls (every ``poll_s``, calling ``on_wait`` first) until
@@ -237,7 +239,7 @@ class ClaimLedger:
             return None
         deadline = time.monotonic() + self.timeout
         while True:
-            self.on_wait()
+            (on_wait or self.on_wait)()
             ranks = [int(r) for r in self.live()]
             if self.rank not in ranks:  # the others went on without this rank: take nothing
                 return None

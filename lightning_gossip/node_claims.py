@@ -10,6 +10,10 @@ the node claims ``devices`` units at a time and local rank ``l`` takes unit
 per-node key; the other local ranks read it there (a blocking ``get``), so every rank of the
 node takes the same number of steps. Where the last claim runs past the epoch's units, the
 missing units wrap around to the first ones (as ``DistributedSampler`` pads its shares).
+With elastic claims (a ledger) and ``NodeShare(lockstep=True)`` (hierarchical ``dpsgd``, whose
+gossip-only rounds at an epoch's end are node collectives) the other local ranks run the
+ledger's wait only in step with local rank 0: it announces each call under the node's claim
+key before it makes it, and they make one call per announcement.
 
 Example (one node of 2 ranks on a local store)::
 
@@ -24,8 +28,10 @@ Example (one node of 2 ranks on a local store)::
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +54,8 @@ class NodeShare:
     node: int
     local: int
     devices: int
+    #: the node's ranks wait at an epoch's end in step (see the module docstring)
+    lockstep: bool = False
 
 
 class Claims:
@@ -119,7 +127,8 @@ class Claims:
         mine = f"{counter}/node{share.node}/claim{k}"
         if share.local == 0:
             if self.ledger is not None:
-                claim = self._recorded(epoch, counter, claims, offset, what, first)
+                claim = self._recorded(epoch, counter, claims, offset, what, first,
+                                       announce=mine if share.lockstep else None)
                 claim = claims if claim is None else claim
             else:
                 claim = (int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
@@ -133,8 +142,10 @@ class Claims:
         return (claim * share.devices + share.local) % units
 
     def _recorded(self, epoch: int, counter: str, units: int, offset: int, what: str,
-                  first: bool) -> int | None:
-        """The next unit through the :attr:`ledger` (see ``ledger``); ``None`` at the end."""
+                  first: bool, announce: str | None = None) -> int | None:
+        """The next unit through the :attr:`ledger` (see ``ledger``); ``None`` at the end.
+        ``announce``: the node's claim key, under which each call of the ledger's wait is
+        announced before it is made (``NodeShare.lockstep``)."""
         ledger = self.ledger
         assert ledger is not None
         if ledger.rank not in ledger.live():  # the others went on without this rank
@@ -144,21 +155,45 @@ class Claims:
         unit = ledger.take_returned(epoch)
         if unit is None:
             index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
-            unit = index if index < units else ledger.wait_at_end(epoch)
+            unit = index if index < units else ledger.wait_at_end(
+                epoch, on_wait=None if announce is None else self._announced(announce, what))
         if unit is not None:
             ledger.record_claim(epoch, unit)
         return unit
 
+    def _announced(self, key: str, what: str) -> Callable[[], None]:
+        """The ledger's ``on_wait``, each call announced first under ``key``/wait<i>."""
+        ledger, calls = self.ledger, itertools.count()
+        assert ledger is not None
+
+        def on_wait() -> None:
+            announced = f"{key}/wait{next(calls)}"
+            store_call(lambda: self.store.set(announced, ""), what)
+            ledger.on_wait()
+
+        return on_wait
+
     def _read_node_claim(self, key: str, what: str) -> int:
         """The node's claim under ``key``, written by its local rank 0 (elastic: polled,
         running the ledger's ``on_wait`` meanwhile, so that this rank takes part in a recovery
-        while its node's claimant waits at the epoch's end)."""
+        while its node's claimant waits at the epoch's end; ``lockstep``: once per call that
+        local rank 0 announced, see the module docstring)."""
         ledger = self.ledger
         if ledger is None:
             return int(store_call(lambda: self.store.get(key), what))
-        deadline, pause = time.monotonic() + ledger.timeout, 0.001
-        while not store_call(lambda: self.store.check([key]), what):
-            ledger.on_wait()
+        lockstep = self.share is not None and self.share.lockstep
+        deadline, pause, calls = time.monotonic() + ledger.timeout, 0.001, 0
+        while True:  # the claim read first: the calls announced before it are seen after it
+            claimed = store_call(lambda: self.store.check([key]), what)
+            if lockstep and store_call(lambda i=calls: self.store.check([f"{key}/wait{i}"]),
+                                       what):
+                ledger.on_wait()
+                calls, deadline, pause = calls + 1, time.monotonic() + ledger.timeout, 0.001
+                continue
+            if claimed:
+                break
+            if not lockstep:
+                ledger.on_wait()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: local rank 0 did not claim within "
                                    f"{ledger.timeout:g} s")

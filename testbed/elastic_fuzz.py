@@ -7,8 +7,9 @@ design: ``tests/test_elastic.py``), kind (``SIGKILL``; ``SIGSTOP``: frozen, kill
 recovery; or frozen and woken up after it, when it must exit on its own), epoch (0 or 1), batch
 (1..10) and, given several ``--strategies``, the strategy; ``--pairs P``: a share ``P`` of the
 cases kills two of 4 ranks at the same batch instead (a node's tasks); ``--nodes N``:
-hierarchical ``adpsgd`` on ``N`` nodes of 2 ranks, the victim off node 0, its node leaving with
-it (its node-mate must exit, RankExcluded; it is not checked as a survivor). Recorded per run: the
+hierarchical fits (of the ``--strategies``) on ``N`` nodes of 2 ranks, the victim off node 0,
+its node leaving with it (its node-mate must exit, RankExcluded; it is not checked as a
+survivor). Recorded per run: the
 exit codes, whether every survivor ended with 0, every sample was trained once per epoch, the
 survivors hold the same replica, the survivors that aborted at exit after writing their results
 (the known abort of docs/faults.md: counted as finished, listed), the detection, recovery and
@@ -18,6 +19,7 @@ run still alive after the launch (orphans); the output is kept in ``RUN/log.txt`
     python -m testbed.elastic_fuzz --runs 30 --seed 0 --out /tmp/elastic_fuzz
     python -m testbed.elastic_fuzz --runs 30 --strategies adpsgd dpsgd --out /tmp/both
     python -m testbed.elastic_fuzz --runs 30 --nodes 3 --out /tmp/nodes  # 3 nodes x 2
+    python -m testbed.elastic_fuzz --runs 16 --nodes 3 --strategies dpsgd --out /tmp/dnodes
 
 One JSON line per run on stdout (and in ``OUT/runs.jsonl``), then a summary line.
 """
@@ -60,14 +62,16 @@ def fuzz_case(rng: random.Random, strategies: tuple[str, ...] = ("adpsgd",),
     """One random loss: ``ranks``, ``victim``, ``kind``, ``epoch``, ``batch``, ``strategy``
     (drawn last, and only from several: one strategy draws the cases it always drew); with
     probability ``pairs`` (drawn after them), two ranks of 4 killed at the same batch instead,
-    as a node's tasks die (``victim`` a list). ``nodes`` > 1: hierarchical ``adpsgd`` on that
+    as a node's tasks die (``victim`` a list). ``nodes`` > 1: hierarchical fits on that
     many nodes of 2 ranks, the victim any rank off node 0 (its node leaves with it), at a batch
     every rank reaches (1..10 on 2 nodes, 1..6 on 3: a rank's share of an epoch, less 2)."""
     if nodes > 1:
         ranks, share = 2 * nodes, SAMPLES // BATCH_SIZE // (2 * nodes)
-        return {"ranks": ranks, "nodes": nodes, "victim": rng.randrange(2, ranks),
+        case = {"ranks": ranks, "nodes": nodes, "victim": rng.randrange(2, ranks),
                 "kind": rng.choice(("kill", "stop", "cont")), "epoch": rng.randrange(2),
-                "batch": rng.randrange(1, share - 1), "strategy": "adpsgd"}
+                "batch": rng.randrange(1, share - 1)}
+        case["strategy"] = rng.choice(strategies) if len(strategies) > 1 else strategies[0]
+        return case
     ranks = rng.choice((3, 4))
     case = {"ranks": ranks, "victim": rng.randrange(1, ranks),
             "kind": rng.choice(("kill", "stop", "cont")),
@@ -118,7 +122,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=float, default=0.0,
                         help="share of cases that kill two ranks at the same batch")
     parser.add_argument("--nodes", type=int, default=1,
-                        help="hierarchical adpsgd on this many nodes of 2 ranks (> 1)")
+                        help="hierarchical fits on this many nodes of 2 ranks (> 1)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

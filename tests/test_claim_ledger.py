@@ -278,6 +278,39 @@ def test_a_lost_nodes_claims_go_back_whole_to_a_live_node() -> None:
     assert ledgers[0].claimed(0, 0) == [0, 3, 2] and not store.check(["run/epoch0/claims/1"])
 
 
+def test_a_lockstep_nodes_ranks_wait_at_the_end_equally_often() -> None:
+    """Hierarchical dpsgd (``NodeShare(lockstep=True)``): each wait at an epoch's end is a
+    gossip-only round, a collective of the node's ranks, so they must make the same number of
+    them. Node 0's claimant (rank 0) waits for node 1's (rank 2), which arrives 0.3 s later;
+    its node-mate (rank 1) makes one wait per wait rank 0 announced, and both end together."""
+    store, live = dist.HashStore(), [0, 2]
+    calls = {0: 0, 1: 0}
+
+    def counted(rank: int) -> Callable[[], None]:
+        def on_wait() -> None:
+            calls[rank] += 1
+            time.sleep(0.002 if rank == 0 else 0.02)  # the node-mate's waits are slower
+        return on_wait
+
+    ledgers = {r: ClaimLedger(store, "run", r - r % 2, lambda: live, on_wait=counted(r),
+                              poll_s=0.01, timeout=WAIT) for r in (0, 1)}
+    claims = {r: Claims(store, "run", NodeShare(0, r, 2, lockstep=True), ledgers[r])
+              for r in (0, 1)}
+    other = ClaimLedger(store, "run", 2, lambda: live, poll_s=0.01, timeout=WAIT)
+    for ledger in (*ledgers.values(), other):
+        ledger.open(0)
+    assert [claims[r].next(0, 2) for r in (0, 1)] == [0, 1]  # the epoch's only claim
+
+    def arrive_late() -> None:
+        time.sleep(0.3)
+        assert other.wait_at_end(0) is None
+
+    ends = run_threads({0: lambda: claims[0].next(0, 2), 1: lambda: claims[1].next(0, 2),
+                        2: arrive_late})
+    assert ends == {0: None, 1: None, 2: None}
+    assert calls[0] > 3 and calls[1] == calls[0], calls
+
+
 def test_the_samplers_draw_through_the_ledger() -> None:
     store = dist.HashStore()
     cursor = SharedCursorSampler(10, 4, store, "cur", seed=1,

@@ -103,18 +103,22 @@ def test_survives_a_rank_killed_mid_epoch(tmp_path: Path, strategy: str) -> None
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("nodes", [2, pytest.param(3, marks=pytest.mark.slow)])
-def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(tmp_path: Path,
-                                                                   nodes: int) -> None:
-    """``adpsgd`` with ``hierarchical=True`` on 2 (``make test-slow``: 3) nodes of 2 ranks, as
-    ``srun`` starts them: rank 3 is killed, its node-mate 2 learns that its node left and exits
+@pytest.mark.parametrize(("strategy", "nodes"), [
+    ("adpsgd", 2), ("dpsgd", 2), *(pytest.param(s, 3, marks=pytest.mark.slow)
+                                   for s in ("adpsgd", "dpsgd"))])
+def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(
+        tmp_path: Path, strategy: str, nodes: int) -> None:
+    """``hierarchical=True`` on 2 (``make test-slow``: 3) nodes of 2 ranks, as ``srun`` starts
+    them: rank 3 is killed, its node-mate 2 learns that its node left and exits
     (RankExcluded), and node 0 goes on (3 nodes: nodes 0 and 2 go on gossiping over new column
-    groups); node 1's untrained claims came back (every sample once per epoch), Lightning's
-    collectives ran over the live ranks. (4 processes in ``make test``: 6 beside the suite's
-    other workers starved the heartbeats of timing-sensitive tests.)"""
+    groups, ``dpsgd`` from a step they agree on); node 1's untrained claims came back (every
+    sample once per epoch), Lightning's collectives ran over the live ranks. (4 processes in
+    ``make test``: 6 beside the suite's other workers starved the heartbeats of
+    timing-sensitive tests.)"""
     ranks = 2 * nodes
     result = run_fake_slurm_each(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=nodes,
-                                 timeout=300, env={"ELASTIC_FIT_NODES": str(nodes)})
+                                 timeout=300, env={"ELASTIC_FIT_NODES": str(nodes),
+                                                   "ELASTIC_FIT_STRATEGY": strategy})
     out, survivors = result.stdout[-8000:], [r for r in range(ranks) if r not in (2, 3)]
     assert result.returncodes[3] == -9 and result.returncodes[2] == 1, (result.returncodes, out)
     assert "RankExcluded: rank 2: rank(s) 3 of its node were lost" in result.stdout, out
@@ -370,21 +374,21 @@ def test_fuzzed_losses_every_fit_finishes(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_fuzzed_node_losses_every_hierarchical_fit_finishes(tmp_path: Path) -> None:
-    """``make test-slow``: 6 seeded cases of ``testbed.elastic_fuzz --nodes`` (hierarchical
-    ``adpsgd``, 2 and 3 nodes of 2 ranks, a random victim off node 0, killed or frozen): the
-    live nodes' ranks end with 0, no hang, no orphan, every sample once per epoch, the same
-    final replica."""
+    """``make test-slow``: 8 seeded cases of ``testbed.elastic_fuzz --nodes`` (hierarchical
+    ``adpsgd`` and ``dpsgd``, 2 and 3 nodes of 2 ranks, a random victim off node 0, killed or
+    frozen): the live nodes' ranks end with 0, no hang, no orphan, every sample once per epoch,
+    the same final replica."""
     rng = random.Random(32)
-    for i, nodes in enumerate((2, 2, 3, 3, 3, 3)):
+    for i, nodes in enumerate((2, 2, 3, 3, 3, 3, 3, 3)):
         out = tmp_path / f"run{i}"
-        result = run_case(out, fuzz_case(rng, nodes=nodes))
+        result = run_case(out, fuzz_case(rng, ("adpsgd", "dpsgd"), nodes=nodes))
         assert result["finished"] and result["lost"] and not result["hang"], (result,
                                                            (out / "log.txt").read_text()[-4000:])
         assert result["orphans"] == [] and result["once"] and result["same_replica"], result
 
 
 @pytest.mark.parametrize("name", ["ADPSGDStrategy", "DPSGDStrategy"])
-def test_elastic_needs_a_heartbeat_a_topology_name_and_adpsgd_to_be_hierarchical(
+def test_elastic_needs_a_heartbeat_a_topology_name_and_no_start_timeout_to_be_hierarchical(
         name: str) -> None:
     import numpy as np
 
@@ -394,12 +398,11 @@ def test_elastic_needs_a_heartbeat_a_topology_name_and_adpsgd_to_be_hierarchical
     with pytest.raises(ValueError, match=rf"{name}\(elastic=True\) needs a heartbeat_timeout"):
         cls(elastic=True, heartbeat_timeout=None)
     hierarchical = [{"start_timeout": 10.0}, {"node_allreduce": "overlapped"}]
-    for options in ([{}] if name == "DPSGDStrategy" else hierarchical):
+    for options in hierarchical:
         with pytest.raises(ValueError, match=rf"{name}\(elastic=True, hierarchical=True\) is "
                                              "not supported yet"):
             cls(elastic=True, hierarchical=True, **options)
-    if name == "ADPSGDStrategy":
-        assert cls(elastic=True, hierarchical=True).elastic
+    assert cls(elastic=True, hierarchical=True).elastic
     if name == "DPSGDStrategy":  # the survivors rebuild it by name
         with pytest.raises(ValueError, match="by its name: give a name, not ndarray"):
             cls(elastic=True, topology=np.full((4, 4), 0.25))

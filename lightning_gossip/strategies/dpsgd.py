@@ -83,11 +83,10 @@ class DPSGDStrategy(GossipStrategy):
             ``"after_backward"`` (default: one flat all-reduce once backward is done) or
             ``"overlapped"`` (buckets of gradients all-reduced as backward produces them, the
             way ``DistributedDataParallel`` does; the same gradients).
-        elastic: survive lost ranks (not the store's host, rank 0): the survivors rebuild the
-            topology over themselves at a step they agree on and go on; training batches come
-            from a shared cursor; a replacement started with a lost rank's environment joins
-            (:mod:`~.dpsgd_elastic`, ``docs/faults.md``). Flat only, the topology given by
-            name; default ``False``.
+        elastic: survive lost ranks (not rank 0, the store's host; hierarchical: a lost rank's
+            node leaves, :mod:`~.elastic_nodes`): the survivors rebuild the topology (by name)
+            over themselves at an agreed step; batches come from a shared cursor; a replacement
+            with a lost rank's environment joins (flat; :mod:`~.dpsgd_elastic`). ``False``.
         start_timeout: ``elastic``: start with the ranks that came within this many seconds,
             the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
 
@@ -138,7 +137,8 @@ class DPSGDStrategy(GossipStrategy):
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout)
+        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
+                      node_allreduce)
         if elastic and not isinstance(topology, str):
             raise ValueError("DPSGDStrategy(elastic=True) rebuilds the topology over the "
                              f"survivors by its name: give a name, not {type(topology).__name__}")
@@ -158,8 +158,7 @@ class DPSGDStrategy(GossipStrategy):
         self.topology: Topology | None = None
         #: this rank's place in the nodes (the sharded / compressed exchange), after set-up
         self.layout: NodeLayout | None = None
-        #: the engine (after set-up; ``None`` with nothing to gossip with: one node of several
-        #: ranks under ``hierarchical=True``)
+        #: the engine (after set-up; ``None`` with nothing to gossip with: one hierarchical node)
         self.engine: SyncGossip | None = None
         #: this rank's node and column groups (the flat layout: the gossip group as both)
         self._groups: NodeGroups | None = None
@@ -169,7 +168,8 @@ class DPSGDStrategy(GossipStrategy):
         self.elastic = bool(elastic)
         #: the survivors and the epochs' ends of an elastic fit (:mod:`~.dpsgd_elastic`)
         self.elastic_rounds: ElasticRounds | None = None
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout,
+                                          refuse_joins=self.hierarchical)
         self.collectives_local = lambda: (  # mid-epoch (a newcomer: from its start)
             self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
@@ -232,14 +232,14 @@ class DPSGDStrategy(GossipStrategy):
             self.elastic_rounds = ElasticRounds.of_fit(
                 trainer, self.global_rank, self.world_size, self.timeout, run=run,
                 heartbeat=self.heartbeat, backend=self.process_group_backend or "gloo",
-                topology=(str(self.topology_spec), self.seed),
-                make_engine=engine, engine=lambda: self.engine,
-                set_engine=self._set_engine, step=lambda: self.step,
+                topology=(str(self.topology_spec), self.seed), make_engine=engine,
+                engine=lambda: self.engine, set_engine=self._set_engine, step=lambda: self.step,
                 set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
                 loggers=trainer.loggers if self.is_global_zero else [], watched=self.watched,
                 membership=first.membership if first else None,
-                hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
-                                                          trainer, lambda: self.step))
+                hand_over=None if self.node else self.elastic_parts.members_side(
+                    self._flat.pack, self.replicas, trainer, lambda: self.step),
+                node=self.node, gather_on_worker=self._gather_on_worker())
             self.survivors = self.elastic_rounds.survivors
             if newcomer:  # the members' topology, from the step they admitted it at
                 self.engine = self.elastic_rounds.enter(newcomer.step, newcomer.membership.live,

@@ -44,21 +44,24 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import RunningStage
-from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import NewcomersAdmitted
 from lightning_gossip.even_rounds import EvenRounds
+from lightning_gossip.hierarchy import NodeGroups
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.membership import Membership
+from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.shared_cursor import default_store
 from lightning_gossip.strategies.collectives import Watched, share_epoch_values, sync_metrics_over
 from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.dpsgd_epoch_hooks import attach
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
+from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip
-from lightning_gossip.topology import MemberTopology, Topology, build
+from lightning_gossip.topology import MemberTopology, build
 
 __all__ = ["JOIN_CHECK_EVERY", "ElasticRounds"]
 
@@ -74,8 +77,9 @@ class ElasticRounds:
         run: the fit's name, the same on every rank.
         rank, world_size, timeout, heartbeat, backend, step, epoch, loggers: as for
             :class:`~.elastic.Survivors`.
-        topology: the topology's name (rebuilt over the survivors) and its seed.
-        make_engine: ``(topology, group)``: a synchronous engine over the survivors' data group.
+        topology: the topology's name (rebuilt over the survivors, or their nodes) and its seed.
+        make_engine: ``(topology, group, **kw)``: a synchronous engine over the survivors'
+            data group (hierarchical: their column's; ``kw``: ``groups``, ``node_gather``).
         engine: the fit's engine (``None``: a lone survivor).
         set_engine: makes an engine the fit's; returns the old one.
         set_step: sets the strategy's step (the next round).
@@ -87,11 +91,15 @@ class ElasticRounds:
             group of Lightning's collectives).
         watched: the strategy's watched wait (the epoch-end collectives of
             :func:`~.collectives.share_epoch_values`).
+        node: hierarchical (:mod:`~.elastic_nodes`): this rank's node averaging (its layout,
+            the all-gather; given each new node group); ``None``: flat.
+        gather_on_worker: hierarchical: the communication thread all-gathers a sharded round
+            (on the survivors' gloo node group; ``False``: NCCL, the training thread).
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
                  heartbeat: Heartbeat | None, backend: str, topology: tuple[str, int],
-                 make_engine: Callable[[Topology, Any], SyncGossip],
+                 make_engine: Callable[..., SyncGossip],
                  engine: Callable[[], SyncGossip | None],
                  set_engine: Callable[[SyncGossip | None], SyncGossip | None],
                  step: Callable[[], int], set_step: Callable[[int], None],
@@ -99,8 +107,15 @@ class ElasticRounds:
                  loggers: Sequence[Any] = (), membership: Membership | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
                  on_group: Callable[[Any], None] = lambda group: None,
-                 watched: Watched) -> None:
+                 watched: Watched, node: NodeAverager | None = None,
+                 gather_on_worker: bool = True) -> None:
         self.run, self.world_size, self.topology = run, world_size, topology
+        self.node, self.gather_on_worker = node, gather_on_worker
+        layout = node.layout if node else None
+        #: what leaves together (a node: the step is agreed over the node too); this rank's
+        #: place in its node's claims (the node's ranks wait at an epoch's end in lockstep)
+        self.units = NodeUnits(layout.devices, synchronous=True) if layout else RANKS
+        self.share = layout and NodeShare(layout.node, layout.local, layout.devices, True)
         self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
         self.watched = watched
         self.step, self.set_step, self.end_round = step, set_step, end_round
@@ -108,7 +123,8 @@ class ElasticRounds:
                                    backend=backend, make_engine=self._engine_over,
                                    set_engine=set_engine, step=step, epoch=epoch,
                                    loggers=loggers, membership=membership,
-                                   hand_over=hand_over, poll_joins=False, on_group=on_group)
+                                   hand_over=hand_over, poll_joins=False, on_group=on_group,
+                                   units=self.units)
         self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
                                  live=lambda: self.survivors.live,
                                  timeout_s=timeout.total_seconds())
@@ -129,7 +145,9 @@ class ElasticRounds:
         rounds = cls(f"dpsgd{run}", rank, world_size, timeout,
                      epoch=lambda: trainer.current_epoch, on_group=lambda group:
                      sync_metrics_over(trainer.lightning_module, group), **values)
-        rounds.attach(trainer)
+        attach(rounds, trainer)
+        if rounds.node is not None:  # a node all-reduce interrupted by a loss is issued again
+            rounds.node.retry = rounds.survivors.retry
         return rounds
 
     def training_loader(self, dataloader: object, trainer: pl.Trainer, seed: int) -> object:
@@ -139,23 +157,34 @@ class ElasticRounds:
             return dataloader
         ledger = self.survivors.ledger(f"{self.run}/ledger", on_wait=self.wait_round)
         return self.cursor.shared_loader(
-            dataloader, key=f"{self.run}/cursor", seed=seed, node=None, ledger=ledger,
+            dataloader, key=f"{self.run}/cursor", seed=seed, node=self.share, ledger=ledger,
             epoch=trainer.fit_loop.epoch_progress.current.processed)
 
-    def _engine_over(self, live: Sequence[int], _group: Any, control: Any,
-                     data: Any) -> SyncGossip | None:
+    def _engine_over(self, live: Sequence[int], _group: Any, control: Any, data: Any,
+                     node: Any = None, node_control: Any = None,
+                     rounds: Any = None) -> SyncGossip | None:
         """The survivors' engine: the step agreed (the largest next step), the topology over
-        ``live`` numbered from it."""
+        ``live`` (hierarchical: over the live nodes; the groups of
+        :meth:`~.elastic_nodes.NodeUnits.groups`) numbered from it."""
         self.control = control
         mine = torch.tensor([self.step()], dtype=torch.int64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=control)  # gloo, the survivors'
+        for group in (control, node_control):  # gloo: the column's, then (hierarchical) the
+            if group is not None:  # node's: a node's ranks may have failed a step apart
+                dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
         common = int(mine.item())
         self.set_step(common)
-        if len(live) < 2:
+        d, kw = self.units.devices, {}
+        if self.node is not None:  # hierarchical
+            self.node.group = node
+            kw = {"node_gather": self.node.all_gather, "groups": NodeGroups(
+                node, data, node_gossip=node_control if self.gather_on_worker else None)}
+        units = sorted({r // d for r in live})  # the live ranks, or nodes
+        if len(units) < 2:
             return None
         name, seed = self.topology
-        base = build(name, len(live), seed + self.survivors.membership.generation)
-        engine = self.make_engine(MemberTopology(base, live, self.world_size, common), data)
+        base = build(name, len(units), seed + self.survivors.membership.generation)
+        engine = self.make_engine(MemberTopology(base, units, self.world_size // d, common),
+                                  rounds or data, **kw)
         engine.start()
         return engine
 
@@ -276,57 +305,3 @@ class ElasticRounds:
             if _compat.validation_due(trainer):
                 _compat.validate_now(trainer)
         share_epoch_values(trainer, self.batches > 0, self.watched)
-
-    def attach(self, trainer: pl.Trainer) -> None:
-        """Check the trainer (``ValueError`` for what an elastic ``dpsgd`` fit cannot support)
-        and put the epoch hooks first in its callbacks (once)."""
-        if trainer.val_check_interval != 1.0:
-            raise ValueError(
-                "DPSGDStrategy(elastic=True) validates at epoch ends only (the ranks share the "
-                "epoch's batches, so they may train different numbers of them); got "
-                f"val_check_interval={trainer.val_check_interval}. Use "
-                "check_val_every_n_epoch.")
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
-                raise ValueError(
-                    "DPSGDStrategy(elastic=True) checkpoints at epoch ends and validations only; "
-                    "ModelCheckpoint(every_n_train_steps / train_time_interval) is not supported.")
-        if not any(isinstance(cb, _EpochHooks) for cb in trainer.callbacks):
-            trainer.callbacks.insert(0, _EpochHooks(self))
-
-
-class _EpochHooks(Callback):
-    """Lightning's side of :class:`ElasticRounds`: an epoch opens, a batch is trained, the
-    ranks settle before validation during ``fit`` and at the epoch's end."""
-
-    def __init__(self, rounds: ElasticRounds) -> None:
-        self.rounds = rounds
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rounds.epoch_end_restored = _compat.epoch_end_restored(trainer)
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rounds.in_epoch, self.rounds.batches, self.rounds.epoch_end_restored = True, 0, False
-        self.rounds.survivors.epoch_opened(trainer.current_epoch)
-
-    @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.rounds.batches += 1
-        self.rounds.survivors.batch_trained(trainer.current_epoch)
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self.rounds.settle(trainer.current_epoch)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rounds.end_epoch(trainer)
-
-    @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                     exception: BaseException) -> None:
-        self.rounds.in_epoch = False  # a later validate / test meets the others

@@ -46,9 +46,13 @@ __all__ = ["RANKS", "NodeUnits"]
 @dataclass(frozen=True)
 class NodeUnits:
     """The units of an elastic fit: nodes of ``devices`` ranks (``1``: each rank alone, a
-    flat fit), numbered ``rank = node * devices + local``."""
+    flat fit), numbered ``rank = node * devices + local``; ``synchronous`` (hierarchical
+    ``dpsgd``): :meth:`groups` adds a gloo group over each node (the survivors' agreement on
+    the step, then the communication thread's all-gather of the sharded rounds) and one over
+    every live rank (the rounds' stop messages go to column peers and node-mates)."""
 
     devices: int = 1
+    synchronous: bool = False
 
     def whole(self, ranks: Iterable[int]) -> tuple[int, ...]:
         """Every rank of the nodes of ``ranks`` (a rank lost takes its node with it)."""
@@ -74,8 +78,9 @@ class NodeUnits:
         """The groups of :attr:`Membership.live <.membership.Membership.live>`, by name (see
         :meth:`~.membership.Membership.new_groups`): Lightning's (over every live rank; it
         becomes ``membership.group``), the gossip control (gloo) and data groups of this
-        rank's column, and this rank's node group. Every group is built by its members only,
-        all in the same order (Lightning's, the nodes', the columns')."""
+        rank's column, and this rank's node group (:attr:`synchronous`: then its gloo node
+        group and the rounds' group). Every group is built by its members only, all in
+        the same order (Lightning's, the nodes', the columns')."""
         if self.devices == 1:
             return membership.new_groups([backend, "gloo", backend])
         live, rank, d = list(membership.live), membership.rank, self.devices
@@ -87,10 +92,13 @@ class NodeUnits:
                                        membership.timeout)
 
         lightning = membership.new_groups([backend])[0]
-        node = over([r for r in live if r // d == rank // d], f"node{rank // d}", backend)
+        mates = [r for r in live if r // d == rank // d]
+        node = over(mates, f"node{rank // d}", backend)
+        extra = [over(mates, f"nodecontrol{rank // d}", "gloo"), over(live, "rounds", backend)
+                 ] if self.synchronous else []
         control = over(column, f"control{rank % d}", "gloo")
         data = over(column, f"column{rank % d}", backend)
-        return [lightning, control, data, node]
+        return [lightning, control, data, node, *extra]
 
 
 RANKS = NodeUnits()

@@ -69,23 +69,22 @@ def check_elastic(strategy: str, elastic: bool, hierarchical: bool,
                   heartbeat_timeout: float | None, start_timeout: float | None = None,
                   node_allreduce: str = "after_backward") -> None:
     """``<strategy>(elastic=True)``: raise ``ValueError`` without a heartbeat (lost ranks are
-    found by it), and with ``hierarchical=True`` except for ``ADPSGDStrategy`` with the node
-    all-reduce after backward and no ``start_timeout`` (:mod:`~.elastic_nodes`);
-    ``start_timeout`` needs ``elastic=True`` and is not negative.
+    found by it), and with ``hierarchical=True`` unless the node all-reduce runs after backward
+    and there is no ``start_timeout`` (:mod:`~.elastic_nodes`); ``start_timeout`` needs
+    ``elastic=True`` and is not negative.
 
-    >>> check_elastic("DPSGDStrategy", True, True, 60.0)  # doctest: +ELLIPSIS
+    >>> check_elastic("DPSGDStrategy", True, True, 60.0, start_timeout=5.0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: DPSGDStrategy(elastic=True, hierarchical=True) is not supported yet: ...
+    ValueError: DPSGDStrategy(elastic=True, hierarchical=True) is not supported yet with ...
     """
     if elastic and heartbeat_timeout is None:
         raise ValueError(f"{strategy}(elastic=True) needs a heartbeat_timeout (lost ranks are "
                          "found by their heartbeat)")
-    if elastic and hierarchical and (strategy != "ADPSGDStrategy" or start_timeout is not None
+    if elastic and hierarchical and (start_timeout is not None
                                      or node_allreduce != "after_backward"):
-        raise ValueError(f"{strategy}(elastic=True, hierarchical=True) is not supported yet: "
-                         "only ADPSGDStrategy's, with node_allreduce='after_backward' and no "
-                         "start_timeout")
+        raise ValueError(f"{strategy}(elastic=True, hierarchical=True) is not supported yet with "
+                         "start_timeout or node_allreduce='overlapped'")
     if start_timeout is not None and (not elastic or not float(start_timeout) >= 0):
         raise ValueError(f"{strategy}(start_timeout={start_timeout!r}) needs elastic=True and "
                          "a number of seconds >= 0 (the others join the running fit)")

@@ -76,8 +76,11 @@ class StopAgreement:
         self.delay_by_one = bool(delay_by_one)
         self.world_size = layout.num_nodes * layout.devices
         #: the ranks the rounds connect (an elastic fit's survivors: a
-        #: :class:`~lightning_gossip.topology.MemberTopology`'s members; else every rank)
-        self.ranks = tuple(getattr(topology, "members", range(self.world_size)))
+        #: :class:`~lightning_gossip.topology.MemberTopology`'s members, or their nodes' ranks;
+        #: else every rank)
+        d = layout.devices
+        self.ranks = tuple(n * d + k for n in getattr(topology, "members", range(layout.num_nodes))
+                           for k in range(d))
         self._lock = threading.Lock()
         self.stop_at = NO_STOP
         self.requeue_at = NO_STOP
