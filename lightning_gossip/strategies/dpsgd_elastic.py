@@ -24,6 +24,11 @@ epoch's end every rank settles on the same step (:class:`~lightning_gossip.even_
 EvenRounds`). Mid-epoch, Lightning's collectives stay local (the ranks' batch counts may differ
 by one at an epoch's end), as under ``adpsgd``.
 
+Hierarchical (:mod:`~.elastic_nodes`): a lost rank's node leaves; the step is agreed over the
+column, then over the node; the topology is built over the live nodes; a node's ranks wait at an
+epoch's end in lockstep (each gossip-only round is a node collective,
+:class:`~lightning_gossip.node_claims.NodeShare`); no joins.
+
 Joins: once a rank was lost, a replacement started with its environment asks for the free slot
 (:func:`~.newcomer.join_running_fit`, as under ``adpsgd``). Rounds couple the members, so they
 must admit it at the same step: every :data:`JOIN_CHECK_EVERY` steps each member reads the

@@ -1,6 +1,7 @@
-"""Elastic hierarchical ``adpsgd``: the node is the unit that leaves (:class:`NodeUnits`).
+"""Elastic hierarchical fits: the node is the unit that leaves (:class:`NodeUnits`).
 
-With ``ADPSGDStrategy(hierarchical=True, elastic=True)`` the ranks of a node are one learner
+With ``ADPSGDStrategy`` or ``DPSGDStrategy(hierarchical=True, elastic=True)`` (``dpsgd``: the
+differences in :mod:`~.dpsgd_elastic`) the ranks of a node are one learner
 (their gradients are averaged inside the node every step). A node that loses one of its ranks
 cannot take another step, so the survivors of a loss count the lost rank's whole node lost: its
 other ranks learn that they were left out and exit (:class:`~lightning_gossip.errors.
@@ -10,15 +11,15 @@ RankExcluded`), and the live nodes go on with
   buffer all-reduce and gossip all-gather: a collective interrupted by the loss is issued
   again on it, :class:`~.node_averaging.NodeAverager`), and per column (local rank ``l`` of
   every live node) a new gossip data group and gloo control group (:meth:`NodeUnits.groups`);
-* the pairing over the live nodes, seen by each column (:meth:`NodeUnits.pairing`; none for a
-  lone node, which trains on without gossip);
+* the pairing over the live nodes, seen by each column (:meth:`NodeUnits.pairing`; ``dpsgd``:
+  the topology over them; none for a lone node, which trains on without gossip);
 * the lost node's claimed but untrained batches returned to the shared cursor: the node claims
   as one (its local rank 0, the *claimant*, records the node's claims in the
   :class:`~lightning_gossip.claim_ledger.ClaimLedger`).
 
-Not covered yet: a node that rejoins the running fit (its relaunched ranks wait for an admission
-that never comes, then exit), ``start_timeout``, and the loss of node 0, whose rank 0 hosts the
-store (the emergency checkpoint, as for flat fits). Example::
+Not covered yet: a node that rejoins the running fit (its relaunched ranks are refused at once,
+:data:`~.elastic_parts.NO_NODE_JOINS`), ``start_timeout``, and the loss of node 0, whose rank 0
+hosts the store (the emergency checkpoint, as for flat fits). Example::
 
     >>> units = NodeUnits(devices=2)
     >>> units.whole((3,)), units.claimant(3), units.claimants((0, 1, 4, 5))
