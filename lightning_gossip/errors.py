@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 __all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NonFiniteFromPeer",
-           "NonFiniteReplica", "PeerSilent", "RankExcluded"]
+           "NonFiniteReplica", "PeerSilent", "RankExcluded", "lost_ranks"]
 
 
 class GossipError(RuntimeError):
@@ -116,3 +116,25 @@ class ConfigMismatch(GossipError, ValueError):
                  ranks: Iterable[int] = ()) -> None:
         super().__init__(message, ranks)
         self.differences = list(differences)
+
+
+def lost_ranks(error: BaseException) -> tuple[int, ...] | None:
+    """The ranks a :class:`PeerSilent` in ``error``'s chain (its causes) names, or ``None``.
+
+    >>> lost_ranks(RuntimeError("the gossip thread failed"))
+    >>> try:
+    ...     try:
+    ...         raise PeerSilent("rank 2 went silent", [2])
+    ...     except PeerSilent as e:
+    ...         raise RuntimeError("the gossip thread failed") from e
+    ... except RuntimeError as outer:
+    ...     lost_ranks(outer)
+    (2,)
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, PeerSilent):
+            return tuple(int(r) for r in error.ranks)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return None

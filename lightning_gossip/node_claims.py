@@ -56,6 +56,9 @@ class NodeShare:
     devices: int
     #: the node's ranks wait at an epoch's end in step (see the module docstring)
     lockstep: bool = False
+    #: elastic: the generation that admitted this node's processes (0: they started the
+    #: fit): its claims' keys are its own, not those of the node's earlier processes
+    incarnation: int = 0
 
 
 class Claims:
@@ -124,7 +127,8 @@ class Claims:
         claims = self._claims[epoch] = math.ceil(units / share.devices)
         k = self._made.get(epoch, 0)
         self._made[epoch] = k + 1
-        mine = f"{counter}/node{share.node}/claim{k}"
+        node = f"node{share.node}" + (f".{share.incarnation}" if share.incarnation else "")
+        mine = f"{counter}/{node}/claim{k}"
         if share.local == 0:
             if self.ledger is not None:
                 claim = self._recorded(epoch, counter, claims, offset, what, first,

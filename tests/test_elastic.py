@@ -136,10 +136,11 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
 
 
-def test_a_hierarchical_fit_refuses_a_process_in_a_free_slot() -> None:
-    """A lost node's task relaunched (as ``srun`` would) finds the running fit without its
-    slot and fails at once with ``RankExcluded`` (nodes do not rejoin yet) instead of waiting
-    for an admission that never comes; with no running fit it starts as usual."""
+def test_a_hierarchical_dpsgd_fit_refuses_a_process_in_a_free_slot() -> None:
+    """Hierarchical ``dpsgd``: a lost node's task relaunched (as ``srun`` would) finds the
+    running fit without its slot and fails at once with ``RankExcluded`` (its nodes do not
+    rejoin yet) instead of waiting for an admission that never comes; with no running fit it
+    starts as usual."""
     import torch.distributed as dist
 
     from lightning_gossip import RankExcluded, _compat
@@ -155,6 +156,40 @@ def test_a_hierarchical_fit_refuses_a_process_in_a_free_slot() -> None:
     with pytest.raises(RankExcluded, match=r"rank 3: the running elastic fit went on without "
                                            r"this rank slot \(0, 1 live\) and hierarchical"):
         join_running_fit(*where, refused=NO_NODE_JOINS)
+
+
+@pytest.mark.multiprocess
+def test_a_lost_node_rejoins_a_hierarchical_adpsgd_fit(tmp_path: Path) -> None:
+    """``adpsgd``, 2 nodes of 2 ranks as ``srun`` starts them: rank 3 is killed, its node-mate
+    2 exits (RankExcluded) and node 0 goes on; both of node 1's tasks are then relaunched with
+    their environments. The members admit the node whole (after both asked), at a step both
+    of node 0's ranks agreed on; the newcomers resume from the members' exact average, claim
+    as a node under keys of their own, and all four finish with the same replica, every sample
+    trained once per epoch among all processes."""
+    ranks = 4
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=2,
+                                   env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2"})
+    for slot in (2, 3):  # the relaunched tasks, once the first ones are gone
+        argv, env = commands[slot]
+        start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
+        commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "
+                                         f"done; sleep {2 + 2 * (slot - 2)}; exec {start}"], env))
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    assert result.returncodes[3] == -9 and result.returncodes[2] == 1, (result.returncodes, out)
+    # launches 4 and 5 are the relaunched ranks 2 and 3, whose results are the slots'
+    results = {i: tmp_path / f"done{i - 2 if i > 3 else i}.json" for i in (0, 1, 4, 5)}
+    check_exits(result, results, out)
+    assert "elastic fit: rank(s) 2, 3 joined at step" in result.stdout, out
+    check_each_sample_once(tmp_path, ranks)
+    done = {r: json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)}
+    assert done[2]["joined"] and done[3]["joined"] and not done[0]["joined"], done
+    assert all(d["joins"][0][0] == [2, 3] for r, d in done.items() if r < 2), done
+    assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
+    assert all(d["exchanges"] > 0 for d in done.values()), done  # node 1 gossips again
+    check_epoch_values(list(done.values()))
+    assert live_learners(tmp_path) == [4.0, 2.0, 4.0]
 
 
 @pytest.mark.multiprocess

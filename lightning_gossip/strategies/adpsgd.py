@@ -135,9 +135,11 @@ class ADPSGDStrategy(GossipStrategy):
         self.shared_cursor, self.elastic = check_cursor(shared_cursor, elastic), bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
         self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed),
-                                          start_timeout, refuse_joins=hierarchical)
+                                          start_timeout)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
-            self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"run{_fits[0]}")
+            self.before_init = lambda: self.join_running_fit(
+                self.elastic_parts, f"run{_fits[0]}", NodeUnits(self.num_processes if
+                                                                self._sharded else 1))
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
         self.engine: AsyncGossip | None = None
@@ -165,7 +167,7 @@ class ADPSGDStrategy(GossipStrategy):
         self.phases.check_trainer(trainer, sync_batchnorm=_compat.layer_sync(self) is not None)
         self._run_id, _fits[0] = _fits[0], _fits[0] + 1
         nodes, devices = self.num_nodes, self.num_processes
-        if self.hierarchical:
+        if self.hierarchical and not self.joined:  # (a newcomer's default group: the members')
             self._check_node_layout()
         if self._groups is None:
             # every rank, same order, main thread; see hierarchy.make_async_groups
@@ -219,13 +221,10 @@ class ADPSGDStrategy(GossipStrategy):
             make_engine=self._make_engine, set_engine=self._set_engine,
             step=lambda: self.step, epoch=lambda: trainer.current_epoch,
             loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
-            replicas=self.replicas, trainer=trainer,
-            units=NodeUnits(self.num_processes if self._sharded else 1),
-            node_group=lambda group: setattr(self.node, "group", group))
-        if self.node:  # (a node all-reduce interrupted by a loss is issued again after it)
-            self.node.retry = survivors.retry
+            replicas=self.replicas, trainer=trainer, node=self.node, device=self.root_device)
         self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
-        self.phases.epoch_opened, self.phases.poll = survivors.epoch_opened, survivors.poll
+        self.phases.epoch_opened = survivors.epoch_opened
+        self.phases.poll = lambda: survivors.poll(at_end=True)  # (its only caller)
         return survivors
 
     def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:  # survivors'
@@ -251,7 +250,8 @@ class ADPSGDStrategy(GossipStrategy):
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING):
             return dataloader
-        node = (NodeShare(self.node_rank, self.local_rank, self.num_processes)
+        node = (NodeShare(self.node_rank, self.local_rank, self.num_processes,
+                          incarnation=self.elastic_parts.incarnation)
                 if self._sharded else None)  # the node's ranks step together: it claims
         ledger = self.survivors and self.survivors.ledger(f"run{self._run_id}/ledger",
                                                           on_wait=self.phases.wait_at_end)

@@ -63,16 +63,13 @@ from lightning_gossip.strategies.collectives import Watched, share_epoch_values,
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.dpsgd_epoch_hooks import attach
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_joins import JOIN_CHECK_EVERY
 from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip
 from lightning_gossip.topology import MemberTopology, build
 
 __all__ = ["JOIN_CHECK_EVERY", "ElasticRounds"]
-
-JOIN_CHECK_EVERY = 8
-"""Steps between the members' looks for processes asking to join (only once a rank was lost:
-a store read on each member and an all-reduce of one flag per rank slot)."""
 
 
 class ElasticRounds:

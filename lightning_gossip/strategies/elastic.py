@@ -33,14 +33,15 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_gossip.claim_ledger import ClaimLedger
-from lightning_gossip.errors import PeerSilent, RankExcluded
+from lightning_gossip.errors import PeerSilent, RankExcluded, lost_ranks
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
 from lightning_gossip.membership import POLL_EVERY_S, Membership
 from lightning_gossip.shared_cursor import default_store
+from lightning_gossip.strategies.elastic_joins import NodeJoins
 from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 
-__all__ = ["LIVE_METRIC", "Engine", "Survivors", "lost_ranks"]
+__all__ = ["LIVE_METRIC", "Engine", "Survivors"]
 
 log = logging.getLogger(__name__)
 
@@ -64,28 +65,6 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Stop."""
-
-
-def lost_ranks(error: BaseException) -> tuple[int, ...] | None:
-    """The ranks a :class:`PeerSilent` in ``error``'s chain (its causes) names, or ``None``.
-
-    >>> lost_ranks(RuntimeError("the gossip thread failed"))
-    >>> try:
-    ...     try:
-    ...         raise PeerSilent("rank 2 went silent", [2])
-    ...     except PeerSilent as e:
-    ...         raise RuntimeError("the gossip thread failed") from e
-    ... except RuntimeError as outer:
-    ...     lost_ranks(outer)
-    (2,)
-    """
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, PeerSilent):
-            return tuple(int(r) for r in error.ranks)
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]
-    return None
 
 
 class Survivors:
@@ -113,6 +92,8 @@ class Survivors:
         on_group: ``(group)``: told the new group of Lightning's collectives after every loss
             and join (the module's metrics gather over it: ``collectives.sync_metrics_over``).
         units: what leaves together (hierarchical: a node, :mod:`~.elastic_nodes`).
+        node_union: hierarchical joins: ``(ranks)``: the union of what the node's ranks give
+            (a node collective), so that they admit a node's newcomers at the same step.
     """
 
     def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
@@ -124,7 +105,8 @@ class Survivors:
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
                  poll_joins: bool = True,
                  on_group: Callable[[Any], None] = lambda group: None,
-                 units: NodeUnits = RANKS) -> None:
+                 units: NodeUnits = RANKS,
+                 node_union: Callable[[Sequence[int]], list[int]] | None = None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
@@ -133,6 +115,9 @@ class Survivors:
         self.hand_over, self.poll_joins, self.on_group, self.units = (hand_over, poll_joins,
                                                                       on_group, units)
         self._polled = 0.0  # when the membership was last polled for joins
+        #: hierarchical: when a node's ranks look for joins
+        self.node_joins = node_union and NodeJoins(self.membership, units, node_union, step,
+                                                   self.asked_to_join)
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
         self.heartbeat = heartbeat
@@ -147,6 +132,7 @@ class Survivors:
         self.claims: ClaimLedger | None = None
         self._timeout = timeout
         self._left, self._left_checked = False, 0.0  # membership.left_out(), when read
+        self.gone = False  # this rank left the fit (the others went on without it)
         self.loggers = list(loggers)
         #: one entry per loss survived: ``(step, lost ranks, wall time (time.time()) the
         #: recovery began, seconds it took)``
@@ -204,10 +190,11 @@ class Survivors:
         return self.membership.rank not in lost and (self.store_host is None
                                                       or self.store_host not in lost)
 
-    def poll(self) -> None:
+    def poll(self, at_end: bool = False) -> None:
         """Recover when the liveness monitor found lost ranks (a read of one attribute
         otherwise), admit the processes that asked to join (a store read at most once a
-        second): called at step boundaries and while waiting at an epoch end."""
+        second): called at step boundaries and (``at_end``) while waiting at an epoch end.
+        Hierarchical: whole nodes, when :class:`~.elastic_joins.NodeJoins` says."""
         beat = self.heartbeat
         if beat.has_finding:
             try:
@@ -215,8 +202,13 @@ class Survivors:
             except PeerSilent as e:
                 self.survive(e)
         now = time.monotonic()
-        if (self.hand_over is None or not self.poll_joins or beat.has_finding
-                or now < self._polled + POLL_EVERY_S):
+        if self.hand_over is None or not self.poll_joins or beat.has_finding:
+            return
+        if self.node_joins is not None:
+            if joined := self.node_joins.look(at_end):
+                self.retry(lambda: self.admit(joined))
+            return
+        if now < self._polled + POLL_EVERY_S:
             return
         self._polled = now
         asked = self.asked_to_join()
@@ -239,7 +231,10 @@ class Survivors:
 
     def end(self) -> None:
         """The fit is over: later newcomers start on their own (never raises: after a lost
-        store host nobody can join anyway)."""
+        store host nobody can join anyway). Not from a rank that left it (the others go on:
+        a relaunched process must find their fit running, not ended)."""
+        if self.gone:
+            return
         try:
             bounded(self.membership.end, self.heartbeat.timeout, "ending the fit's membership")
         except Exception as e:  # noqa: BLE001
@@ -254,6 +249,7 @@ class Survivors:
         if whole is None or not self.survivable(whole):
             node_left = whole is not None and self.membership.rank in set(whole) - set(lost)
             if node_left or self.heartbeat.excluded:  # this rank goes; the others go on
+                self.gone = True
                 engine = self.set_engine(None)
                 self._keep_at_exit(engine)
                 self.set_engine(engine)  # (only read)

@@ -75,15 +75,18 @@ class NodeUnits:
         column = tuple(c + rank % self.devices for c in self.claimants(live))
         return RankPairing(Pairing(name, len(column), seed), column) if len(column) > 1 else None
 
-    def groups(self, membership: Membership, backend: str) -> list[dist.ProcessGroup]:
+    def groups(self, membership: Membership, backend: str,
+               newcomer: bool = False) -> list[dist.ProcessGroup]:
         """The groups of :attr:`Membership.live <.membership.Membership.live>`, by name (see
         :meth:`~.membership.Membership.new_groups`): Lightning's (over every live rank; it
         becomes ``membership.group``), the gossip control (gloo) and data groups of this
         rank's column, and this rank's node group (:attr:`synchronous`: then its gloo node
         group and the rounds' group). Every group is built by its members only, all in
-        the same order (Lightning's, the nodes', the columns')."""
+        the same order (Lightning's, the nodes', the columns'); a ``newcomer``'s first is its
+        default group (:meth:`~.membership.Membership.join_groups`)."""
+        build = membership.join_groups if newcomer else membership.new_groups
         if self.devices == 1:
-            return membership.new_groups([backend, "gloo", backend])
+            return build([backend, "gloo", backend])
         live, rank, d = list(membership.live), membership.rank, self.devices
         column = [r for r in live if r % d == rank % d]
 
@@ -92,7 +95,7 @@ class NodeUnits:
             return _compat.named_group(ranks, rank, group_backend, membership.store, name,
                                        membership.timeout)
 
-        lightning = membership.new_groups([backend])[0]
+        lightning = build([backend])[0]
         mates = [r for r in live if r // d == rank // d]
         node = over(mates, f"node{rank // d}", backend)
         extra = [over(mates, f"nodecontrol{rank // d}", "gloo"), over(live, "rounds", backend)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.hierarchy import NodeGroups
@@ -23,6 +25,7 @@ from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 from lightning_gossip.strategies.founders import Founders, found_fit
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
+from lightning_gossip.strategies.node_averaging import NodeAverager
 
 __all__ = ["NO_NODE_JOINS", "SETUP_BARRIERS", "ElasticParts"]
 
@@ -47,8 +50,8 @@ class ElasticParts:
         start_timeout: start the fit with the ranks that came within this many seconds
             (:mod:`~.founders`); ``None``: every rank meets in Lightning's start.
         refuse_joins: a process in a free slot of the running fit fails at once
-            (:class:`~lightning_gossip.errors.RankExcluded`): hierarchical fits, whose nodes
-            do not rejoin yet (:mod:`~.elastic_nodes`).
+            (:class:`~lightning_gossip.errors.RankExcluded`): hierarchical ``dpsgd``, whose
+            nodes do not rejoin yet (:mod:`~.elastic_nodes`).
     """
 
     def __init__(self, timeout: timedelta, heartbeat_timeout: float | None,
@@ -63,6 +66,11 @@ class ElasticParts:
         self.newcomer: Newcomer | None = None
         #: this process, a founder of a fit started with the ranks that came (``start_timeout``)
         self.founders: Founders | None = None
+        #: the fit's units (:meth:`join`'s): each rank alone, or nodes (hierarchical)
+        self.units = RANKS
+        #: a newcomer's generation at its admission (0 otherwise): its node's claims' keys
+        #: (:class:`~lightning_gossip.node_claims.NodeShare`) are not its earlier incarnation's
+        self.incarnation = 0
 
     @property
     def first(self) -> Newcomer | Founders | None:
@@ -75,15 +83,18 @@ class ElasticParts:
         """A newcomer's or a founder's membership (``None``: every rank started the fit)."""
         return self.first.membership if self.first else None
 
-    def join(self, run: str, env: Any, backend: str | None, trainer: Any) -> Heartbeat | None:
+    def join(self, run: str, env: Any, backend: str | None, trainer: Any,
+             units: NodeUnits = RANKS) -> Heartbeat | None:
         """Join the running fit ``run`` if there is one (:func:`~.newcomer.join_running_fit`;
-        ``env``: Lightning's cluster environment): its checkpoint is handed to Lightning to
-        restore; the newcomer's heartbeat, or ``None`` (a normal start)."""
+        ``env``: Lightning's cluster environment; ``units``: the fit's nodes): its checkpoint
+        is handed to Lightning to restore; the newcomer's heartbeat, or ``None`` (a normal
+        start)."""
         assert self.heartbeat_timeout is not None and backend is not None
+        self.units = units
         where = (run, env.global_rank(), env.world_size(), env.main_address, env.main_port,
                  self.timeout, self.heartbeat_timeout, backend)
         self.newcomer = join_running_fit(*where, refused=NO_NODE_JOINS if self.refuse_joins
-                                         else "")
+                                         else "", units=units)
         if self.newcomer is None and self.start_timeout is not None:
             self.founders = found_fit(*where, self.start_timeout)
             if self.founders is not None:
@@ -91,24 +102,25 @@ class ElasticParts:
             self.newcomer = join_running_fit(*where)  # it came after the founders' decision
         if self.newcomer is None:
             return None
+        self.incarnation = self.newcomer.membership.generation
         _compat.preload_checkpoint(trainer, self.newcomer.checkpoint)
         return self.newcomer.heartbeat
 
     def groups(self) -> NodeGroups | None:
-        """A newcomer's or founder's gossip groups (data, control) of its generation; ``None``
-        otherwise."""
+        """A newcomer's or founder's gossip groups (data, control; hierarchical: its node's)
+        of its generation; ``None`` otherwise."""
         if self.first is None:
             return None
-        _, control, data = self.first.groups
-        return NodeGroups(data, data, control=control)
+        _, control, data, *node = self.first.groups
+        return NodeGroups(node[0] if node else data, data, control=control)
 
     def pairing_over(self, live: Sequence[int], rank: int,
-                     units: NodeUnits = RANKS) -> RankPairing | None:
+                     units: NodeUnits | None = None) -> RankPairing | None:
         """The pairing of ``rank``'s engine over the live ranks ``live`` (the members' after a
         loss or a join, and a newcomer's first: the same on every member; hierarchical: over
         the live nodes, in ``rank``'s column); ``None`` with fewer than two."""
         assert self.pairing is not None
-        return units.pairing(*self.pairing, live, rank)
+        return (units or self.units).pairing(*self.pairing, live, rank)
 
     def first_pairing(self, pairing: Pairing) -> Pairing | RankPairing:
         """The pairing of this process's first engine: ``pairing`` (every rank slot), or a
@@ -133,17 +145,27 @@ class ElasticParts:
                   set_engine: Callable[[AsyncGossip | None], AsyncGossip | None],
                   step: Callable[[], int], epoch: Callable[[], int], loggers: Sequence[Any],
                   pack: Callable[[], Any], replicas: Any, trainer: Any,
-                  units: NodeUnits = RANKS,
-                  node_group: Callable[[Any], None] = lambda group: None) -> Survivors:
+                  node: NodeAverager | None = None, device: Any = None) -> Survivors:
         """The fit's :class:`~.elastic.Survivors` (a newcomer or founder keeps its membership);
         a join hands over the average of ``pack()`` and the lowest member's checkpoint with
-        it. Hierarchical (``units`` of several ranks): ``node_group`` is told each new group
-        of this rank's node; joins are refused (:mod:`~.elastic_nodes`)."""
+        it. Hierarchical (``node``: this rank's node averaging, its all-reduce on ``device``):
+        the node's new groups go to ``node``, a node all-reduce a loss interrupted is issued
+        again (``node.retry``), and the node's ranks agree on joins (:mod:`~.elastic_joins`)."""
+        units = NodeUnits(node.layout.devices) if node else RANKS
+
+        def node_union(ranks: Sequence[int]) -> list[int]:
+            assert node is not None
+            flags = torch.zeros(node.layout.num_nodes * units.devices, device=device)
+            flags[list(ranks)] = 1.0
+            node.all_reduce(flags, "agreeing on joins in the node")
+            return flags.nonzero().flatten().tolist()
+
         def engine_over(live: Sequence[int], _group: Any, control: Any, data: Any,
-                        node: Any = None) -> AsyncGossip | None:
+                        node_group: Any = None) -> AsyncGossip | None:
             """A pairing over ``live`` (none for a lone learner), the engine's phase open."""
-            if node is not None:
-                node_group(node)
+            if node_group is not None:
+                assert node is not None
+                node.group = node_group
             pairing = self.pairing_over(live, rank, units)
             if pairing is None:
                 return None
@@ -152,14 +174,16 @@ class ElasticParts:
             engine.before_step(step())
             return engine
 
-        return Survivors(run, rank, world_size, self.timeout, heartbeat=heartbeat,
-                         backend=backend, make_engine=engine_over,
-                         set_engine=set_engine, step=step, epoch=epoch, loggers=loggers,
-                         membership=self.membership, units=units,
-                         hand_over=None if units.devices > 1
-                         else self.members_side(pack, replicas, trainer, step),
-                         on_group=lambda group: sync_metrics_over(trainer.lightning_module,
-                                                                  group))
+        survivors = Survivors(
+            run, rank, world_size, self.timeout, heartbeat=heartbeat, backend=backend,
+            make_engine=engine_over, set_engine=set_engine, step=step, epoch=epoch,
+            loggers=loggers, membership=self.membership, units=units,
+            node_union=node_union if node else None,
+            hand_over=self.members_side(pack, replicas, trainer, step),
+            on_group=lambda group: sync_metrics_over(trainer.lightning_module, group))
+        if node is not None:
+            node.retry = survivors.retry
+        return survivors
 
     def members_side(self, pack: Callable[[], Any], replicas: Any, trainer: Any,
                      step: Callable[[], int]) -> Callable[[Any, Any, list[int], bool], None]:

@@ -42,6 +42,7 @@ from lightning_gossip.consensus import all_average
 from lightning_gossip.errors import RankExcluded
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.membership import Membership
+from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 
 __all__ = ["Newcomer", "hand_over", "join_running_fit", "membership_store"]
 
@@ -63,7 +64,8 @@ class Newcomer:
     Attributes:
         membership: its view of the fit (live ranks, generation, the groups' names).
         groups: the generation's groups: Lightning's (this process's default group), gossip
-            control (gloo), gossip data.
+            control (gloo), gossip data (hierarchical: and its node's,
+            :meth:`~.elastic_nodes.NodeUnits.groups`).
         heartbeat: its heartbeat, already beating.
         checkpoint: the checkpoint it resumes from (weights: the members' exact average).
         step: the lowest member's optimizer step at the handover.
@@ -78,12 +80,14 @@ class Newcomer:
 
 def join_running_fit(run: str, rank: int, world_size: int, address: str, port: int,
                      timeout: timedelta, heartbeat_timeout: float,
-                     backend: str, refused: str = "") -> Newcomer | None:
+                     backend: str, refused: str = "",
+                     units: NodeUnits = RANKS) -> Newcomer | None:
     """Join the running elastic fit ``run`` in rank slot ``rank`` (see the module docstring);
     ``None`` when no such fit runs, or it already counts this rank (a normal start). Rank 0
     hosts the store under Lightning's launcher and ``srun``: it never joins. ``refused``: why
     the fit admits nobody (:class:`~lightning_gossip.errors.RankExcluded` when it runs without
-    this rank)."""
+    this rank). ``units``: the fit's nodes (hierarchical: the node's group too; the members
+    admit a node once all of its processes asked)."""
     if rank == 0 or world_size < 2:
         return None
     client = dist.TCPStore(address, port, is_master=False, timeout=timeout,
@@ -103,7 +107,7 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     membership = Membership.await_admission(store, rank, world_size, timeout, run,
                                             deadline_s=timeout.total_seconds())
     heartbeat.forget(membership.lost, mark=False)  # free slots: nobody to watch there
-    groups = membership.join_groups([backend, "gloo", backend])
+    groups = units.groups(membership, backend, newcomer=True)
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
     lowest = min(r for r in membership.live if r != rank)

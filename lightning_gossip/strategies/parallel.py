@@ -29,6 +29,7 @@ import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
 from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.strategies.elastic import Survivors
+from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 from lightning_gossip.strategies.elastic_parts import SETUP_BARRIERS, ElasticParts
 from lightning_gossip.strategies.node_averaging import check_node_layout
 from lightning_gossip.strategies.options import Backend
@@ -183,12 +184,12 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         parts = getattr(self, "elastic_parts", None)
         return None if parts is None else parts.start_timeout
 
-    def join_running_fit(self, parts: ElasticParts, run: str) -> None:
+    def join_running_fit(self, parts: ElasticParts, run: str, units: NodeUnits = RANKS) -> None:
         """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
         join it; with a start timeout, start it with the ranks that came (``parts``: the
-        strategy's :class:`~.elastic_parts.ElasticParts`)."""
+        strategy's :class:`~.elastic_parts.ElasticParts`; ``units``: the fit's nodes)."""
         beat = parts.join(run, self.cluster_environment, self.process_group_backend,
-                          self.lightning_module.trainer)
+                          self.lightning_module.trainer, units)
         if beat is not None:
             self.heartbeat = beat
         if parts.newcomer is not None:

@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_gossip import _compat
-from lightning_gossip.errors import GossipTimeout
+from lightning_gossip.errors import GossipTimeout, RankExcluded
 from lightning_gossip.strategies.collectives import Watched, broadcast_object
 from lightning_gossip.strategies.sigterm import make_sigterm_check_local
 
@@ -195,12 +195,14 @@ class Resilience:
 
     def on_exception(self, exception: BaseException) -> None:
         """This rank failed: after a stop every rank agreed on (SIGTERM, requeue), stop gossip
-        and leave quietly (the peers stop at the same point); after a lost peer, write the
+        and leave quietly (the peers stop at the same point), as after an elastic fit went on
+        without this rank (``RankExcluded``); after a lost peer, write the
         emergency checkpoint with the other survivors first; else stop gossip and tell the
         peers at once (heartbeat ``leave``)."""
-        if isinstance(exception, SIGTERMException) and self.stopping_together:
-            self.stop_gossip()
-            self.stop_heartbeat(False)
+        if (isinstance(exception, SIGTERMException) and self.stopping_together
+                or isinstance(exception, RankExcluded)):  # (the others went on without it:
+            self.stop_gossip()  # no checkpoint to meet them for, and no mark that could
+            self.stop_heartbeat(False)  # fall on a process relaunched in its slot)
             return
         lost = lost_peer(exception)
         if lost is not None and self.fit is not None:
