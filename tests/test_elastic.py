@@ -159,16 +159,19 @@ def test_a_hierarchical_dpsgd_fit_refuses_a_process_in_a_free_slot() -> None:
 
 
 @pytest.mark.multiprocess
-def test_a_lost_node_rejoins_a_hierarchical_adpsgd_fit(tmp_path: Path) -> None:
-    """``adpsgd``, 2 nodes of 2 ranks as ``srun`` starts them: rank 3 is killed, its node-mate
-    2 exits (RankExcluded) and node 0 goes on; both of node 1's tasks are then relaunched with
-    their environments. The members admit the node whole (after both asked), at a step both
-    of node 0's ranks agreed on; the newcomers resume from the members' exact average, claim
-    as a node under keys of their own, and all four finish with the same replica, every sample
-    trained once per epoch among all processes."""
+@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
+def test_a_lost_node_rejoins_a_hierarchical_fit(tmp_path: Path, strategy: str) -> None:
+    """2 nodes of 2 ranks as ``srun`` starts them: rank 3 is killed, its node-mate 2 exits
+    (RankExcluded) and node 0 goes on; both of node 1's tasks are then relaunched with their
+    environments. The members admit the node whole (after both asked), at a step node 0's
+    ranks agreed on (``dpsgd``: every member, at a multiple of ``JOIN_CHECK_EVERY``); the
+    newcomers resume from the members' exact average, claim as a node under keys of their own,
+    and all four finish with the same replica, every sample trained once per epoch among all
+    processes."""
     ranks = 4
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=2,
-                                   env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2"})
+                                   env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2",
+                                        "ELASTIC_FIT_STRATEGY": strategy})
     for slot in (2, 3):  # the relaunched tasks, once the first ones are gone
         argv, env = commands[slot]
         start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill

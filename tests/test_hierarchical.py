@@ -209,7 +209,7 @@ def test_constructor_rejects_bad_options():
 def test_a_topology_over_more_nodes_than_exist_is_an_error():
     s = DPSGDStrategy(hierarchical=True, topology=np.full((4, 4), 0.25))
     with pytest.raises(ValueError, match="must be over 2 nodes.*for 4 ranks but the run has 2"):
-        s.resolve_topology(num_nodes=2, devices=2)
-    assert s.resolve_topology(num_nodes=4, devices=2).world_size == 4  # over nodes
+        s.resolve_topology(nodes=2, devices=2)
+    assert s.resolve_topology(nodes=4, devices=2).world_size == 4  # over nodes
     assert DPSGDStrategy(topology=np.full((4, 4), 0.25)).resolve_topology(2, 2).world_size == 4
     assert DPSGDStrategy(hierarchical=True).resolve_topology(3, 1).world_size == 3

@@ -28,6 +28,7 @@ from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.strategies.dpsgd_elastic import ElasticRounds
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
+from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
@@ -83,10 +84,10 @@ class DPSGDStrategy(GossipStrategy):
             ``"after_backward"`` (default: one flat all-reduce once backward is done) or
             ``"overlapped"`` (buckets of gradients all-reduced as backward produces them, the
             way ``DistributedDataParallel`` does; the same gradients).
-        elastic: survive lost ranks (not rank 0, the store's host; hierarchical: a lost rank's
-            node leaves, :mod:`~.elastic_nodes`): the survivors rebuild the topology (by name)
-            over themselves at an agreed step; batches come from a shared cursor; a replacement
-            with a lost rank's environment joins (flat; :mod:`~.dpsgd_elastic`). ``False``.
+        elastic: survive lost ranks (not rank 0, the store's host; hierarchical: nodes,
+            :mod:`~.elastic_nodes`): the survivors rebuild the topology (by name) over
+            themselves at an agreed step; batches come from a shared cursor; a replacement with
+            a lost rank's environment joins (:mod:`~.dpsgd_elastic`). Default ``False``.
         start_timeout: ``elastic``: start with the ranks that came within this many seconds,
             the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
 
@@ -160,20 +161,20 @@ class DPSGDStrategy(GossipStrategy):
         self.layout: NodeLayout | None = None
         #: the engine (after set-up; ``None`` with nothing to gossip with: one hierarchical node)
         self.engine: SyncGossip | None = None
-        #: this rank's node and column groups (the flat layout: the gossip group as both)
+        #: this rank's node and column groups (flat: the gossip group as both); the engine's
+        #: process group over every rank (created once, at the first set-up)
         self._groups: NodeGroups | None = None
-        #: the engine's process group over every rank (created once, at the first set-up)
         self.gossip_group: dist.ProcessGroup | None = None
         self._stats = SyncStats()  # over every fit of this process
-        self.elastic = bool(elastic)
-        #: the survivors and the epochs' ends of an elastic fit (:mod:`~.dpsgd_elastic`)
+        self.elastic = bool(elastic)  # its survivors and epoch ends: :mod:`~.dpsgd_elastic`
         self.elastic_rounds: ElasticRounds | None = None
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout,
-                                          refuse_joins=self.hierarchical)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout)
         self.collectives_local = lambda: (  # mid-epoch (a newcomer: from its start)
             self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined)
         if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
-            self.before_init = lambda: self.join_running_fit(self.elastic_parts, f"dpsgd{_fits[0]}")
+            self.before_init = lambda: self.join_running_fit(
+                self.elastic_parts, f"dpsgd{_fits[0]}",
+                NodeUnits(self.num_processes if self.hierarchical else 1, synchronous=True))
 
     @override
     def _make_resilience(self) -> AgreedStops:
@@ -192,7 +193,7 @@ class DPSGDStrategy(GossipStrategy):
         nodes) and the gossip process groups. Bad input fails here on every rank."""
         world, nodes, devices = self.world_size, self.num_nodes, self.num_processes
         hierarchical = self.hierarchical and devices > 1
-        if self.hierarchical:
+        if self.hierarchical and not self.joined:  # (a newcomer's default group: the members')
             self._check_node_layout()
         exchanging = not (hierarchical and nodes == 1)
         if not exchanging:
@@ -202,14 +203,15 @@ class DPSGDStrategy(GossipStrategy):
         newcomer, founders = self.elastic_parts.newcomer, self.elastic_parts.founders
         first = self.elastic_parts.first  # (its groups are its generation's, built by name)
         if self.gossip_group is None:  # its own group, apart from Lightning's collectives
-            self.gossip_group = first.groups[2] if first else dist.new_group(
+            self.gossip_group = first.groups[-1] if first else dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout)
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
                 # the communication thread's own node group for the sharded rounds' all-gather;
                 # none with NCCL, where the training thread all-gathers (sync_gossip)
-                self._groups = make_node_groups(layout, self.process_group_backend, self.timeout,
-                                                gossip_node_group=self._gather_on_worker())
+                self._groups = self.elastic_parts.groups() or make_node_groups(
+                    layout, self.process_group_backend, self.timeout,
+                    gossip_node_group=self._gather_on_worker())
             else:
                 layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self.gossip_group, column=self.gossip_group)
@@ -237,8 +239,8 @@ class DPSGDStrategy(GossipStrategy):
                 set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
                 loggers=trainer.loggers if self.is_global_zero else [], watched=self.watched,
                 membership=first.membership if first else None,
-                hand_over=None if self.node else self.elastic_parts.members_side(
-                    self._flat.pack, self.replicas, trainer, lambda: self.step),
+                hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
+                                                          trainer, lambda: self.step),
                 node=self.node, gather_on_worker=self._gather_on_worker())
             self.survivors = self.elastic_rounds.survivors
             if newcomer:  # the members' topology, from the step they admitted it at
@@ -254,15 +256,14 @@ class DPSGDStrategy(GossipStrategy):
         return old
 
     def _gather_on_worker(self) -> bool:
-        """Whether the communication thread all-gathers a sharded round's slices on a node
-        group of its own: not with NCCL (no progress promised for two threads' communicators)."""
+        """Whether the communication thread all-gathers sharded rounds on a node group of its
+        own (not with NCCL: no progress promised for two threads' communicators)."""
         backend = self.process_group_backend or dist.get_backend()
         return "nccl" not in str(backend)
 
-    def resolve_topology(self, num_nodes: int, devices: int) -> Topology:
+    def resolve_topology(self, nodes: int, devices: int) -> Topology:
         """The topology gossip follows (:func:`~lightning_gossip.topology.resolve_learners`)."""
-        return resolve_learners(self.topology_spec, num_nodes, devices, self.seed,
-                                self.hierarchical)
+        return resolve_learners(self.topology_spec, nodes, devices, self.seed, self.hierarchical)
 
     @override
     def teardown_gossip(self) -> None:
@@ -274,8 +275,7 @@ class DPSGDStrategy(GossipStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """An elastic fit's training loaders draw from the shared cursor (:meth:`ElasticRounds.
-        training_loader <.dpsgd_elastic.ElasticRounds.training_loader>`)."""
+        """An elastic fit's training loaders draw from the shared cursor (``dpsgd_elastic``)."""
         rounds, module = self.elastic_rounds, self.lightning_module
         return rounds.training_loader(dataloader, module.trainer, self.seed) if (
             rounds is not None and module is not None) else dataloader
@@ -287,9 +287,9 @@ class DPSGDStrategy(GossipStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Start this step's exchange (``overlap``), so it runs during forward/backward."""
         # Under gradient accumulation only the first micro-batch starts one (x_t does not
-        # change): the engine starts a step's round once. Elastic: a lost peer is survived.
-        if self.gossip_enabled and self.engine is not None:
-            (self.elastic_rounds or self.engine).before_step(self.step)
+        # change). Elastic: a lost peer is survived; a lone survivor still looks for joins.
+        if self.gossip_enabled and (rounds := self.elastic_rounds or self.engine) is not None:
+            rounds.before_step(self.step)
 
     @override
     def optimizer_step(
@@ -306,8 +306,8 @@ class DPSGDStrategy(GossipStrategy):
             self.step += 1
             return out
         self.check_liveness(self.step)  # elastic: the survivors may go on at another step
-        if self.engine is not None:  # manual optimization, a second optimizer
-            (self.elastic_rounds or self.engine).before_step(self.step)
+        if (rounds := self.elastic_rounds or self.engine) is not None:  # manual optimization
+            rounds.before_step(self.step)
         t, engine = self.step, self.engine
         if self.node:
             closure = self.node.wrap(closure)

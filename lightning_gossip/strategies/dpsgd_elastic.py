@@ -27,7 +27,8 @@ by one at an epoch's end), as under ``adpsgd``.
 Hierarchical (:mod:`~.elastic_nodes`): a lost rank's node leaves; the step is agreed over the
 column, then over the node; the topology is built over the live nodes; a node's ranks wait at an
 epoch's end in lockstep (each gossip-only round is a node collective,
-:class:`~lightning_gossip.node_claims.NodeShare`); no joins.
+:class:`~lightning_gossip.node_claims.NodeShare`); a node joins whole (the requests are
+all-reduced over the columns, then the nodes).
 
 Joins: once a rank was lost, a replacement started with its environment asks for the free slot
 (:func:`~.newcomer.join_running_fit`, as under ``adpsgd``). Rounds couple the members, so they
@@ -117,7 +118,8 @@ class ElasticRounds:
         #: what leaves together (a node: the step is agreed over the node too); this rank's
         #: place in its node's claims (the node's ranks wait at an epoch's end in lockstep)
         self.units = NodeUnits(layout.devices, synchronous=True) if layout else RANKS
-        self.share = layout and NodeShare(layout.node, layout.local, layout.devices, True)
+        self.share = layout and NodeShare(layout.node, layout.local, layout.devices, True,
+                                          membership.generation if membership else 0)
         self.make_engine, self.engine, self.set_engine = make_engine, engine, set_engine
         self.watched = watched
         self.step, self.set_step, self.end_round = step, set_step, end_round
@@ -134,9 +136,10 @@ class ElasticRounds:
         #: it trained; whether the fit resumed at an epoch's end (its last batch trained)
         self.in_epoch, self.batches, self.epoch_end_restored = False, 0, False
         self.cursor = CursorResume()  # the training loader's shared cursor
-        #: the survivors' gloo group (after a loss: the joins' all-reduce); the step last
-        #: checked for joins
+        #: the survivors' gloo groups (after a loss: the joins' all-reduce): the column's (flat:
+        #: every live rank's), the node's (hierarchical); the step last checked for joins
         self.control: Any = None
+        self.node_control: Any = None
         self._checked = -1
 
     @classmethod
@@ -168,7 +171,7 @@ class ElasticRounds:
         """The survivors' engine: the step agreed (the largest next step), the topology over
         ``live`` (hierarchical: over the live nodes; the groups of
         :meth:`~.elastic_nodes.NodeUnits.groups`) numbered from it."""
-        self.control = control
+        self.control, self.node_control = control, node_control
         mine = torch.tensor([self.step()], dtype=torch.int64)
         for group in (control, node_control):  # gloo: the column's, then (hierarchical) the
             if group is not None:  # node's: a node's ranks may have failed a step apart
@@ -215,18 +218,22 @@ class ElasticRounds:
         asked = survivors.asked_to_join() or ()
         flags = torch.zeros(self.world_size, dtype=torch.int64)
         flags[list(asked)] = 1
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control)
-        joined = flags.nonzero().flatten().tolist()
+        for group in (self.control, self.node_control):  # hierarchical: columns, then nodes
+            if group is not None:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        seen = set(flags.nonzero().flatten().tolist())  # whole nodes only (each asks alone)
+        joined = sorted(r for r in seen if set(self.units.whole((r,))) <= seen)
         if joined:
             survivors.retry(lambda: survivors.admit(joined))
         return bool(joined)
 
-    def enter(self, step: int, live: Sequence[int], control: Any, data: Any) -> SyncGossip | None:
+    def enter(self, step: int, live: Sequence[int], *groups: Any) -> SyncGossip | None:
         """A newcomer's engine, handed ``step`` by the lowest member: the topology over ``live``
-        numbered from the step agreed with the members (in their :meth:`admit_joins`); that
-        step's round is its first (the members looked for joins at it already)."""
+        (``groups``: of its generation, Lightning's left out) numbered from the step agreed
+        with the members (in their :meth:`admit_joins`); that step's round is its first (the
+        members looked for joins at it already)."""
         self.set_step(step)
-        engine = self._engine_over(live, None, control, data)
+        engine = self._engine_over(live, None, *groups)
         self._checked, self.in_epoch = self.step(), True  # it joins mid-epoch
         return engine
 

@@ -111,8 +111,9 @@ class ElasticParts:
         of its generation; ``None`` otherwise."""
         if self.first is None:
             return None
-        _, control, data, *node = self.first.groups
-        return NodeGroups(node[0] if node else data, data, control=control)
+        _, control, data, *node = self.first.groups  # (hierarchical dpsgd: and its gloo node
+        return NodeGroups(node[0] if node else data, data, control=control,  # group's)
+                          node_gossip=node[1] if len(node) > 1 else None)
 
     def pairing_over(self, live: Sequence[int], rank: int,
                      units: NodeUnits | None = None) -> RankPairing | None:
