@@ -19,7 +19,6 @@ import re
 import shlex
 import warnings
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -134,28 +133,6 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(
     check_epoch_values(done)
     assert live_learners(tmp_path) == [float(ranks), float(ranks - 2)]
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
-
-
-def test_a_hierarchical_dpsgd_fit_refuses_a_process_in_a_free_slot() -> None:
-    """Hierarchical ``dpsgd``: a lost node's task relaunched (as ``srun`` would) finds the
-    running fit without its slot and fails at once with ``RankExcluded`` (its nodes do not
-    rejoin yet) instead of waiting for an admission that never comes; with no running fit it
-    starts as usual."""
-    import torch.distributed as dist
-
-    from lightning_gossip import RankExcluded, _compat
-    from lightning_gossip.strategies.elastic_parts import NO_NODE_JOINS
-    from lightning_gossip.strategies.newcomer import join_running_fit, membership_store
-
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    where = ("run0", 3, 4, "127.0.0.1", master.port, timedelta(seconds=5), 3.0, "gloo")
-    assert join_running_fit(*where, refused=NO_NODE_JOINS) is None  # no fit runs
-    store = membership_store(_compat.default_store_view(master), "run0")
-    store.set("gen1/decision", json.dumps([0, 1]))
-    store.set("latest", "1")
-    with pytest.raises(RankExcluded, match=r"rank 3: the running elastic fit went on without "
-                                           r"this rank slot \(0, 1 live\) and hierarchical"):
-        join_running_fit(*where, refused=NO_NODE_JOINS)
 
 
 @pytest.mark.multiprocess

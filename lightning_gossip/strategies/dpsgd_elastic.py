@@ -37,8 +37,10 @@ requests from the store and the members all-reduce what they saw (a maximum over
 rank slot, on the survivors' gloo group); a request any member saw is admitted by all, at that
 step's start (:meth:`~.elastic.Survivors.admit`: the members' exact average and the lowest
 member's checkpoint handed over). The newcomer builds the same topology over the new members
-(:meth:`ElasticRounds.enter`) and its first round is that step's. A meeting at an epoch's end in
-progress starts again over the new members.
+(:meth:`ElasticRounds.enter`) and its first round is that step's. No member admits while any
+is in its meeting before validation or at an epoch's end (one more flag in the all-reduce): the
+lowest member's checkpoint would say that the epoch's last batch is done, and the newcomer could
+not tell whether the members validate next; the request waits for the next look.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class ElasticRounds:
         #: it trained; whether the fit resumed at an epoch's end (its last batch trained)
         self.in_epoch, self.batches, self.epoch_end_restored = False, 0, False
         self.cursor = CursorResume()  # the training loader's shared cursor
+        self.settling = False  # in the meeting before validation or at the epoch's end
         #: the survivors' gloo groups (after a loss: the joins' all-reduce): the column's (flat:
         #: every live rank's), the node's (hierarchical); the step last checked for joins
         self.control: Any = None
@@ -216,12 +219,15 @@ class ElasticRounds:
             return False
         self._checked = step
         asked = survivors.asked_to_join() or ()
-        flags = torch.zeros(self.world_size, dtype=torch.int64)
+        flags = torch.zeros(self.world_size + 1, dtype=torch.int64)
         flags[list(asked)] = 1
+        flags[-1] = self.settling  # a member at its epoch-end meeting: not now (the docstring)
         for group in (self.control, self.node_control):  # hierarchical: columns, then nodes
             if group is not None:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-        seen = set(flags.nonzero().flatten().tolist())  # whole nodes only (each asks alone)
+        if flags[-1]:
+            return False
+        seen = set(flags[:-1].nonzero().flatten().tolist())  # whole nodes (each asks alone)
         joined = sorted(r for r in seen if set(self.units.whole((r,))) <= seen)
         if joined:
             survivors.retry(lambda: survivors.admit(joined))
@@ -291,14 +297,12 @@ class ElasticRounds:
         live rank (:class:`~lightning_gossip.even_rounds.EvenRounds`); once per epoch."""
         if not self.in_epoch:
             return
-        membership = self.survivors.membership
-        while True:  # named by the generation: a loss or a join begins a new meeting
-            try:
-                self.survivors.retry(lambda: self.rounds.settle(
-                    f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
-                break
-            except NewcomersAdmitted:
-                continue
+        membership, self.settling = self.survivors.membership, True
+        try:  # named by the generation: a loss begins a new meeting (joins wait: admit_joins)
+            self.survivors.retry(lambda: self.rounds.settle(
+                f"epoch{epoch}/gen{membership.generation}", self.step(), self.pad))
+        finally:
+            self.settling = False
         self.in_epoch = False
 
     def end_epoch(self, trainer: pl.Trainer) -> None:

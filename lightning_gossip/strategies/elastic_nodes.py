@@ -17,9 +17,9 @@ RankExcluded`), and the live nodes go on with
   as one (its local rank 0, the *claimant*, records the node's claims in the
   :class:`~lightning_gossip.claim_ledger.ClaimLedger`).
 
-Not covered yet: a node that rejoins the running fit (its relaunched ranks are refused at once,
-:data:`~.elastic_parts.NO_NODE_JOINS`), ``start_timeout``, and the loss of node 0, whose rank 0
-hosts the store (the emergency checkpoint, as for flat fits). Example::
+A lost node's relaunched processes rejoin together (the members admit whole nodes only,
+:mod:`~.elastic_joins`). Not covered yet: ``start_timeout``, and the loss of node 0, whose rank
+0 hosts the store (the emergency checkpoint, as for flat fits). Example::
 
     >>> units = NodeUnits(devices=2)
     >>> units.whole((3,)), units.claimant(3), units.claimants((0, 1, 4, 5))

@@ -27,11 +27,7 @@ from lightning_gossip.strategies.founders import Founders, found_fit
 from lightning_gossip.strategies.newcomer import Newcomer, hand_over, join_running_fit
 from lightning_gossip.strategies.node_averaging import NodeAverager
 
-__all__ = ["NO_NODE_JOINS", "SETUP_BARRIERS", "ElasticParts"]
-
-NO_NODE_JOINS = ("hierarchical elastic fits admit no newcomers yet: this node left the fit "
-                 "(docs/faults.md)")
-"""Why a hierarchical elastic fit refuses a process in a free slot."""
+__all__ = ["SETUP_BARRIERS", "ElasticParts"]
 
 SETUP_BARRIERS = frozenset({"pre_setup", "post_setup", "run-stage", "train_dataloader()",
                             "val_dataloader()", "_CheckpointConnector.resume_end"})
@@ -49,19 +45,15 @@ class ElasticParts:
         pairing: the pairing's name and seed (``adpsgd``; ``None``: no survivors built here).
         start_timeout: start the fit with the ranks that came within this many seconds
             (:mod:`~.founders`); ``None``: every rank meets in Lightning's start.
-        refuse_joins: a process in a free slot of the running fit fails at once
-            (:class:`~lightning_gossip.errors.RankExcluded`): hierarchical ``dpsgd``, whose
-            nodes do not rejoin yet (:mod:`~.elastic_nodes`).
     """
 
     def __init__(self, timeout: timedelta, heartbeat_timeout: float | None,
                  pairing: tuple[PairingName, int] | None = None,
-                 start_timeout: float | None = None, refuse_joins: bool = False) -> None:
+                 start_timeout: float | None = None) -> None:
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.pairing = pairing
         self.start_timeout = start_timeout
-        self.refuse_joins = refuse_joins
         #: this process, admitted to a running fit (``None``: it started with the fit)
         self.newcomer: Newcomer | None = None
         #: this process, a founder of a fit started with the ranks that came (``start_timeout``)
@@ -93,8 +85,7 @@ class ElasticParts:
         self.units = units
         where = (run, env.global_rank(), env.world_size(), env.main_address, env.main_port,
                  self.timeout, self.heartbeat_timeout, backend)
-        self.newcomer = join_running_fit(*where, refused=NO_NODE_JOINS if self.refuse_joins
-                                         else "", units=units)
+        self.newcomer = join_running_fit(*where, units=units)
         if self.newcomer is None and self.start_timeout is not None:
             self.founders = found_fit(*where, self.start_timeout)
             if self.founders is not None:

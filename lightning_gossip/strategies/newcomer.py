@@ -39,7 +39,6 @@ from torch import Tensor
 
 from lightning_gossip import _compat
 from lightning_gossip.consensus import all_average
-from lightning_gossip.errors import RankExcluded
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.membership import Membership
 from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
@@ -80,14 +79,12 @@ class Newcomer:
 
 def join_running_fit(run: str, rank: int, world_size: int, address: str, port: int,
                      timeout: timedelta, heartbeat_timeout: float,
-                     backend: str, refused: str = "",
-                     units: NodeUnits = RANKS) -> Newcomer | None:
+                     backend: str, units: NodeUnits = RANKS) -> Newcomer | None:
     """Join the running elastic fit ``run`` in rank slot ``rank`` (see the module docstring);
     ``None`` when no such fit runs, or it already counts this rank (a normal start). Rank 0
-    hosts the store under Lightning's launcher and ``srun``: it never joins. ``refused``: why
-    the fit admits nobody (:class:`~lightning_gossip.errors.RankExcluded` when it runs without
-    this rank). ``units``: the fit's nodes (hierarchical: the node's group too; the members
-    admit a node once all of its processes asked)."""
+    hosts the store under Lightning's launcher and ``srun``: it never joins. ``units``: the
+    fit's nodes (hierarchical: the node's group too; the members admit a node once all of its
+    processes asked)."""
     if rank == 0 or world_size < 2:
         return None
     client = dist.TCPStore(address, port, is_master=False, timeout=timeout,
@@ -96,9 +93,6 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     live = Membership.running(store)
     if live is None or rank in live:
         return None
-    if refused:
-        raise RankExcluded(f"rank {rank}: the running elastic fit went on without this rank "
-                           f"slot ({', '.join(map(str, live))} live) and {refused}", (rank,))
     os.environ.setdefault("MASTER_ADDR", address)
     os.environ.setdefault("MASTER_PORT", str(port))
     heartbeat = Heartbeat.connect(rank, world_size, heartbeat_timeout, fallback=client)
