@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--strategy", choices=("adpsgd", "dpsgd"), default="adpsgd")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--nodes", type=int, default=1,
-                        help="hierarchical adpsgd on this many nodes of 2 ranks (rank 3 lost)")
+                        help="hierarchical, on this many nodes of 2 ranks (rank 3 lost)")
     args = parser.parse_args()
     victim = VICTIM if args.nodes == 1 else 3  # (3: a rank off node 0, whose rank 0 must live)
     if "asr" in args.workloads:  # the race's corpus (reused when it is there, as the race does)
