@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -327,6 +328,18 @@ def fake_slurm_commands(script: str | Path, *args: str, ntasks: int,
         )
         commands.append(([sys.executable, *program(script), *args], task_env))
     return commands
+
+
+def relaunched_once(command: tuple[list[str], dict[str, str]], exists: str | Path,
+                    delay_s: float = 0.0) -> tuple[list[str], dict[str, str]]:
+    """A ``testbed.elastic_fit`` task's ``command`` started again, as ``srun`` relaunching it
+    would (its environment, its rank slot), once the file ``exists`` exists (e.g. ``OUT/
+    recovered``, written by a survivor after its recovery) and ``delay_s`` seconds more: the
+    same program with nobody to kill (``-1 0``)."""
+    argv, env = command
+    start = shlex.join([*argv[:-2], "-1", "0"])
+    return (["bash", "-c", f"while [ ! -f {exists} ]; do sleep 0.2; done; sleep {delay_s:g}; "
+                           f"exec {start}"], env)
 
 
 def run_fake_slurm(

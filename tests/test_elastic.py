@@ -24,7 +24,12 @@ from pathlib import Path
 import pytest
 
 from testbed.elastic_fuzz import aborted_at_exit, fuzz_case, run_case
-from testbed.launch import fake_slurm_commands, launch_processes, run_fake_slurm_each
+from testbed.launch import (
+    fake_slurm_commands,
+    launch_processes,
+    relaunched_once,
+    run_fake_slurm_each,
+)
 
 SCRIPT = "testbed.elastic_fit"
 SAMPLES, EPOCHS = 192, 3  # as in the script
@@ -150,10 +155,7 @@ def test_a_lost_node_rejoins_a_hierarchical_fit(tmp_path: Path, strategy: str) -
                                    env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2",
                                         "ELASTIC_FIT_STRATEGY": strategy})
     for slot in (2, 3):  # the relaunched tasks, once the first ones are gone
-        argv, env = commands[slot]
-        start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
-        commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "
-                                         f"done; sleep {2 + 2 * (slot - 2)}; exec {start}"], env))
+        commands.append(relaunched_once(commands[slot], tmp_path / "recovered", 2 * slot - 2))
     result = launch_processes(commands, timeout=300)
     out = result.stdout[-8000:]
     assert not result.timed_out, out
@@ -195,10 +197,7 @@ def test_a_replacement_takes_the_lost_ranks_slot_and_trains(
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), ",".join(map(str, victims)), "3",
                                    ntasks=ranks, env={"ELASTIC_FIT_STEP_S": "1.0",
                                                       "ELASTIC_FIT_STRATEGY": strategy})
-    argv, env = commands[slot]
-    start = shlex.join([*argv[:-2], "-1", "0"])  # the same program, nobody to kill
-    commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/recovered ]; do sleep 0.2; "
-                                     f"done; exec {start}"], env))
+    commands.append(relaunched_once(commands[slot], tmp_path / "recovered"))
     result = launch_processes(commands, timeout=300)
     out = result.stdout[-8000:]
     assert not result.timed_out, out
@@ -237,10 +236,7 @@ def test_a_join_asked_while_members_wait_at_the_epochs_end_is_admitted(tmp_path:
     victim, ranks, pause_s = 2, 4, 20
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
                                    env={"ELASTIC_FIT_PAUSE": f"1,1,5,{pause_s}"})
-    argv, env = commands[victim]
-    start = shlex.join([*argv[:-2], "-1", "0"])
-    commands.append((["bash", "-c", f"while [ ! -f {tmp_path}/paused ]; do sleep 0.2; "
-                                     f"done; exec {start}"], env))
+    commands.append(relaunched_once(commands[victim], tmp_path / "paused"))
     result = launch_processes(commands, timeout=300)
     out = result.stdout[-8000:]
     assert not result.timed_out, out

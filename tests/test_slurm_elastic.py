@@ -73,13 +73,19 @@ def _submit(cluster: slurm_cluster.SlurmCluster, export: str) -> tuple[str, Path
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.usefixtures("slurm_available")
-@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
-def test_a_killed_rank_is_relaunched_and_joins(strategy: str) -> None:
+@pytest.mark.parametrize(("strategy", "hierarchical"), [("adpsgd", False), ("dpsgd", False),
+                                                        ("adpsgd", True), ("dpsgd", True)])
+def test_a_killed_rank_is_relaunched_and_joins(strategy: str, hierarchical: bool) -> None:
+    """Hierarchical: rank 3's node-mate, rank 2, leaves with it (``RankExcluded``), both tasks
+    relaunch their processes and the node rejoins whole."""
     cluster = _cluster()
     killed: dict = {}
+    events = {**EVENTS, "lost": "elastic fit: rank(s) 2, 3 lost",
+              "joined": "elastic fit: rank(s) 2, 3 joined"} if hierarchical else EVENTS
+    extra = ",EXTRA_ARGS=--trainer.strategy.hierarchical=true" if hierarchical else ""
     with cluster:
         start = time.monotonic()
-        job, out_path, run_dir = _submit(cluster, f"STRATEGY={strategy}")
+        job, out_path, run_dir = _submit(cluster, f"STRATEGY={strategy}{extra}")
 
         def on_poll(now: float, w: slurm_jobs.Watch) -> None:
             if "kill" not in w.seen and list(run_dir.rglob("last.ckpt")):  # an epoch done
@@ -88,11 +94,11 @@ def test_a_killed_rank_is_relaunched_and_joins(strategy: str) -> None:
                     os.kill(pid, signal.SIGKILL)
                     w.seen["kill"], killed["pid"] = now, pid
 
-        w = slurm_jobs.watch_job(cluster, job, out_path, EVENTS, on_poll, timeout_s=1800,
+        w = slurm_jobs.watch_job(cluster, job, out_path, events, on_poll, timeout_s=1800,
                                  start=start)
     info, seen, text = w.info, w.seen, w.text
-    print(f"\n{strategy}: job {job} events (s after sbatch) {seen}; killed {killed}; "
-          f"{info.get('JobState')}")
+    print(f"\n{strategy} (hierarchical={hierarchical}): job {job} events (s after sbatch) "
+          f"{seen}; killed {killed}; {info.get('JobState')}")
     for line in text.splitlines():
         if "elastic fit:" in line or "relaunching" in line:
             print(line[:300])

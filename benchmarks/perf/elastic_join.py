@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import tempfile
 import time
 from collections import Counter
@@ -44,7 +43,7 @@ from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, spread, write_json
 from testbed.elastic_fit import EPOCHS, SAMPLES, records
-from testbed.launch import ROOT, fake_slurm_commands, launch_processes
+from testbed.launch import ROOT, fake_slurm_commands, launch_processes, relaunched_once
 
 RANKS, VICTIM, BATCH, STEP_S = 4, 2, 3, "1.0"
 OUTS = {"adpsgd": ROOT / "benchmarks" / "results" / "elastic" / "join.json",
@@ -58,11 +57,8 @@ def measure(out: Path, strategy: str = "adpsgd", nodes: int = 1) -> dict[str, An
                                    ntasks=RANKS, nodes=nodes,
                                    env={"ELASTIC_FIT_STEP_S": STEP_S, "ELASTIC_FIT_NODES":
                                         str(nodes), "ELASTIC_FIT_STRATEGY": strategy})
-    for k, slot in enumerate(slots):
-        argv, env = commands[slot]
-        start = shlex.join([*argv[:-2], "-1", "0"])
-        commands.append((["bash", "-c", f"while [ ! -f {out}/recovered ]; do sleep 0.2; "
-                                        f"done; sleep {2 * k}; exec {start}"], env))
+    commands += [relaunched_once(commands[slot], out / "recovered", 2 * k)
+                 for k, slot in enumerate(slots)]
     t0 = time.time()
     launched = launch_processes(commands, timeout=600)
     wall = time.time() - t0
