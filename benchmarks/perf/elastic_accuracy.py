@@ -48,7 +48,10 @@ def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str,
     codes = launched.returncodes
     gone = set(NodeUnits(2 if nodes > 1 else 1).whole([victim]))  # its node leaves with it
     if any(codes[r] != 0 for r in range(ranks) if r not in gone):
-        raise RuntimeError(f"a survivor failed ({codes}):\n{launched.stdout[-4000:]}")
+        log = Path(tempfile.gettempdir()) / f"elastic_accuracy_{folder.name}.log"
+        log.write_text(launched.stdout)  # (the folder is temporary: the whole output kept)
+        raise RuntimeError(f"a survivor failed ({codes}; the output: {log}):\n"
+                           f"{launched.stdout[-4000:]}")
     result = json.loads((folder / "result.json").read_text())
     return dict(result, codes=codes, wall_s=round(time.time() - t0, 1))
 
