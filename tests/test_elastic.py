@@ -141,7 +141,7 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
+@pytest.mark.parametrize("strategy", ["adpsgd", pytest.param("dpsgd", marks=pytest.mark.slow)])
 def test_a_lost_node_rejoins_a_hierarchical_fit(tmp_path: Path, strategy: str) -> None:
     """2 nodes of 2 ranks as ``srun`` starts them: rank 3 is killed, its node-mate 2 exits
     (RankExcluded) and node 0 goes on; both of node 1's tasks are then relaunched with their
@@ -149,7 +149,7 @@ def test_a_lost_node_rejoins_a_hierarchical_fit(tmp_path: Path, strategy: str) -
     ranks agreed on (``dpsgd``: every member, at a multiple of ``JOIN_CHECK_EVERY``); the
     newcomers resume from the members' exact average, claim as a node under keys of their own,
     and all four finish with the same replica, every sample trained once per epoch among all
-    processes."""
+    processes. (``dpsgd`` in ``make test-slow``: a minute per case.)"""
     ranks = 4
     commands = fake_slurm_commands(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=2,
                                    env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2",
