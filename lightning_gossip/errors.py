@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 __all__ = ["ConfigMismatch", "GossipError", "GossipTimeout", "NonFiniteFromPeer",
-           "NonFiniteReplica", "PeerSilent", "RankExcluded", "lost_ranks"]
+           "NonFiniteReplica", "PeerSilent", "RankExcluded"]  # (and lost_ranks, a helper)
 
 
 class GossipError(RuntimeError):
