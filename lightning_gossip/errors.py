@@ -75,10 +75,10 @@ class RankExcluded(GossipError):
 
 
 class NewcomersAdmitted(BaseException):  # noqa: N818 - a signal, not an error
-    """An elastic ``dpsgd`` fit admitted newcomers at the start of a gossip-only round: the
-    epoch-end meeting that round belonged to starts again over the new members (a
-    ``BaseException``: not a loss to recover from; never leaves the strategy, so it is not
-    exported)."""
+    """An elastic ``dpsgd`` fit admitted newcomers at the start of a gossip-only round of a
+    rank waiting for the shared cursor's end: that round runs at the next wait, with the new
+    members (a ``BaseException``: not a loss to recover from; never leaves the strategy, so it
+    is not exported)."""
 
 
 class NonFiniteFromPeer(GossipError):

@@ -13,7 +13,9 @@ missing units wrap around to the first ones (as ``DistributedSampler`` pads its 
 With elastic claims (a ledger) and ``NodeShare(lockstep=True)`` (hierarchical ``dpsgd``, whose
 gossip-only rounds at an epoch's end are node collectives) the other local ranks run the
 ledger's wait only in step with local rank 0: it announces each call under the node's claim
-key before it makes it, and they make one call per announcement.
+key before it makes it, they make one call per announcement, and the claim carries the number
+of calls (the mates make those they have not seen: none when the calls are node collectives,
+which local rank 0 cannot finish without them).
 
 Example (one node of 2 ranks on a local store)::
 
@@ -28,7 +30,6 @@ Example (one node of 2 ranks on a local store)::
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -130,15 +131,18 @@ class Claims:
         node = f"node{share.node}" + (f".{share.incarnation}" if share.incarnation else "")
         mine = f"{counter}/{node}/claim{k}"
         if share.local == 0:
+            waits = None  # (lockstep: the ledger's waits, announced and counted)
             if self.ledger is not None:
-                claim = self._recorded(epoch, counter, claims, offset, what, first,
-                                       announce=mine if share.lockstep else None)
+                if share.lockstep:
+                    waits = _Announced(self.store, mine, what, self.ledger.on_wait)
+                claim = self._recorded(epoch, counter, claims, offset, what, first, waits)
                 claim = claims if claim is None else claim
             else:
                 claim = (int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
                          if self._balanced(epoch, counter, claims, offset, what)
                          else claims)  # (the node's other ranks end with it)
-            store_call(lambda: self.store.set(mine, str(claim)), what)
+            value = str(claim) if waits is None else f"{claim} {waits.calls}"
+            store_call(lambda: self.store.set(mine, value), what)
         else:
             claim = self._read_node_claim(mine, f"{what} (node {share.node})")
         if claim >= claims:
@@ -146,10 +150,10 @@ class Claims:
         return (claim * share.devices + share.local) % units
 
     def _recorded(self, epoch: int, counter: str, units: int, offset: int, what: str,
-                  first: bool, announce: str | None = None) -> int | None:
+                  first: bool, on_wait: Callable[[], None] | None = None) -> int | None:
         """The next unit through the :attr:`ledger` (see ``ledger``); ``None`` at the end.
-        ``announce``: the node's claim key, under which each call of the ledger's wait is
-        announced before it is made (``NodeShare.lockstep``)."""
+        ``on_wait``: called at each poll of the ledger's wait instead of its own (a lockstep
+        node's claimant announces each call first: :class:`_Announced`)."""
         ledger = self.ledger
         assert ledger is not None
         if ledger.rank not in ledger.live():  # the others went on without this rank
@@ -159,51 +163,38 @@ class Claims:
         unit = ledger.take_returned(epoch)
         if unit is None:
             index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
-            unit = index if index < units else ledger.wait_at_end(
-                epoch, on_wait=None if announce is None else self._announced(announce, what))
+            unit = index if index < units else ledger.wait_at_end(epoch, on_wait=on_wait)
         if unit is not None:
             ledger.record_claim(epoch, unit)
         return unit
-
-    def _announced(self, key: str, what: str) -> Callable[[], None]:
-        """The ledger's ``on_wait``, each call announced first under ``key``/wait<i>."""
-        ledger, calls = self.ledger, itertools.count()
-        assert ledger is not None
-
-        def on_wait() -> None:
-            announced = f"{key}/wait{next(calls)}"
-            store_call(lambda: self.store.set(announced, ""), what)
-            ledger.on_wait()
-
-        return on_wait
 
     def _read_node_claim(self, key: str, what: str) -> int:
         """The node's claim under ``key``, written by its local rank 0 (elastic: polled,
         running the ledger's ``on_wait`` meanwhile, so that this rank takes part in a recovery
         while its node's claimant waits at the epoch's end; ``lockstep``: once per call that
-        local rank 0 announced, see the module docstring)."""
+        local rank 0 announced, and the calls it made after this rank's last look, whose count
+        comes with the claim)."""
         ledger = self.ledger
         if ledger is None:
             return int(store_call(lambda: self.store.get(key), what))
         lockstep = self.share is not None and self.share.lockstep
         deadline, pause, calls = time.monotonic() + ledger.timeout, 0.001, 0
-        while True:  # the claim read first: the calls announced before it are seen after it
-            claimed = store_call(lambda: self.store.check([key]), what)
-            if lockstep and store_call(lambda i=calls: self.store.check([f"{key}/wait{i}"]),
-                                       what):
+        while not store_call(lambda: self.store.check([key]), what):
+            if not lockstep:
+                ledger.on_wait()
+            elif store_call(lambda i=calls: self.store.check([f"{key}/wait{i}"]), what):
                 ledger.on_wait()
                 calls, deadline, pause = calls + 1, time.monotonic() + ledger.timeout, 0.001
                 continue
-            if claimed:
-                break
-            if not lockstep:
-                ledger.on_wait()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: local rank 0 did not claim within "
                                    f"{ledger.timeout:g} s")
             time.sleep(pause)
             pause = min(2 * pause, ledger.poll_s)
-        return int(store_call(lambda: self.store.get(key), what))
+        claim, _, made = _text(store_call(lambda: self.store.get(key), what)).partition(" ")
+        for _ in range(int(made or calls) - calls):  # (none when its rounds were collectives)
+            ledger.on_wait()
+        return int(claim)
 
     def _balanced(self, epoch: int, counter: str, claims: int, offset: int, what: str) -> bool:
         """Whether to claim now (always without :attr:`balance`; with it, ``False`` leaves the
@@ -212,3 +203,24 @@ class Claims:
             return True
         made = int(store_call(lambda: self.store.add(counter, 0), what)) + offset
         return self.balance.take(epoch, claims - made)
+
+
+class _Announced:
+    """The ledger's wait of a lockstep node's claimant: each call of ``on_wait`` announced
+    first under ``key``/wait<i> (its node-mates make one call per announcement), and counted
+    (:attr:`calls`, written with the claim)."""
+
+    def __init__(self, store: dist.Store, key: str, what: str,
+                 on_wait: Callable[[], None]) -> None:
+        self.store, self.key, self.what, self.on_wait = store, key, what, on_wait
+        self.calls = 0
+
+    def __call__(self) -> None:
+        announced = f"{self.key}/wait{self.calls}"
+        store_call(lambda: self.store.set(announced, ""), self.what)
+        self.calls += 1
+        self.on_wait()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -175,11 +175,8 @@ class ElasticRounds:
         ``live`` (hierarchical: over the live nodes; the groups of
         :meth:`~.elastic_nodes.NodeUnits.groups`) numbered from it."""
         self.control, self.node_control = control, node_control
-        mine = torch.tensor([self.step()], dtype=torch.int64)
-        for group in (control, node_control):  # gloo: the column's, then (hierarchical) the
-            if group is not None:  # node's: a node's ranks may have failed a step apart
-                dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
-        common = int(mine.item())
+        # (hierarchical: a node's ranks may have failed a step apart)
+        common = int(self._max_over_survivors(torch.tensor([self.step()])).item())
         self.set_step(common)
         d, kw = self.units.devices, {}
         if self.node is not None:  # hierarchical
@@ -209,6 +206,14 @@ class ElasticRounds:
         except Exception as e:
             self.survivors.survive(e)
 
+    def _max_over_survivors(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (int64, CPU) become their maximum over the survivors: on the gloo control
+        group (flat: every live rank; hierarchical: the column's, then the node's)."""
+        for group in (self.control, self.node_control):
+            if group is not None:
+                dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+        return values
+
     def admit_joins(self, step: int) -> bool:
         """At the start of ``step`` (a multiple of :data:`JOIN_CHECK_EVERY`, once a rank was
         lost, once per step): admit the processes any member found asking to join (see the
@@ -222,13 +227,10 @@ class ElasticRounds:
         flags = torch.zeros(self.world_size + 1, dtype=torch.int64)
         flags[list(asked)] = 1
         flags[-1] = self.settling  # a member at its epoch-end meeting: not now (the docstring)
-        for group in (self.control, self.node_control):  # hierarchical: columns, then nodes
-            if group is not None:
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        self._max_over_survivors(flags)
         if flags[-1]:
             return False
-        seen = set(flags[:-1].nonzero().flatten().tolist())  # whole nodes (each asks alone)
-        joined = sorted(r for r in seen if set(self.units.whole((r,))) <= seen)
+        joined = self.units.complete(flags[:-1].nonzero().flatten().tolist())  # whole nodes
         if joined:
             survivors.retry(lambda: survivors.admit(joined))
         return bool(joined)

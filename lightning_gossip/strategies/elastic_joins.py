@@ -77,5 +77,4 @@ class NodeJoins:
                 return []
             self._checked = step
             asked = self.node_union(self.asked() or ())
-        asked = set(asked or ())
-        return sorted(r for r in asked if set(self.units.whole((r,))) <= asked)
+        return self.units.complete(asked or ())

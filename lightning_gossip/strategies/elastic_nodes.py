@@ -24,6 +24,8 @@ A lost node's relaunched processes rejoin together (the members admit whole node
     >>> units = NodeUnits(devices=2)
     >>> units.whole((3,)), units.claimant(3), units.claimants((0, 1, 4, 5))
     ((2, 3), 2, (0, 4))
+    >>> units.complete((2, 3, 4))  # node 2 has not asked whole yet
+    [2, 3]
     >>> flat = NodeUnits(devices=1)
     >>> flat.whole((3,)), flat.claimants((0, 2))
     ((3,), (0, 2))
@@ -59,6 +61,12 @@ class NodeUnits:
         """Every rank of the nodes of ``ranks`` (a rank lost takes its node with it)."""
         d = self.devices
         return tuple(sorted({r - r % d + k for r in ranks for k in range(d)}))
+
+    def complete(self, ranks: Iterable[int]) -> list[int]:
+        """The ranks of ``ranks`` whose whole node is in it (a node joins whole; its processes
+        ask one by one)."""
+        ranks = set(ranks)
+        return sorted(r for r in ranks if set(self.whole((r,))) <= ranks)
 
     def claimant(self, rank: int) -> int:
         """The rank that claims the shared cursor's batches for ``rank``'s node."""

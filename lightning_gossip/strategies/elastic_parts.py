@@ -90,7 +90,7 @@ class ElasticParts:
             self.founders = found_fit(*where, self.start_timeout)
             if self.founders is not None:
                 return self.founders.heartbeat
-            self.newcomer = join_running_fit(*where)  # it came after the founders' decision
+            self.newcomer = join_running_fit(*where, units=units)  # after the founders' decision
         if self.newcomer is None:
             return None
         self.incarnation = self.newcomer.membership.generation
@@ -106,13 +106,12 @@ class ElasticParts:
         return NodeGroups(node[0] if node else data, data, control=control,  # group's)
                           node_gossip=node[1] if len(node) > 1 else None)
 
-    def pairing_over(self, live: Sequence[int], rank: int,
-                     units: NodeUnits | None = None) -> RankPairing | None:
+    def pairing_over(self, live: Sequence[int], rank: int) -> RankPairing | None:
         """The pairing of ``rank``'s engine over the live ranks ``live`` (the members' after a
         loss or a join, and a newcomer's first: the same on every member; hierarchical: over
         the live nodes, in ``rank``'s column); ``None`` with fewer than two."""
         assert self.pairing is not None
-        return (units or self.units).pairing(*self.pairing, live, rank)
+        return self.units.pairing(*self.pairing, live, rank)
 
     def first_pairing(self, pairing: Pairing) -> Pairing | RankPairing:
         """The pairing of this process's first engine: ``pairing`` (every rank slot), or a
@@ -142,12 +141,12 @@ class ElasticParts:
         a join hands over the average of ``pack()`` and the lowest member's checkpoint with
         it. Hierarchical (``node``: this rank's node averaging, its all-reduce on ``device``):
         the node's new groups go to ``node``, a node all-reduce a loss interrupted is issued
-        again (``node.retry``), and the node's ranks agree on joins (:mod:`~.elastic_joins`)."""
-        units = NodeUnits(node.layout.devices) if node else RANKS
+        again (``node.retry``), and the node's ranks agree on joins (:mod:`~.elastic_joins`).
+        What leaves together: :attr:`units` (:meth:`join`'s)."""
 
         def node_union(ranks: Sequence[int]) -> list[int]:
             assert node is not None
-            flags = torch.zeros(node.layout.num_nodes * units.devices, device=device)
+            flags = torch.zeros(world_size, device=device)
             flags[list(ranks)] = 1.0
             node.all_reduce(flags, "agreeing on joins in the node")
             return flags.nonzero().flatten().tolist()
@@ -158,7 +157,7 @@ class ElasticParts:
             if node_group is not None:
                 assert node is not None
                 node.group = node_group
-            pairing = self.pairing_over(live, rank, units)
+            pairing = self.pairing_over(live, rank)
             if pairing is None:
                 return None
             engine = make_engine(pairing, control, data)
@@ -169,7 +168,7 @@ class ElasticParts:
         survivors = Survivors(
             run, rank, world_size, self.timeout, heartbeat=heartbeat, backend=backend,
             make_engine=engine_over, set_engine=set_engine, step=step, epoch=epoch,
-            loggers=loggers, membership=self.membership, units=units,
+            loggers=loggers, membership=self.membership, units=self.units,
             node_union=node_union if node else None,
             hand_over=self.members_side(pack, replicas, trainer, step),
             on_group=lambda group: sync_metrics_over(trainer.lightning_module, group))
