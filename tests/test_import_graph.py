@@ -4,12 +4,13 @@
   acyclic, both the graph of what runs when a module is imported (the module's body, its
   ``if``/``try``/``with`` blocks and class bodies) and the graph of every import, those in
   function bodies included (a cycle hidden by a function-level import is still a cycle: the
-  error classes in ``exchange.py`` once forced four of them). Imports under
-  ``if TYPE_CHECKING:`` never run and are no edges. An edge goes to the module an import
-  names: ``from lightning_gossip.liveness import Heartbeat`` is an edge to
-  ``lightning_gossip.liveness`` (its ``__init__``), ``from lightning_gossip import liveness``
-  one to ``lightning_gossip.liveness``; the implicit import of a parent package is not an edge
-  (every package's ``__init__`` imports its own submodules).
+  error classes in ``exchange.py`` once forced four of them), and the graph with the imports
+  under ``if TYPE_CHECKING:`` too (they never run, but two modules that name each other's
+  types are one concept split in two, or lean on each other through a protocol). An edge
+  goes to the module an import names: ``from lightning_gossip.liveness import Heartbeat`` is
+  an edge to ``lightning_gossip.liveness`` (its ``__init__``), ``from lightning_gossip import
+  liveness`` one to ``lightning_gossip.liveness``; the implicit import of a parent package is
+  not an edge (every package's ``__init__`` imports its own submodules).
 * ``lightning_gossip.errors`` imports nothing from the package and nothing outside the
   standard library, and every exception class of the package is defined there (the CLI's
   usage error aside).
@@ -54,27 +55,30 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def import_nodes(node: ast.AST, functions: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+def import_nodes(node: ast.AST, functions: bool,
+                 type_only: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements under ``node`` that can run, those in function bodies only with
-    ``functions`` (without them: those that run when the module is imported)."""
+    ``functions`` (without them: those that run when the module is imported), and with
+    ``type_only`` those under ``if TYPE_CHECKING:`` too (every import of the module)."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+        elif isinstance(child, ast.If) and _is_type_checking(child.test) and not type_only:
             for stmt in child.orelse:
                 yield from import_nodes(ast.Module(body=[stmt], type_ignores=[]), functions)
         elif functions or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                  ast.Lambda)):
-            yield from import_nodes(child, functions)
+            yield from import_nodes(child, functions, type_only)
 
 
-def imported_modules(name: str, path: Path, functions: bool) -> set[str]:
+def imported_modules(name: str, path: Path, functions: bool,
+                     type_only: bool = False) -> set[str]:
     """The package's modules that the module ``name`` (at ``path``) imports by name (see
-    :func:`import_nodes` for ``functions``)."""
+    :func:`import_nodes` for ``functions`` and ``type_only``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
     out: set[str] = set()
-    for node in import_nodes(tree, functions):
+    for node in import_nodes(tree, functions, type_only):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -94,10 +98,10 @@ def imported_modules(name: str, path: Path, functions: bool) -> set[str]:
     return out
 
 
-def import_graph(functions: bool) -> dict[str, set[str]]:
+def import_graph(functions: bool, type_only: bool = False) -> dict[str, set[str]]:
     """Each module of the package -> the package's modules it imports (see
-    :func:`import_nodes` for ``functions``)."""
-    return {name: imported_modules(name, path, functions) - {name}
+    :func:`import_nodes` for ``functions`` and ``type_only``)."""
+    return {name: imported_modules(name, path, functions, type_only) - {name}
             for name, path in MODULES.items()}
 
 
@@ -135,8 +139,11 @@ def test_the_graph_is_read_from_the_source():
     assert f"{PACKAGE}.errors" in graph[f"{PACKAGE}.exchange"]
     assert f"{PACKAGE}.liveness" in graph[f"{PACKAGE}.exchange"]  # `from ... import liveness`
     assert f"{PACKAGE}.liveness.waits" in graph[f"{PACKAGE}.liveness.heartbeat"]
-    # a TYPE_CHECKING import is no edge: waits.py names Heartbeat for annotations only
-    assert f"{PACKAGE}.liveness.heartbeat" not in every[f"{PACKAGE}.liveness.waits"]
+    # a TYPE_CHECKING import is an edge of the type-only graph alone (pairing.py names
+    # hierarchy's types for annotations only)
+    typed = import_graph(functions=True, type_only=True)
+    assert f"{PACKAGE}.hierarchy" in typed[f"{PACKAGE}.pairing"]
+    assert f"{PACKAGE}.hierarchy" not in every[f"{PACKAGE}.pairing"]
     # a function-level import is an edge of the full graph only (plan.blocks's of analysis)
     assert f"{PACKAGE}.analysis" in every[f"{PACKAGE}.plan.blocks"]
     assert f"{PACKAGE}.analysis" not in graph[f"{PACKAGE}.plan.blocks"]
@@ -147,9 +154,12 @@ def test_find_cycle_finds_a_cycle():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-@pytest.mark.parametrize("functions", [False, True], ids=["import-time", "with-functions"])
-def test_the_package_has_no_import_cycle(functions):
-    cycle = find_cycle(import_graph(functions))
+@pytest.mark.parametrize(("functions", "type_only"), [(False, False), (True, False), (True, True)],
+                         ids=["import-time", "with-functions", "with-type-only"])
+def test_the_package_has_no_import_cycle(functions, type_only):
+    """Type-only imports included: a cycle that only ``TYPE_CHECKING`` hides is still two
+    modules that need each other."""
+    cycle = find_cycle(import_graph(functions, type_only))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 

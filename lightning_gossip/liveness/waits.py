@@ -3,8 +3,10 @@ a result computed by a communication thread: one wait loop, :func:`_watch`), the
 rank to blame for a failed wait (:func:`blame`, :func:`find_silent`), and the SIGTERM check of
 the strategies (:class:`SigtermWatch`, :func:`make_sigterm_check_local`).
 
-This module needs only the error classes at run time (the :class:`Heartbeat` it is given is
-duck-typed; its module imports this one), so the liveness modules form no import cycle."""
+The waits read a rank's heartbeat through :class:`PeerWatch`, the four things they ask of it;
+:class:`~lightning_gossip.liveness.heartbeat.Heartbeat` (whose module imports this one) is one,
+so this module needs nothing of it, not even for annotations: the liveness modules form no
+import cycle."""
 
 from __future__ import annotations
 
@@ -12,21 +14,40 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.distributed as dist
 
 from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer, PeerSilent
 
-if TYPE_CHECKING:  # heartbeat.py imports this module
-    from lightning_gossip.liveness.heartbeat import Heartbeat
+
+class PeerWatch(Protocol):
+    """What a wait asks of a rank's heartbeat
+    (:class:`~lightning_gossip.liveness.heartbeat.Heartbeat` is one)."""
+
+    #: seconds between two beats of a rank
+    interval: float
+
+    def silent(self, ranks: Iterable[int], threshold: float | None = None) -> list[int]:
+        """The ranks among ``ranks`` whose beat is late by more than ``threshold`` seconds
+        (or that marked themselves gone)."""
+        ...
+
+    def describe(self, silent: Sequence[int], threshold: float | None = None) -> str:
+        """A sentence naming the ``silent`` ranks, for an error message."""
+        ...
+
+    def check(self, where: str) -> None:
+        """Raise the error of a finding of the heartbeat's monitor (a silent peer), naming
+        ``where`` the rank was."""
+        ...
 
 #: seconds a wait still gives its works once a peer is found silent (its last message may be
 #: on its way)
 GRACE_S = 1.0
 
 
-def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: Heartbeat | None,
+def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: PeerWatch | None,
                    timeout: timedelta, what: str,
                    should_stop: Callable[[], bool] | None = None, polled: bool = False) -> bool:
     """Wait for every work to complete, failing fast if a peer it depends on goes silent.
@@ -73,7 +94,7 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
     return True
 
 
-def blame(error: BaseException, peers: Iterable[int], heartbeat: Heartbeat | None,
+def blame(error: BaseException, peers: Iterable[int], heartbeat: PeerWatch | None,
           what: str) -> BaseException:
     """The error to raise for ``error``, a failed wait on several ``peers``: when it does not
     say which peer failed (a broken connection: gloo names an address, not a rank), look at
@@ -105,9 +126,9 @@ def blame(error: BaseException, peers: Iterable[int], heartbeat: Heartbeat | Non
     return found
 
 
-def find_silent(heartbeat: Heartbeat, peers: Iterable[int], within_s: float,
+def find_silent(heartbeat: PeerWatch, peers: Iterable[int], within_s: float,
                 threshold: float | None = None, poll_s: float = 0.05) -> list[int]:
-    """The ranks among ``peers`` that :meth:`Heartbeat.silent` reports (with ``threshold``),
+    """The ranks among ``peers`` that :meth:`PeerWatch.silent` reports (with ``threshold``),
     looking every ``poll_s`` seconds for up to ``within_s`` seconds (at least once); empty
     when none is found by then. Raises :class:`PeerSilent` when the store is unreachable.
 
@@ -161,7 +182,7 @@ class _Waiter:
             self.done.set()
 
 
-def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat | None,
+def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: PeerWatch | None,
               timeout: timedelta, what: str) -> None:
     """Wait for ``done`` (set by a thread that waits on the network), failing fast if a peer
     goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`).
@@ -175,7 +196,7 @@ def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat 
            timeout, what)
 
 
-def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: Heartbeat | None,
+def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: PeerWatch | None,
            deadline: float, timeout: timedelta, what: str,
            should_stop: Callable[[], bool] | None = None) -> bool:
     """The one deadline-and-heartbeat wait: wait for ``done`` until the monotonic ``deadline``

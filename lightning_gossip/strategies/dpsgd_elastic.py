@@ -1,5 +1,6 @@
 """The elastic parts of a ``DPSGDStrategy(elastic=True)`` fit: :class:`ElasticRounds`, owned by
-the strategy as ``strategy.elastic_rounds`` and built from values and small callables.
+the strategy as ``strategy.elastic_rounds`` and built from values and small callables, and its
+Lightning side, :class:`EpochHooks` (put first in the trainer's callbacks by :func:`attach`).
 
 Synchronous gossip couples every rank to this round's peers, so a lost rank stops its peers'
 rounds, and theirs stop the next ones: every survivor meets the loss within a heartbeat
@@ -52,7 +53,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import RunningStage
+from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import NewcomersAdmitted
@@ -64,7 +67,6 @@ from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.shared_cursor import default_store
 from lightning_gossip.strategies.collectives import Watched, share_epoch_values, sync_metrics_over
 from lightning_gossip.strategies.cursor_resume import CursorResume
-from lightning_gossip.strategies.dpsgd_epoch_hooks import attach
 from lightning_gossip.strategies.elastic import Survivors
 from lightning_gossip.strategies.elastic_joins import JOIN_CHECK_EVERY
 from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
@@ -72,7 +74,7 @@ from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.sync_gossip import SyncGossip
 from lightning_gossip.topology import MemberTopology, build
 
-__all__ = ["JOIN_CHECK_EVERY", "ElasticRounds"]
+__all__ = ["JOIN_CHECK_EVERY", "ElasticRounds", "EpochHooks", "attach"]
 
 
 class ElasticRounds:
@@ -294,6 +296,26 @@ class ElasticRounds:
         except NewcomersAdmitted:
             pass  # the round runs at the next wait, with the new members
 
+    def resumed(self, at_epoch_end: bool) -> None:
+        """The fit starts; ``at_epoch_end``: from a checkpoint written at an epoch's end (its
+        last batch trained)."""
+        self.epoch_end_restored = at_epoch_end
+
+    def open_epoch(self, epoch: int) -> None:
+        """Training epoch ``epoch`` starts on this rank."""
+        self.in_epoch, self.batches, self.epoch_end_restored = True, 0, False
+        self.survivors.epoch_opened(epoch)
+
+    def batch_trained(self, epoch: int) -> None:
+        """This rank trained one more batch of ``epoch``."""
+        self.batches += 1
+        self.survivors.batch_trained(epoch)
+
+    def interrupted(self) -> None:
+        """The fit ended in an exception: a later validate or test meets the others without
+        settling the epoch."""
+        self.in_epoch = False
+
     def settle(self, epoch: int) -> None:
         """Before validation and at the epoch's end: leave ``epoch`` at the same step as every
         live rank (:class:`~lightning_gossip.even_rounds.EvenRounds`); once per epoch."""
@@ -320,3 +342,56 @@ class ElasticRounds:
             if _compat.validation_due(trainer):
                 _compat.validate_now(trainer)
         share_epoch_values(trainer, self.batches > 0, self.watched)
+
+
+def attach(rounds: ElasticRounds, trainer: pl.Trainer) -> None:
+    """Check the trainer (``ValueError`` for what an elastic ``dpsgd`` fit cannot support)
+    and put ``rounds``' :class:`EpochHooks` first in its callbacks (once)."""
+    if trainer.val_check_interval != 1.0:
+        raise ValueError(
+            "DPSGDStrategy(elastic=True) validates at epoch ends only (the ranks share the "
+            "epoch's batches, so they may train different numbers of them); got "
+            f"val_check_interval={trainer.val_check_interval}. Use "
+            "check_val_every_n_epoch.")
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and _compat.checkpoints_within_epoch(cb):
+            raise ValueError(
+                "DPSGDStrategy(elastic=True) checkpoints at epoch ends and validations only; "
+                "ModelCheckpoint(every_n_train_steps / train_time_interval) is not supported.")
+    if not any(isinstance(cb, EpochHooks) for cb in trainer.callbacks):
+        trainer.callbacks.insert(0, EpochHooks(rounds))
+
+
+class EpochHooks(Callback):
+    """Lightning's side of :class:`ElasticRounds`: an epoch opens, a batch is trained, the
+    ranks settle before validation during ``fit`` and at the epoch's end."""
+
+    def __init__(self, rounds: ElasticRounds) -> None:
+        self.rounds = rounds
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.resumed(_compat.epoch_end_restored(trainer))
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.open_epoch(trainer.current_epoch)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.rounds.batch_trained(trainer.current_epoch)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.rounds.settle(trainer.current_epoch)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rounds.end_epoch(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self.rounds.interrupted()
