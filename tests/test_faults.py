@@ -208,7 +208,8 @@ RESTART_SCRIPT = ROOT / "tests/scripts/restart_ranks.py"
 RESTART_EPOCHS, RESTART_STEPS_PER_EPOCH, CHECKPOINT_EVERY = 5, 48, 10
 # held-out accuracy of uninterrupted runs: 0.932 (dpsgd: 4 launches, deterministic), 0.931
 # (adpsgd); 0.929-0.938 over 5 data orders of the same model trained by plain SGD (a restart
-# changes the data order): 3x the spread measured (docs/faults.md, "Crash recovery by restart").
+# changes the data order): 3x the spread measured (benchmarks/results/LOG.md, "Crash recovery by
+# restart: test and measurements").
 # test_uninterrupted_run_reaches_the_reference_accuracy (make test-slow) re-measures it.
 UNINTERRUPTED_ACCURACY = 0.932
 ACCURACY_TOLERANCE = 0.03

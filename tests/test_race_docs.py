@@ -1,6 +1,7 @@
-"""Records make the docs: the race parts of docs/choosing.md, docs/benchmarks.md and the
-README's results sentence are what ``benchmarks/race/docs.py`` generates from
-``benchmarks/results/race/`` (regenerate with ``python -m benchmarks.race.docs``).
+"""Records make the docs: the race parts of docs/choosing.md and docs/races.md, the demo's parity
+table of docs/benchmarks.md and the README's results sentence are what
+``benchmarks/race/docs.py`` generates from ``benchmarks/results/`` (regenerate with
+``python -m benchmarks.race.docs``).
 
 Also: the generated text claims no speed-up while no fair record exists, lists every withdrawn
 record, and renders a fair record's claims only where ``rules.score`` allows them.
@@ -16,7 +17,8 @@ from tests.test_race_rules import fair_record
 def test_committed_docs_equal_the_generated_text() -> None:
     parts = docs.generated()
     rendered = {rel: docs.render(ROOT / rel, parts) for rel in docs.TARGETS}
-    assert rendered["docs/choosing.md"] is not None, "docs/choosing.md lost its race markers"
+    for rel in ("docs/choosing.md", "docs/races.md", "docs/benchmarks.md", "README.md"):
+        assert rendered[rel] is not None, f"{rel} lost its generated part's markers"
     stale = [rel for rel, text in rendered.items()
              if text is not None and text != (ROOT / rel).read_text()]
     assert stale == [], f"run `python -m benchmarks.race.docs`: {stale} differ from the records"

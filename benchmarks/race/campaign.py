@@ -21,7 +21,7 @@ campaign waits up to ``--settle-s`` for the load of the previous launch to decay
 is written after every case (atomically), so a stopped campaign loses at most the case in
 progress, and started again with the same ``--out`` it goes on where it stopped.
 
-Usage (the campaign of docs/benchmarks.md, "Race rules")::
+Usage (the campaign of docs/races.md, "Race rules")::
 
     sudo python -m benchmarks.race.campaign --workload asr --nodes 2 --procs 2 --rate 200 \\
         --latency-ms 0.5 --target 20 --eval-every 160 --max-samples 9600 --runs 3 \\

@@ -1,6 +1,6 @@
 """The race's parts of the docs, generated from the records in ``benchmarks/results/race/``.
 
-Writes, between markers, the race tables of ``docs/choosing.md`` and ``docs/benchmarks.md``
+Writes, between markers, the race tables of ``docs/choosing.md`` and ``docs/races.md``
 (``<!-- race-table:begin -->`` ... ``<!-- race-table:end -->``), the README's results
 sentence (``<!-- results-sentence:begin -->`` ... ``<!-- results-sentence:end -->``) and the
 demo's parity table of ``docs/benchmarks.md`` (``parity-table``, from
@@ -44,8 +44,8 @@ MARKERS = {
 }
 """Name -> (begin, end) markers of a generated part."""
 
-TARGETS = {"docs/choosing.md": ("race-table",),
-           "docs/benchmarks.md": ("race-table", "parity-table"),
+TARGETS = {"docs/choosing.md": ("race-table",), "docs/races.md": ("race-table",),
+           "docs/benchmarks.md": ("parity-table",),
            "README.md": ("results-sentence",), WITHDRAWN: ("withdrawn-table",)}
 """Which generated parts each file may hold (a file without a part's markers is left alone)."""
 
@@ -280,9 +280,9 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
                     "learning rates, an early target, single runs, a handicap that differed "
                     "per case, a sampler that fed every case but adpsgd one chunk of the "
                     "data), and no race has yet been run under the "
-                    "[race rules](docs/benchmarks.md#race-rules); "
+                    "[race rules](docs/races.md#race-rules); "
                     "[docs/choosing.md](docs/choosing.md) says how to choose meanwhile.")
-    return wrap("Under the [race rules](docs/benchmarks.md#race-rules) (equal tuning, a "
+    return wrap("Under the [race rules](docs/races.md#race-rules) (equal tuning, a "
                 "converged target, 3 runs each, a claim only where the ranges do not overlap), "
                 "median time to the target over ddp's, for the library's fastest case "
                 + "; ".join(races) + " ([docs/choosing.md](docs/choosing.md)).")

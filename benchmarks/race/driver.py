@@ -21,7 +21,7 @@ runs). Without it ``ddp`` runs first, for ``--epochs`` epochs; the target is its
 0.5 points easier and every other case's budget is 3x its time (or ``--budget``). A case stops
 at the first validation at or beyond the target, or when its budget is spent.
 
-The race rules (docs/benchmarks.md, "Race rules"; ``benchmarks/rules.py``) the race
+The race rules (docs/races.md, "Race rules"; ``benchmarks/rules.py``) the race
 enforces itself: every case trains at ``--lr`` times the per-learner rule's factor
 (``rules.case_lr``: sqrt(learners) under Adam for every method that runs one optimizer per
 learner between averages), or at its tuned peak (``--case-peak``), and records it; link latency

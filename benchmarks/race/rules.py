@@ -1,4 +1,4 @@
-"""The race's rules (docs/benchmarks.md, "Race rules"), as pure functions the race enforces.
+"""The race's rules (docs/races.md, "Race rules"), as pure functions the race enforces.
 
 Modelled on MLPerf Training's time-to-train rules: the same tuning procedure for every case, a
 converged target, several runs per case with the case order rotated, a claim only where the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The race campaign of docs/benchmarks.md ("Race rules"): three races under the rules (about 5
+# The race campaign of docs/races.md ("Race rules"): three races under the rules (about 5
 # hours idle on 2 cores; the 1 Gbit/s race, about 1 hour, and the remedies' race, about 2 hours,
 # only when asked for), then the docs regenerated from their records. Needs root and an idle
 # 2-core machine; link latency is `netem`'s, or testbed/link_delay.py's (iptables, installed here
