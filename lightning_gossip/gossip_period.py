@@ -59,10 +59,12 @@ __all__ = [
     "period_hides",
 ]
 
-#: headroom of the policy: ``n * compute_s >= DEFAULT_MARGIN * exchange_s``
 DEFAULT_MARGIN = 1.1
-#: the longest period ``"auto"`` picks: 1/32 of a replica per node and step
+"""Headroom of the policy: a period ``n`` qualifies when ``n * compute_s >= DEFAULT_MARGIN *
+exchange_s``."""
 DEFAULT_MAX_PERIOD = 32
+"""The longest period ``"auto"`` picks: 1/32 of a replica per node and step, the
+communication budget's floor."""
 
 
 def _seconds(name: str, value: float, positive: bool = False) -> float:
