@@ -196,6 +196,23 @@ def test_tuner_ranks_agree_through_the_cross_rank_max() -> None:
     assert choose_period(*local[0]) == 2 and choose_period(*local[1]) == 3
 
 
+def test_tuner_exchanges_off_the_step_cadence() -> None:
+    """A gossip thread's exchanges: several, or none, per step (adpsgd)."""
+    tuner = PeriodTuner(warmup_steps=1, measure_steps=2, recheck_every=None)
+    tuner.record_exchange(5.0)  # during the warm-up step: dropped
+    tuner.record(5.0)
+    for x in (0.2, 0.3, 0.4):
+        tuner.record_exchange(x)
+    tuner.record(0.1)
+    tuner.record(0.1)  # no exchange in this step
+    assert tuner.due
+    assert tuner.local_values() == (0.1, 0.3)
+    d = tuner.decide(*tuner.local_values())
+    assert (d.period, d.compute_samples, d.exchange_samples) == (4, 2, 3)  # 1.1 x 3 = 3.3
+    with pytest.raises(ValueError, match="exchange_s must be a finite number of seconds"):
+        tuner.record_exchange(-0.1)
+
+
 def test_tuner_keeps_the_latest_samples_and_refuses_bad_input() -> None:
     tuner = PeriodTuner(warmup_steps=0, measure_steps=6, max_samples=3)
     _feed(tuner, [(9.0, 9.0)] * 3 + [(0.1, 0.25)] * 3)

@@ -1,148 +1,23 @@
-"""How often to gossip: the period that ``gossip_every_n_steps="auto"`` picks, and the tuner
-that measures a fit's first steps for it.
-
-Pure Python (the standard library only: no torch, no torch.distributed, no Lightning), so the
-strategies, a plain loop and ``lightning-gossip plan`` share one policy: what ``plan`` prints
-for a cluster is what a strategy picks from the same two numbers.
-
-**The ratio R.** ``R = exchange_s / compute_s`` (:func:`comm_compute_ratio`): the time of one
-exchange of the replica as sent on the wire over the compute time of one step (forward,
-backward, optimizer step). It decides whether gossip can hide: an exchange with ``R <= 1``
-hides behind one step; ``R = 4`` needs 4 steps of compute between exchanges.
-
-**The policy** (:func:`choose_period`): the smallest period ``n`` in ``1 .. max_period`` with
-``n * compute_s >= margin * exchange_s``, or ``max_period`` when none qualifies. These are the
-terms of the cost model (:mod:`lightning_gossip.plan`, :func:`~lightning_gossip.plan.step_time`):
-with a period ``n`` an exchange is posted at the first step of its period and has the ``n``
-steps up to the next exchange to complete (``overlap``), or is applied at the next exchange
-(``delay_by_one``), so a period of ``n`` steps takes ``max(n compute, exchange)`` (plus the
-blocking part) with ``overlap=1``, and the exchange is hidden exactly when
-``n compute >= exchange``. The margin (default :data:`DEFAULT_MARGIN`, 10 %) asks for
-headroom: the measurements are medians of steps that vary, and an exchange that runs next to
-compute is slower than one measured alone (shared cores with gloo, shared memory bandwidth on
-GPUs). In ``blocking`` mode no period hides an exchange; the same rule bounds its cost, spread
-over the period, to ``1 / margin`` of a step's compute. The longest period,
-:data:`DEFAULT_MAX_PERIOD` (32), is the communication budget's floor: 1/32 of a replica per
-node and step.
-
-**The tuner** (:class:`PeriodTuner`) is what a strategy drives: it collects one compute time
-per step and the time of every exchange, skips the first steps (their warm-up costs:
-allocation, kernel selection, connection set-up), and says when a decision is due; the
-strategy then (for ``dpsgd``, whose ranks must agree on one period) takes the cross-rank
-maximum of :meth:`PeriodTuner.local_values` with one all-reduce and hands it to
-:meth:`PeriodTuner.decide`. When a decision is due is a function of the number of steps
-recorded only, so ranks that step in lockstep reach it at the same step. How to drive it:
-:class:`PeriodTuner`.
-
->>> choose_period(0.1, 0.05)  # R = 0.5: every step
-1
->>> choose_period(0.1, 0.25)  # R = 2.5: 3 steps of compute cover 1.1 x the exchange
-3
->>> choose_period(0.1, 100.0)  # R = 1000: hidden by no allowed period, the longest one
-32
-"""
+"""The tuner a strategy drives for ``gossip_every_n_steps="auto"``: samples, medians, the
+schedule of decisions (:class:`PeriodTuner`) and what it decided (:class:`PeriodDecision`)."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 
-__all__ = [
-    "DEFAULT_MARGIN",
-    "DEFAULT_MAX_PERIOD",
-    "PeriodDecision",
-    "PeriodTuner",
-    "choose_period",
-    "comm_compute_ratio",
-    "period_hides",
-]
+from lightning_gossip.gossip_period.policy import (
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_PERIOD,
+    _check_policy,
+    _seconds,
+    choose_period,
+    comm_compute_ratio,
+    period_hides,
+)
 
-DEFAULT_MARGIN = 1.1
-"""Headroom of the policy: a period ``n`` qualifies when ``n * compute_s >= DEFAULT_MARGIN *
-exchange_s``."""
-DEFAULT_MAX_PERIOD = 32
-"""The longest period ``"auto"`` picks: 1/32 of a replica per node and step, the
-communication budget's floor."""
-
-
-def _seconds(name: str, value: float, positive: bool = False) -> float:
-    """``value`` as a float; ``ValueError`` naming ``name`` unless finite and >= 0 (> 0)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        rel = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number of seconds {rel}, got {value!r}")
-    return v
-
-
-def _check_policy(margin: float, max_period: int) -> None:
-    """``ValueError`` unless ``margin`` is finite and > 0 and ``max_period`` an int >= 1."""
-    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
-        raise ValueError(f"margin must be a finite number > 0, got {margin!r}")
-    if not isinstance(max_period, int) or isinstance(max_period, bool) or max_period < 1:
-        raise ValueError(f"max_period must be an integer >= 1, got {max_period!r}")
-
-
-def comm_compute_ratio(compute_s: float, exchange_s: float) -> float:
-    """``R = exchange_s / compute_s``: one exchange's time over one step's compute time.
-
-    >>> comm_compute_ratio(0.1, 0.25)
-    2.5
-    """
-    c = _seconds("compute_s", compute_s, positive=True)
-    return _seconds("exchange_s", exchange_s) / c
-
-
-def period_hides(period: int, compute_s: float, exchange_s: float,
-                 margin: float = 1.0) -> bool:
-    """Whether ``period`` steps of ``compute_s`` cover ``margin`` times an exchange of
-    ``exchange_s``: ``period * compute_s >= margin * exchange_s``, up to a relative 1e-9 (so
-    that 3 steps of 0.1 s cover 1.5 times 0.2 s, although ``1.5 * 0.2 / 0.1`` is
-    3.0000000000000004 in floating point).
-
-    >>> period_hides(3, 0.1, 0.25), period_hides(2, 0.1, 0.25)
-    (True, False)
-    >>> period_hides(3, 0.1, 0.2, margin=1.5)  # exactly at the margin
-    True
-    """
-    c = _seconds("compute_s", compute_s, positive=True)
-    x = _seconds("exchange_s", exchange_s)
-    return period * c >= margin * x * (1.0 - 1e-9)
-
-
-def choose_period(compute_s: float, exchange_s: float, *, margin: float = DEFAULT_MARGIN,
-                  max_period: int = DEFAULT_MAX_PERIOD) -> int:
-    """The smallest period ``n`` in ``1 .. max_period`` (local steps between exchanges) whose
-    exchange hides behind the compute of its steps with ``margin``:
-    ``n * compute_s >= margin * exchange_s`` (:func:`period_hides`); ``max_period`` when no
-    period qualifies. Deterministic: the same numbers give the same period on every rank.
-
-    ``compute_s``: seconds of forward, backward and optimizer step of one step, without waits
-    for communication (> 0). ``exchange_s``: seconds of one exchange of the replica as sent on
-    the wire (>= 0; 0 gives 1). The module's docstring says why this is the cost model's
-    condition for a hidden exchange.
-
-    >>> choose_period(0.2, 0.2), choose_period(0.2, 0.2, margin=1.0)  # R = 1
-    (2, 1)
-    >>> choose_period(0.1, 0.0), choose_period(0.1, 1.0, max_period=4)
-    (1, 4)
-    >>> choose_period(0.0, 0.1)
-    Traceback (most recent call last):
-    ...
-    ValueError: compute_s must be a finite number of seconds > 0, got 0.0
-    """
-    _check_policy(margin, max_period)
-    c = _seconds("compute_s", compute_s, positive=True)
-    x = _seconds("exchange_s", exchange_s)
-    need = margin * x / c
-    n = max(1, math.ceil(need))
-    if n > 1 and period_hides(n - 1, c, x, margin):  # ceil overshot by a rounding error
-        n -= 1
-    return min(n, max_period)
+__all__ = ["PeriodDecision", "PeriodTuner"]
 
 
 @dataclass(frozen=True)
@@ -212,7 +87,10 @@ class PeriodTuner:
        the part that was not hidden: time it where the exchange is waited on (the exchange's
        worker thread) or time a blocking exchange around its post and wait. ``None`` for a
        step that completed no exchange.
-    4. Call :meth:`record` with both, then read :attr:`due`. When it is ``True``:
+    4. Call :meth:`record` with both, then read :attr:`due` (an exchange that completes
+       outside the step's cadence, on a gossip thread: :meth:`record_exchange` for each,
+       called from the training thread, which the gossip thread hands the times to with its
+       deltas: the tuner is not thread-safe). When :attr:`due` is ``True``:
 
        * ``dpsgd`` (the ranks must agree on one period): all-reduce
          ``list(tuner.local_values())`` with ``MAX`` (one 2-value tensor on a group of all
@@ -225,7 +103,8 @@ class PeriodTuner:
 
     Later windows keep measuring at the period in force: every step's compute, and the
     exchanges that happen (one per period). A window without an exchange (a period longer
-    than ``recheck_every``) keeps the last decision's exchange time.
+    than ``recheck_every``) keeps the last decision's exchange time. A fit (or a resumed fit)
+    starts with a new tuner: period 1 until its first decision.
 
     >>> tuner = PeriodTuner(warmup_steps=1, measure_steps=3, recheck_every=4)
     >>> for c, x in [(9.0, 9.0), (0.1, 0.25), (0.1, 0.24), (0.12, 0.26)]:
@@ -302,11 +181,24 @@ class PeriodTuner:
         the first ``warmup_steps`` steps are dropped."""
         c = _seconds("compute_s", compute_s)
         x = None if exchange_s is None else _seconds("exchange_s", exchange_s)
-        if self._steps >= self.warmup_steps or self._decisions:
+        if not self._warming_up:
             self._compute.append(c)
             if x is not None:
                 self._exchange.append(x)
         self._steps += 1
+
+    def record_exchange(self, exchange_s: float) -> None:
+        """Record the time of one more exchange that completed during the current step (the
+        step :meth:`record` records next), for strategies whose exchanges do not follow the
+        steps one to one (a gossip thread). Dropped during the first ``warmup_steps`` steps."""
+        x = _seconds("exchange_s", exchange_s)
+        if not self._warming_up:
+            self._exchange.append(x)
+
+    @property
+    def _warming_up(self) -> bool:
+        """Whether samples recorded now are dropped (the first ``warmup_steps`` steps)."""
+        return self._steps < self.warmup_steps and not self._decisions
 
     def local_values(self) -> tuple[float, float]:
         """``(compute_s, exchange_s)``: the medians of this rank's window (the values to
