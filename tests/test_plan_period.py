@@ -90,7 +90,7 @@ def test_adpsgd_period_by_hand() -> None:
 def test_ddp_has_no_period() -> None:
     for algorithm in ("ring", "tree", "hierarchical"):
         row = plan.predict_ddp(C22, W1M, algorithm)
-        assert (row.period, row.exchange_s) == (1, 0.0)
+        assert (row.period, row.compute_s, row.exchange_s) == (1, 0.0, 0.0)
 
 
 def test_cluster_ratio_and_its_period() -> None:

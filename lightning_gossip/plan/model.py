@@ -191,8 +191,8 @@ class Prediction:
     exchanges) they were predicted and give the two numbers the period policy
     (:func:`lightning_gossip.gossip_period.choose_period`) takes, as a strategy measures them:
     ``exchange_s``, one exchange (its link time plus its host work), and ``compute_s``, the
-    compute per step it can hide behind in the row's scheduling mode (0 and the compute for
-    ddp, which has no period)."""
+    compute per step it can hide behind in the row's scheduling mode (both 0 for ddp, which
+    has no period)."""
 
     strategy: str
     step_s: float
