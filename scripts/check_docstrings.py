@@ -37,6 +37,7 @@ MODULES = (
     "lightning_gossip.mixing",
     "lightning_gossip.sim",
     "lightning_gossip.analysis",
+    "lightning_gossip.gossip_period",
 )
 
 

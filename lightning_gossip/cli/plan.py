@@ -11,6 +11,7 @@ from typing import Any
 
 from lightning_gossip import plan as _plan
 from lightning_gossip import topology as _topology
+from lightning_gossip.cli import plan_period
 from lightning_gossip.cli.common import (
     CLIError,
     check_writable,
@@ -33,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "intra_gbyte": 150.0, "intra_latency_us": 5.0, "topology": "random_ring",
     "mode": "overlap", "pairing": "ring", "max_staleness": 4, "stragglers": "0:1",
     "seed": 0, "tolerance": 1e-3, "overlap": 1.0, "host_gbyte": None,
-    "ddp_host_gbyte": None, "exchange_efficiency": 1.0,
+    "ddp_host_gbyte": None, "exchange_efficiency": 1.0, "gossip_every_n_steps": "auto",
 }
 _WIRE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -112,6 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--stragglers", metavar="FRACTION:SLOWDOWN",
                    help="a fraction of the ranks this many times slower, e.g. 0.05:2 "
                         "(default none)")
+    p.add_argument("--gossip-every-n-steps", type=plan_period.period_arg, metavar="N|auto",
+                   help="local steps between gossip exchanges in the period table (default "
+                        "auto: the period the strategies' auto mode picks for each)")
     p.add_argument("--seed", type=int, help="seed of random topologies (default 0)")
     p.add_argument("--tolerance", type=float,
                    help="consensus error reduction for the steps column (default 1e-3)")
@@ -222,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"tolerance must be in (0, 1), got {v['tolerance']}")
     cluster, work = _model(v)
     rows = _predict(v, cluster, work, float(v["tolerance"]))
+    plan_period.period_value(v["gossip_every_n_steps"])  # a bad --config value fails first
     ref = rows[0].step_s
     headers = ["strategy", "step ms", "exposed ms", "x ddp", "inter/rank/step",
                "inter/node/step", "consensus steps", "note"]
@@ -245,9 +250,11 @@ def run(args: argparse.Namespace) -> int:
           "rates); exposed: step - compute;\ninter: bytes sent on inter-node links; consensus "
           f"steps: mixing steps to cut the consensus error by {float(v['tolerance']):g} "
           "(as `topologies`).\nModel and what it ignores: docs/plan.md.")
+    period = plan_period.report(v, cluster, work, ref, _stragglers(v["stragglers"], cluster))
     if out_json is not None:
         out_json.write_text(json.dumps({"args": jsonable(vars(args)), "values": v,
-                                        "rows": [r.as_dict() for r in rows]}, indent=1))
+                                        "rows": [r.as_dict() for r in rows],
+                                        "period": period}, indent=1))
         print(f"wrote {out_json}")
     if plot is not None:
         _plot(v, plot)

@@ -17,6 +17,13 @@ communication. Communication that the strategy posts before forward/backward (``
 hidden behind compute up to the compute time; ``delay_by_one`` gives it a whole step;
 ``blocking`` adds it. "Exposed communication" is step time minus compute time.
 
+**Gossip period.** With ``period=n`` (a strategy's ``gossip_every_n_steps``) the gossip rows
+exchange once every ``n`` steps and the exchange has the ``n`` steps of its period to hide
+behind: per step, its time, host work and bytes are divided by ``n`` (ddp has no period).
+:func:`cluster_ratio` is the cluster's R (one bf16 replica over the inter-node link against a
+step's compute); :func:`predict_periods` gives the gossip rows at the period that
+``gossip_every_n_steps="auto"`` picks (:mod:`lightning_gossip.gossip_period`).
+
 Example: 2 nodes of 2 GPUs, 1M parameters, 0.1 s of compute, a 25 MB/s network::
 
     >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6, intra_bandwidth=1e12)
@@ -42,6 +49,13 @@ from lightning_gossip.plan.blocks import (
     tree_allreduce_time,
 )
 from lightning_gossip.plan.model import MODES, Cluster, Prediction, Workload
+from lightning_gossip.plan.period import (
+    auto_period,
+    cluster_period,
+    cluster_ratio,
+    predict_periods,
+    replica_seconds,
+)
 from lightning_gossip.plan.predict import (
     adpsgd_exchange_time,
     predict_adpsgd,
@@ -56,6 +70,9 @@ __all__ = [
     "Prediction",
     "Workload",
     "adpsgd_exchange_time",
+    "auto_period",
+    "cluster_period",
+    "cluster_ratio",
     "consensus_steps",
     "cross_node_sends",
     "hierarchical_allreduce_time",
@@ -64,6 +81,8 @@ __all__ = [
     "predict_all",
     "predict_ddp",
     "predict_dpsgd",
+    "predict_periods",
+    "replica_seconds",
     "ring_allreduce_time",
     "staleness_bound",
     "step_time",

@@ -15,6 +15,12 @@ Mode = Literal["overlap", "delay_by_one", "blocking"]
 MODES: tuple[Mode, ...] = ("overlap", "delay_by_one", "blocking")
 
 
+def _check_period(period: int) -> None:
+    """``ValueError`` unless ``period`` (local steps between gossip exchanges) is an int >= 1."""
+    if not isinstance(period, (int, np.integer)) or isinstance(period, bool) or period < 1:
+        raise ValueError(f"period must be an integer >= 1, got {period!r}")
+
+
 def _check(name: str, value: float, minimum: float = 0.0, strict: bool = True) -> None:
     """``ValueError`` naming ``name`` unless ``value`` is finite and > (or >=) ``minimum``."""
     ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
@@ -179,7 +185,14 @@ class Prediction:
     """One row of ``lightning-gossip plan``: the predicted time per optimizer step (``step_s``;
     for ``adpsgd`` the mean over ranks, ``world_size / sum of the ranks' step rates``), the
     communication not hidden behind compute (``exposed_s``), bytes sent per step on inter-node
-    links per rank and per node, and mixing steps to consensus (``None``: not applicable)."""
+    links per rank and per node, and mixing steps to consensus (``None``: not applicable).
+
+    The gossip rows also say at which ``period`` (``gossip_every_n_steps``: local steps between
+    exchanges) they were predicted and give the two numbers the period policy
+    (:func:`lightning_gossip.gossip_period.choose_period`) takes, as a strategy measures them:
+    ``exchange_s``, one exchange (its link time plus its host work), and ``compute_s``, the
+    compute per step it can hide behind in the row's scheduling mode (both 0 for ddp, which
+    has no period)."""
 
     strategy: str
     step_s: float
@@ -188,6 +201,9 @@ class Prediction:
     inter_bytes_per_node: float
     consensus_steps: float | None = None
     note: str = ""
+    period: int = 1
+    compute_s: float = 0.0
+    exchange_s: float = 0.0
 
     def as_dict(self) -> dict:
         """The row as a JSON-ready dict."""

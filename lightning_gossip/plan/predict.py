@@ -20,7 +20,7 @@ from lightning_gossip.plan.blocks import (
     step_time,
     tree_allreduce_time,
 )
-from lightning_gossip.plan.model import MODES, Cluster, Mode, Prediction, Workload
+from lightning_gossip.plan.model import MODES, Cluster, Mode, Prediction, Workload, _check_period
 
 
 def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
@@ -72,7 +72,7 @@ def predict_ddp(cluster: Cluster, workload: Workload, algorithm: str = "ring",
 def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_ring",
                   hierarchical: bool = False, mode: Mode = "overlap", seed: int = 0,
                   stragglers: Sequence[float] | None = None,
-                  tolerance: float | None = 1e-3) -> Prediction:
+                  tolerance: float | None = 1e-3, period: int = 1) -> Prediction:
     """Synchronous gossip (D-PSGD) with ``topology`` and the scheduling ``mode``
     (:func:`step_time`).
 
@@ -94,43 +94,57 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
     ``cluster.overlap`` of the gossip is hidden (:func:`step_time`). Steps to consensus from
     the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
 
+    ``period`` (``gossip_every_n_steps``): one exchange every ``period`` steps, posted at the
+    first step of its period with the steps up to the next exchange to complete in
+    (``overlap``) or applied at the next exchange (``delay_by_one``), so a period of ``n``
+    steps takes :func:`step_time` of ``n`` steps' compute and one exchange. Per step that is
+    the exchange's link time, its host work, its all-gather in the node and its bytes divided
+    by ``n`` (exactly, whatever ``cluster.overlap``); the gradient all-reduce in the node stays
+    every step, and the consensus steps are ``n`` times the mixing steps.
+
     >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
     >>> w = Workload(params=1_000_000, compute_s=0.01)
     >>> predict_dpsgd(c, w, "ring", mode="blocking").step_s  # 0.01 + 4 MB at 1 GB/s
     0.014
+    >>> predict_dpsgd(c, w, "ring", mode="blocking", period=4).step_s  # 0.01 + 4 ms / 4
+    0.011
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _check_period(period)
     N, L = cluster.nodes, cluster.gpus_per_node
     replica = workload.params * workload.wire_bytes
     slow = max(stragglers) if stragglers is not None and len(stragglers) else 1.0
     compute = workload.compute_s * slow
     if hierarchical:
         name = f"dpsgd hier ({topology}, {mode})"
-        fixed = 0.0
+        every = gather = 0.0  # blocking in the node: every step, every exchange
         if L > 1:
-            fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
-                                         cluster.intra_bandwidth, cluster.intra_latency)
-                     + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
-                                           cluster.intra_latency))
-        inside = (4 * (L - 1) / L * workload.params * workload.grad_bytes
-                  + 2 * (L - 1) / L * workload.params * 4)
+            every = ring_allreduce_time(workload.params * workload.grad_bytes, L,
+                                        cluster.intra_bandwidth, cluster.intra_latency)
+            gather = (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
+                                         cluster.intra_latency)
+        host_every = cluster.host_time(4 * (L - 1) / L * workload.params * workload.grad_bytes)
+        host_gather = cluster.host_time(2 * (L - 1) / L * workload.params * 4)
         if N == 1:
-            fixed += cluster.host_time(inside)
+            fixed = every + gather + host_every + host_gather
             return Prediction(name, compute + fixed, fixed, 0.0, 0.0, 0,
-                              "one node: plain data parallelism")
+                              "one node: plain data parallelism", compute_s=compute)
         topo = _topology.build(topology, N, seed)
         cross, peers = cross_node_sends(topo, 1)
         per_node = cross * replica
         gossip = link_time(per_node, cluster.exchange_bandwidth, peers * cluster.inter_latency)
-        host = cluster.host_time(inside + 2 * peers * replica / L)
-        step = step_time(compute + host, gossip, fixed, mode, cluster.overlap)
-        return Prediction(name, step, step - compute, per_node / L, per_node,
-                          _consensus(topo, tolerance), f"{peers} peer node(s)/step")
+        host = host_gather + cluster.host_time(2 * peers * replica / L)
+        step = step_time(compute + host_every + host / period, gossip / period,
+                         every + gather / period, mode, cluster.overlap)
+        hide = compute + host_every + (every if mode != "overlap" else 0.0)
+        return Prediction(name, step, step - compute, per_node / L / period, per_node / period,
+                          _steps(_consensus(topo, tolerance), period),
+                          _per(f"{peers} peer node(s)", period), period, hide, gossip + host)
     name = f"dpsgd ({topology}, {mode})"
     n = cluster.world_size
     if n == 1:
-        return Prediction(name, compute, 0.0, 0.0, 0.0, 0, "one rank")
+        return Prediction(name, compute, 0.0, 0.0, 0.0, 0, "one rank", compute_s=compute)
     topo = _topology.build(topology, n, seed)
     cross, peers = cross_node_sends(topo, L) if N > 1 else (0.0, topo.degree(0))
     per_node = cross * replica
@@ -141,9 +155,20 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
                       math.ceil(local_msgs) * cluster.intra_latency)
     gossip = max(inter, intra)
     host = cluster.host_time(2 * peers * replica)
-    step = step_time(compute + host, gossip, 0.0, mode, cluster.overlap)
-    return Prediction(name, step, step - compute, per_node / L, per_node,
-                      _consensus(topo, tolerance), f"{peers} peers/step")
+    step = step_time(compute + host / period, gossip / period, 0.0, mode, cluster.overlap)
+    return Prediction(name, step, step - compute, per_node / L / period, per_node / period,
+                      _steps(_consensus(topo, tolerance), period), _per(f"{peers} peers", period),
+                      period, compute, gossip + host)
+
+
+def _per(what: str, period: int) -> str:
+    """``what`` per step, or every ``period`` steps."""
+    return f"{what}/step" if period == 1 else f"{what} every {period} steps"
+
+
+def _steps(mixing_steps: float | None, period: int) -> float | None:
+    """Optimizer steps for ``mixing_steps`` exchanges at one every ``period`` steps."""
+    return None if mixing_steps is None else mixing_steps * period
 
 
 def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
@@ -203,7 +228,7 @@ def _adpsgd_rank_step(compute: np.ndarray, t_x: float, unhidden: float) -> np.nd
 
 def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
                    hierarchical: bool = False, max_staleness: int | None = 4,
-                   stragglers: Sequence[float] | None = None) -> Prediction:
+                   stragglers: Sequence[float] | None = None, period: int = 1) -> Prediction:
     """Asynchronous gossip (AD-PSGD): the compute step never waits for gossip unless the
     exchanges cannot keep up. An exchange takes ``t_x`` (:func:`adpsgd_exchange_time`) and,
     because of how the engine hands snapshots over, the staleness bound lets a rank make
@@ -224,13 +249,22 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
 
     Bytes per step: ``min(1, steps per exchange)`` exchanges, ``cross`` of them across nodes.
 
+    ``period`` (``gossip_every_n_steps``): a rank's gossip takes part in one exchange every
+    ``period`` steps, modelled as an exchange of ``t_x / period`` every step (its host work and
+    unhidden share divided alike, and the staleness bound, which then counts periods:
+    ``3 t_x / ((max_staleness + 2) period)``); bytes per step divided by ``period``. The
+    node's all-reduce and all-gather (hierarchical) stay every step.
+
     >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
     >>> w = Workload(params=1_000_000, compute_s=0.01)
     >>> predict_adpsgd(c, w, max_staleness=0).step_s  # blocking: 0.01 + 4 ms
     0.014
     >>> predict_adpsgd(c, w, stragglers=[1.0, 3.0]).step_s  # 2 / (1/0.01 + 1/0.03)
     0.015
+    >>> predict_adpsgd(c, w, max_staleness=0, period=4).step_s  # 0.01 + 4 ms / 4
+    0.011
     """
+    _check_period(period)
     N, L, n = cluster.nodes, cluster.gpus_per_node, cluster.world_size
     f = np.ones(n) if stragglers is None else np.asarray(stragglers, dtype=float)
     if f.shape != (n,):
@@ -257,8 +291,9 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
         compute = workload.compute_s * f
         units = 1
     h = cluster.host_time(host_x) if link > 0 else 0.0
-    t_x = link + h
-    unhidden = h + (1.0 - cluster.overlap) * link
+    exchange = link + h
+    t_x = exchange / period  # one exchange every period steps: 1/period of one per step
+    unhidden = (h + (1.0 - cluster.overlap) * link) / period
     if max_staleness is None:
         steps = _adpsgd_rank_step(compute, t_x, unhidden)
     elif max_staleness == 0:
@@ -269,10 +304,11 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
     with np.errstate(divide="ignore"):  # a step of 0 s: an infinite rate, a mean of 0
         step = float(n / (units * (1.0 / steps).sum()))
         mean_compute = float(n / (units * (1.0 / compute).sum())) - fixed
-    exchanges = float(min(1.0, step / t_x)) if t_x > 0 else 0.0
+    exchanges = float(min(1.0, step / t_x)) / period if t_x > 0 else 0.0
     per_rank = exchanges * cross * replica / (L if hierarchical else 1)
     return Prediction(name, step, step - mean_compute, per_rank, per_rank * L, None,
-                      f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes")
+                      f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes", period,
+                      mean_compute + fixed, exchange)
 
 
 def predict_all(cluster: Cluster, workload: Workload, topology: str = "random_ring",
