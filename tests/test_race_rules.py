@@ -115,9 +115,14 @@ def test_rotation_puts_every_case_first_once() -> None:
 
 
 def test_target_and_resolution_rules() -> None:
-    assert rules.target_problems("asr", 20.0, 160, 3200) == []
-    assert len(rules.target_problems("asr", 20.5, 160, 3200)) == 1
-    assert len(rules.target_problems("asr", 18.0, 320, 3200)) == 1  # 0.1 > 0.05
+    assert rules.target_problems("asr", 12.0, 160, 4800) == []
+    assert len(rules.target_problems("asr", 12.5, 160, 4800)) == 1
+    assert len(rules.target_problems("asr", 20.0, 160, 3200)) == 1  # converged: 12 % or lower
+    assert len(rules.target_problems("asr", 12.0, 320, 3200)) == 1  # 0.1 > 0.05
+    # the records of schema 2 were made and are scored under the 20 % limit of their time
+    old = rules.max_target_wer(2)
+    assert rules.target_problems("asr", 20.0, 160, 3200, old) == []
+    assert len(rules.target_problems("asr", 20.5, 160, 3200, old)) == 1
     # every withdrawn asr record breaks the target rule
     for path in sorted(RECORDS.glob("asr_*.json")):
         rec = json.loads(path.read_text())
