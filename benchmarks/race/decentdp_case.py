@@ -71,9 +71,22 @@ def _warmup(optimizer: Any, *, warmup_steps: int) -> Any:
         optimizer, lambda step: lr_factor(step, 0, warmup_steps=warmup_steps))
 
 
+def _sgd(params: list[tuple[str, Any]], *, lr: float) -> Any:
+    """The digits workload's optimizer (SGD, momentum 0.9), per bucket."""
+    import torch
+
+    return torch.optim.SGD([p for _, p in params], lr=lr, momentum=0.9)
+
+
 def make_strategy(case: dict[str, Any], timeout: timedelta, lr: float, procs: int,
-                  warmup_steps: int) -> Any:
-    """The Lightning strategy of a ``decentdp`` case at peak rate ``lr``."""
+                  warmup_steps: int, workload: str = "asr") -> Any:
+    """The Lightning strategy of a ``decentdp`` case at peak rate ``lr`` (``digits``: the
+    workload's SGD with momentum, no warm-up, in place of the decentralized Adam)."""
+    if workload == "asr":
+        optim_fn: Any = functools.partial(_accum_adamw, lr=lr,
+                                          accum_iter=int(case.get("accum_iter", ACCUM_ITER)))
+    else:
+        optim_fn, warmup_steps = functools.partial(_sgd, lr=lr), 0
     from lightning.pytorch.strategies import DDPStrategy
 
     class DecentDPStrategy(DDPStrategy):
@@ -83,9 +96,7 @@ def make_strategy(case: dict[str, Any], timeout: timedelta, lr: float, procs: in
             from decent_dp.ddp import DecentralizedDataParallel
 
             return DecentralizedDataParallel(
-                model, optim_fn=functools.partial(_accum_adamw, lr=lr,
-                                                  accum_iter=int(case.get("accum_iter",
-                                                                          ACCUM_ITER))),
+                model, optim_fn=optim_fn,
                 lr_scheduler_fn=functools.partial(_warmup, warmup_steps=warmup_steps),
                 topology=case["topology"], grad_clip_norm=5.0, _local_world_size=procs)
 

@@ -263,7 +263,7 @@ def validation_metric(net: nn.Module, ctx: dict[str, Any], module: Any) -> float
 
 
 def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = None,
-                  procs: int = 1, warmup_steps: int = 20) -> Any:
+                  procs: int = 1, warmup_steps: int = 20, workload: str = "asr") -> Any:
     """The Lightning strategy of ``case`` (torchft cases: DDP on the node's ``node_group``;
     Decent-DP: ``procs`` ranks per node, the race's ``warmup_steps``)."""
     from lightning.pytorch.strategies import DDPStrategy
@@ -273,7 +273,7 @@ def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = No
                            process_group=node_group)
     if case["kind"] in decentdp_case.KINDS:
         return decentdp_case.make_strategy(case, timeout, float(case["lr"]), procs,
-                                           warmup_steps)
+                                           warmup_steps, workload)
     if case["kind"] != "gossip":
         # PowerSGD: one bucket (hooks.SINGLE_BUCKET_MB), else its chained collectives
         # interleave differently on each rank under gloo (hooks' docstring)
@@ -349,7 +349,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     trainer = L.Trainer(
         accelerator="cpu", devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
         strategy=make_strategy(case, ctx["timeout"], ctx["node_group"], ctx["procs"],
-                               int(spec["asr"]["warmup_steps"])), max_epochs=100_000,
+                               int(spec["asr"]["warmup_steps"]), ctx["workload"]),
+        max_epochs=100_000,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=not asr, gradient_clip_val=5.0 if asr else None,
