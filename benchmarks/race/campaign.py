@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -63,6 +64,15 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.N
                         "here")
     p.add_argument("--settle-s", type=float, default=300.0,
                    help="wait at most this for the load to fall below --max-load")
+    p.add_argument("--narrow-after", type=int, default=None, metavar="N",
+                   help="after N runs, keep only the fastest variant of each family (cases of "
+                        "one tune_as base: periods, outer optimizers, bucket sizes, gossip "
+                        "periods) for the remaining runs; the others are kept with their runs "
+                        "and make no claim")
+    p.add_argument("--tuning-max-samples", type=int, default=None, metavar="N",
+                   help="a tuning trial stops after N samples (default --max-samples), and a "
+                        "case's later trials after the samples its best trial so far needed "
+                        "(they can at most tie it)")
     p.add_argument("--ddp-reference", type=Path, default=None, metavar="RECORD",
                    help="a race without the ddp case (fp32 ddp left out where its step is "
                         "several times every other case's): ddp's samples to the target, for "
@@ -100,9 +110,19 @@ def ddp_reference(path: Path) -> dict[str, Any]:
     """ddp's samples to the target in another campaign record (the median of its accepted
     runs), for a race without the ddp case."""
     other = json.loads(path.read_text())
-    samples = [r.get("samples_to_target") for r in rules.accepted_runs(other, "ddp")]
+    ddp = (other.get("cases") or {}).get("ddp")
+    samples = [r.get("samples_to_target") for r in rules.accepted_runs(other, "ddp")] if ddp \
+        else []
     samples = sorted(s for s in samples if s is not None)
-    return {"from": str(path), "target": other.get("target"),
+    how = "the median of ddp's accepted runs"
+    if not samples:  # a tuning-only record: ddp's picked trial
+        tuning = other.get("tuning") or {}
+        chosen = (tuning.get("chosen") or {}).get("ddp")
+        trial = (tuning.get("trials") or {}).get("ddp", {}).get(f"{float(chosen):g}", {}) \
+            if chosen is not None else {}
+        samples = [trial["samples_to_target"]] if trial.get("samples_to_target") else []
+        how = "ddp's picked tuning trial"
+    return {"from": str(path), "target": other.get("target"), "how": how,
             "samples_to_target": samples[len(samples) // 2] if samples else None,
             "runs": samples}
 
@@ -218,7 +238,7 @@ def run_entry(res: dict[str, Any], higher_is_better: bool, run: int | None,
 
 def launch(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any],
            cases: list[str], peaks: dict[str, float], on_entry: Any,
-           seed: int) -> dict[str, Any]:
+           seed: int, caps: dict[str, int | None] | None = None) -> dict[str, Any]:
     """One race launch of ``cases`` (in this order) at ``peaks``, from ``seed``, on an idle
     machine (it waits up to ``--settle-s`` for the load to fall); what the launch recorded:
     status, load, other processes' CPU share, commit, the link measured and R."""
@@ -229,6 +249,7 @@ def launch(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any
     sub.cases = list(cases)
     sub.case_peaks = dict(peaks)
     sub.seed = int(seed)
+    sub.case_max_samples = {c: n for c, n in (caps or {}).items() if n}
     handicap = rec.get("handicap") or {}
     sub.slow_extra_s = handicap.get("extra_s_per_step")
     sub.slow_calibration = handicap.get("calibration")
@@ -259,6 +280,27 @@ def launch(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any
             "latency_check": payload["cluster"].get("latency_check")}
 
 
+def trial_cap(own: argparse.Namespace, args: argparse.Namespace,
+              trials: dict[str, dict[str, Any]]) -> int | None:
+    """Samples after which a case's next tuning trial stops: ``--tuning-max-samples``, or the
+    samples its best trial so far needed, if fewer (a later trial can at most tie it; a tie
+    at the cap still reaches the target there). None: ``--max-samples``.
+
+    >>> ns = argparse.Namespace(tuning_max_samples=7200)
+    >>> trial_cap(ns, argparse.Namespace(max_samples=9600), {"0.003": {
+    ...     "samples_to_target": 4800}, "0.006": {"samples_to_target": None}})
+    4800
+    >>> trial_cap(argparse.Namespace(tuning_max_samples=None),
+    ...           argparse.Namespace(max_samples=9600), {}) is None
+    True
+    """
+    reached = [t["samples_to_target"] for t in trials.values()
+               if t.get("samples_to_target") is not None]
+    caps = [n for n in (own.tuning_max_samples, min(reached) if reached else None) if n]
+    cap = min(caps) if caps else None
+    return cap if cap is not None and cap < (args.max_samples or cap + 1) else None
+
+
 def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any]) -> None:
     """Fill ``rec['tuning']``: every case at each of its peaks once, from the tuning seed;
     with ``--tuning-from``, the cases those records tuned at the same peaks take their trials
@@ -269,11 +311,13 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
     tuning = rec["tuning"]
     tuning.setdefault("launches", [])
     tuning.setdefault("rejected_trials", [])
-    peaks_of = {c: case_peaks(own, args.workload, c) for c in args.cases}
+    # a variant takes its base's peak: the bases are tuned, here or in --tuning-from
+    tuned = list(dict.fromkeys(driver.family(c) for c in args.cases))
+    peaks_of = {c: case_peaks(own, args.workload, c) for c in tuned}
     if own.tuning_from and tuning.get("from") is None:
         for path in own.tuning_from:
             other = json.loads(path.read_text())["tuning"]
-            for c in args.cases:
+            for c in tuned:
                 tried = {float(p) for p in other.get("trials", {}).get(c, {})}
                 if (c in other.get("chosen", {}) and c not in tuning["chosen"]
                         and tried == {float(p) for p in peaks_of[c]}):
@@ -283,13 +327,15 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
     retries = {k: 0 for k in range(max(len(v) for v in peaks_of.values()))}
     k = 0
     while k < len(retries):
-        todo = [c for c in rules.rotated(args.cases, k) if k < len(peaks_of[c])
+        todo = [c for c in rules.rotated(tuned, k) if k < len(peaks_of[c])
+                and c not in tuning["chosen"]
                 and f"{peaks_of[c][k]:g}" not in tuning["trials"].get(c, {})]
         if not todo:
             k += 1
             continue
         peaks = {c: peaks_of[c][k] for c in todo}
         driver._progress(f"tuning, peak {k + 1} of each case: {peaks}")
+        caps = {c: trial_cap(own, args, tuning["trials"].get(c, {})) for c in todo}
 
         def on_entry(res: dict[str, Any], entry: dict[str, Any],
                      peaks: dict[str, float] = peaks) -> None:
@@ -297,7 +343,7 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
             tuning["trials"].setdefault(res["name"], {})[f"{peaks[res['name']]:g}"] = entry
 
         index = len(tuning["launches"])
-        launched = launch(own, args, rec, todo, peaks, on_entry, rules.TUNING_SEED)
+        launched = launch(own, args, rec, todo, peaks, on_entry, rules.TUNING_SEED, caps)
         tuning["launches"].append(launched)
         for c in todo:  # every trial names its launch's commit and load
             entry = tuning["trials"].get(c, {}).get(f"{peaks[c]:g}")
@@ -323,7 +369,7 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
         raise SystemExit(f"race campaign: ddp reached the target {args.target:g} at none of the "
                          f"peaks within --max-samples: size the workload (more samples, an "
                          f"--anneal-after schedule) before racing to it")
-    for c in args.cases:
+    for c in tuned:
         if c in tuning["chosen"]:
             continue
         trials = {float(p): t for p, t in tuning["trials"][c].items()}
@@ -333,6 +379,9 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
             pick = max(trials, key=lambda p: sign * (trials[p].get("final_metric") or -1e9))
         tuning["chosen"][c] = pick
     for c in args.cases:
+        if driver.family(c) != c:
+            tuning["chosen"][c] = tuning["chosen"][driver.family(c)]
+            tuning.setdefault("as", {})[c] = driver.family(c)
         peak = float(tuning["chosen"][c])
         rec["cases"][c]["peak"] = peak
         rec["cases"][c]["lr"] = rules.case_lr(
@@ -371,6 +420,47 @@ def check_run(rec: dict[str, Any], run: int, warmup: int) -> dict[str, Any]:
     return info
 
 
+def narrowed(rec: dict[str, Any], cases: list[str], runs: int) -> dict[str, Any]:
+    """After ``runs`` runs: each family's fastest variant (the lowest median time to the target
+    over those runs, ties: fewer samples, then the order given), and the variants dropped.
+
+    >>> rec = {"runs": [], "cases": {
+    ...     "postlocal16": {"runs": [{"run": 0, "time_to_target_s": 200.0}]},
+    ...     "postlocal64": {"runs": [{"run": 0, "time_to_target_s": 180.0}]},
+    ...     "ddp_bf16": {"runs": [{"run": 0, "time_to_target_s": 260.0}]}}}
+    >>> narrowed(rec, ["ddp_bf16", "postlocal16", "postlocal64"], 1)["kept"]
+    ['ddp_bf16', 'postlocal64']
+    """
+    def key(c: str) -> tuple[float, float, int]:
+        first = [r for r in rules.accepted_runs(rec, c) if r.get("run", 0) < runs]
+        times = rules.spread([r.get("time_to_target_s") for r in first])["median"]
+        samples = [r.get("samples_to_target") for r in first if r.get("samples_to_target")]
+        return (math.inf if times is None else times,
+                min(samples) if samples else math.inf, cases.index(c))
+
+    best: dict[str, str] = {}
+    for c in cases:
+        f = driver.family(c)
+        if f not in best or key(c) < key(best[f]):
+            best[f] = c
+    kept = [c for c in cases if best[driver.family(c)] == c]
+    return {"after_runs": runs, "kept": kept,
+            "dropped": {c: f"slower than {best[driver.family(c)]} over the first {runs} run(s)"
+                        for c in cases if c not in kept}}
+
+
+def racing(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any],
+           run: int) -> list[str]:
+    """The cases of run ``run``: all, or with ``--narrow-after N`` from run N on each family's
+    fastest variant over the first N runs (recorded in ``rec['narrowed']``)."""
+    if own.narrow_after is None or run < own.narrow_after:
+        return list(args.cases)
+    if rec.get("narrowed") is None:
+        rec["narrowed"] = narrowed(rec, list(args.cases), own.narrow_after)
+        driver._progress(f"narrowed: {rec['narrowed']}")
+    return list(rec["narrowed"]["kept"])
+
+
 def campaign(own: argparse.Namespace, args: argparse.Namespace) -> dict[str, Any]:
     """Tune, then run until ``--runs`` runs are accepted (or the retries are spent)."""
     rec = load_or_new(own, args)
@@ -383,7 +473,8 @@ def campaign(own: argparse.Namespace, args: argparse.Namespace) -> dict[str, Any
         if accepted >= own.runs or run >= own.runs + own.retries:
             break
         if run >= len(rec["runs"]):
-            rec["runs"].append({"run": run, "order": rules.rotated(args.cases, run),
+            rec["runs"].append({"run": run, "order": rules.rotated(racing(own, args, rec, run),
+                                                                   run),
                                 "status": [], "foreign_cpu_fraction": [], "launches": []})
         info = rec["runs"][run]
         if not info.get("done"):

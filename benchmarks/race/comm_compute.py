@@ -63,9 +63,10 @@ def combine(measurements: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         return None
     transfer = statistics.median(m["replica_transfer_s"] for m in known)
     compute = statistics.median(m["compute_step_s"] for m in known)
+    transfer, compute = round(transfer, 6), round(compute, 6)
     return {"comm_compute_ratio": ratio(transfer, compute),
             "replica_bytes": known[0].get("replica_bytes"),
-            "replica_transfer_s": round(transfer, 4), "compute_step_s": round(compute, 4),
+            "replica_transfer_s": transfer, "compute_step_s": compute,
             "launches": len(known), "how": HOW}
 
 
@@ -110,8 +111,8 @@ def measure(group: Any, rank: int, world: int, procs: int, nodes: int, params: i
             local_step_s: float) -> dict[str, Any]:
     """R and its terms for this launch (collective over ``group``): ``local_step_s`` is this
     rank's lockstep compute step; the replica is ``params`` parameters in bf16."""
-    compute = _median_over_ranks(local_step_s, group, world)
-    out: dict[str, Any] = {"replica_bytes": 2 * int(params), "compute_step_s": round(compute, 4),
+    compute = round(_median_over_ranks(local_step_s, group, world), 6)
+    out: dict[str, Any] = {"replica_bytes": 2 * int(params), "compute_step_s": compute,
                            "replica_transfer_s": None, "comm_compute_ratio": None}
     if nodes < 2:
         return out

@@ -90,28 +90,32 @@ are lower than a synchronous method's."""
 CASES: dict[str, dict[str, Any]] = {
     "ddp": {"kind": "ddp"},
     "ddp_bf16": {"kind": "ddp_bf16"},
-    "ddp_powersgd2": {"kind": "ddp_powersgd", "rank": 2},
+    "ddp_powersgd2": {"kind": "ddp_powersgd", "rank": 2, "tune_as": "ddp_powersgd4"},
     "ddp_powersgd4": {"kind": "ddp_powersgd", "rank": 4},
     # ddp's bucket size, a tuned option (the default 25 MB holds the 9.8 MB model in one bucket
     # after DDP's 1 MB first one)
-    "ddp_b1": {"kind": "ddp", "bucket_cap_mb": 1.0},
-    "ddp_b4": {"kind": "ddp", "bucket_cap_mb": 4.0},
+    "ddp_b1": {"kind": "ddp", "bucket_cap_mb": 1.0, "tune_as": "ddp"},
+    "ddp_b4": {"kind": "ddp", "bucket_cap_mb": 4.0, "tune_as": "ddp"},
     # the periodic averagers at the periods {4, 16, 64}; the names without a period are 16
-    **{f"postlocal{p}": {"kind": "postlocal", "period": p} for p in (4, 16, 64)},
+    "postlocal16": {"kind": "postlocal", "period": 16},
+    **{f"postlocal{p}": {"kind": "postlocal", "period": p, "tune_as": "postlocal16"}
+       for p in (4, 64)},
     "torchft_localsgd": {"kind": "torchft_localsgd", "period": 16},
-    **{f"torchft_localsgd{p}": {"kind": "torchft_localsgd", "period": p} for p in (4, 64)},
+    **{f"torchft_localsgd{p}": {"kind": "torchft_localsgd", "period": p,
+                                "tune_as": "torchft_localsgd"} for p in (4, 64)},
     "torchft_diloco": {"kind": "torchft_diloco", "period": 16},
     # DiLoCo's grid: periods x outer SGD (lr, momentum; Nesterov where the momentum is not 0):
     # the identity point (1.0, 0: LocalSGD), the paper's (0.7, 0.9), a milder (0.8, 0.5); its
     # inner rates reach one below ddp's (DILOCO_PEAKS)
     **{f"torchft_diloco{p}_o{round(lr * 10)}m{round(m * 10)}": {
         "kind": "torchft_diloco", "period": p, "outer_lr": lr, "outer_momentum": m,
-        "peaks": DILOCO_PEAKS}
+        "peaks": DILOCO_PEAKS,
+        **({} if (p, lr) == (16, 0.7) else {"tune_as": "torchft_diloco16_o7m9"})}
        for p in (4, 16, 64) for lr, m in ((1.0, 0.0), (0.7, 0.9), (0.8, 0.5))},
     # Decent-DP (benchmarks/race/decentdp_case.py): its recommended multi-node topology, and its
     # one-peer ring
     "decentdp": {"kind": "decentdp", "topology": "alternating-exp-ring"},
-    "decentdp_ring": {"kind": "decentdp", "topology": "ring"},
+    "decentdp_ring": {"kind": "decentdp", "topology": "ring", "tune_as": "decentdp"},
     "dpsgd": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {}},
     "adpsgd": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {}},
     "adpsgd_bf16": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {"wire_dtype": "bf16"}},
@@ -122,7 +126,8 @@ CASES: dict[str, dict[str, Any]] = {
     # the communication budget (issue 47): local steps between exchanges; period 1 is the
     # cases above (the option is passed only where it is not 1: worker.library_kwargs)
     **{f"{s}_hier_bf16_p{p}": {"kind": "gossip", "strategy": s, "kwargs": {
-        "hierarchical": True, "wire_dtype": "bf16", "gossip_every_n_steps": p}}
+        "hierarchical": True, "wire_dtype": "bf16", "gossip_every_n_steps": p},
+        "tune_as": f"{s}_hier_bf16"}
        for s in ("dpsgd", "adpsgd") for p in (4, 16)},
     # Remedies (issue 29, deliverable 4; the library options of the remedies work, which these
     # cases need): the node all-reduce overlapped with backward, and an outer optimizer (DiLoCo's
@@ -141,7 +146,19 @@ CASES: dict[str, dict[str, Any]] = {
     "adpsgd_hier_bf16_balanced": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {
         "hierarchical": True, "wire_dtype": "bf16", "shared_cursor": "balanced"}},
 }
-"""Case name -> what the worker runs."""
+"""Case name -> what the worker runs. ``tune_as``: the case is a variant (an option other than
+the peak rate) of that case, its family's base: it takes the base's tuned peak
+(``campaign.tune``), and a race may keep only the fastest variant of each family after its
+first run (``campaign --narrow-after``)."""
+
+
+def family(name: str) -> str:
+    """The family of case ``name``: its ``tune_as`` base, or itself.
+
+    >>> family("postlocal64"), family("postlocal16"), family("dpsgd_hier_bf16_p4")
+    ('postlocal16', 'postlocal16', 'dpsgd_hier_bf16')
+    """
+    return CASES[name].get("tune_as", name)
 
 REMEDIES = tuple(c for c in CASES if c.endswith(rules.REMEDY_SUFFIXES))
 """The remedies' cases: raced only when asked for (``--cases``)."""
@@ -555,8 +572,10 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     """What every rank reads: cases (with their rates), sizes, target/budget (None: set by
     ddp), slack, handicap."""
     lrs = case_lrs(args)
+    caps = getattr(args, "case_max_samples", None) or {}  # the campaign's tuning caps
     return {
-        "cases": [{"name": c, "index": i, "lr": lrs[c], **CASES[c]}
+        "cases": [{"name": c, "index": i, "lr": lrs[c], **CASES[c],
+                   **({"max_samples": caps[c]} if caps.get(c) else {})}
                   for i, c in enumerate(args.cases)],
         "nodes": args.nodes,
         "procs": args.procs, "width": args.width, "epochs": args.epochs,

@@ -503,12 +503,14 @@ def score(rec: dict[str, Any]) -> dict[str, Any]:
     withheld += target_problems(rec.get("workload", ""), rec.get("target"),
                                 int(rec.get("eval_every") or 0), ddp_samples,
                                 max_target_wer(rec.get("schema")))
-    short = sorted(n for n, t in times.items() if len(t) < MIN_RUNS)
+    # variants a campaign dropped after its first runs (``--narrow-after``): shown, no claim
+    dropped = set((rec.get("narrowed") or {}).get("dropped") or {})
+    short = sorted(n for n, t in times.items() if len(t) < MIN_RUNS and n not in dropped)
     if short:
         withheld.append(f"fewer than {MIN_RUNS} accepted runs: {', '.join(short)}")
     spreads = {n: spread(t) for n, t in times.items()}
     peers = [n for n in cases if n != "ddp" and not library_case(cases[n])
-             and spreads[n]["median"] is not None]
+             and spreads[n]["median"] is not None and n not in dropped]
     best = min(peers, key=lambda n: spreads[n]["median"]) if peers else None
     ddp_median = spreads.get("ddp", {}).get("median")
     out: dict[str, Any] = {"withheld": withheld, "best_peer": best, "cases": {}}
@@ -518,9 +520,10 @@ def score(rec: dict[str, Any]) -> dict[str, Any]:
         row["vs_ddp"] = round(med / ddp_median, 3) if med is not None and ddp_median else None
         best_med = spreads[best]["median"] if best else None
         row["vs_best_peer"] = round(med / best_med, 3) if med is not None and best_med else None
-        row["claim_vs_ddp"] = (None if withheld or n == "ddp"
+        row["claim_vs_ddp"] = (None if withheld or n == "ddp" or n in dropped
                                else claim(times[n], times.get("ddp", [])))
         row["claim_vs_best_peer"] = (None if withheld or best is None or n == best
-                                     else claim(times[n], times[best]))
+                                     or n in dropped else claim(times[n], times[best]))
+        row["dropped"] = n in dropped
         out["cases"][n] = row
     return out

@@ -336,8 +336,9 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     max_steps = round(ctx["steps_per_epoch"] * float(spec["epochs"])) if fixed else None
     if spec.get("max_steps"):
         max_steps = min(max_steps or spec["max_steps"], int(spec["max_steps"]))
-    if spec.get("max_samples"):  # a budget in samples of all ranks (load-independent)
-        cap = -(-int(spec["max_samples"]) // (int(spec["batch_size"]) * ctx["world"]))
+    budget = case.get("max_samples") or spec.get("max_samples")  # (a tuning trial's own cap)
+    if budget:  # a budget in samples of all ranks (load-independent)
+        cap = -(-int(budget) // (int(spec["batch_size"]) * ctx["world"]))
         max_steps = min(max_steps or cap, cap)
     L.seed_everything(int(spec.get("seed", 0)), workers=True, verbose=False)
     # Decent-DP steps its own optimizers inside backward: Lightning's is built at rate 0

@@ -32,7 +32,7 @@ def main() -> None:
     assert out["replica_bytes"] == 2 * params, out
     steps = sorted(0.1 + 0.01 * r for r in range(world))
     median = (steps[(world - 1) // 2] + steps[world // 2]) / 2
-    assert abs(out["compute_step_s"] - round(median, 4)) < 1e-9, out
+    assert abs(out["compute_step_s"] - median) < 1e-6, out
     assert out["replica_transfer_s"] is not None and out["replica_transfer_s"] >= 0, out
     assert out["send_and_ack_s"] >= out["replica_transfer_s"], out
     assert out["comm_compute_ratio"] == comm_compute.ratio(out["replica_transfer_s"],
