@@ -138,6 +138,9 @@ def test_race_decentdp_quick_2x2(netns_available: None, tmp_path: Path) -> None:
         pytest.skip(missing)
     out = tmp_path / "decentdp.json"
     cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "2",
+           # validations every 2 steps: Decent-DP's exchange in flight (launched at the end of a
+           # step) is waited for on the clock before each, not left to the window whose bytes
+           # the race subtracts (decentdp_case.settle)
            "--rate", "100", "--quick", "--eval-every", "128", "--cases", "ddp", "decentdp",
            "decentdp_ring", "--seed", "3", "--prefix", PREFIX, "--json", str(out),
            "--target", "99.9", "--budget", "100000", *rules_args()]  # every case runs its 30 steps
@@ -155,6 +158,9 @@ def test_race_decentdp_quick_2x2(netns_available: None, tmp_path: Path) -> None:
         assert c["hook_check"]["ok"], (name, c["hook_check"])
         assert c["final_metric"] > c["curve"][0][1], name  # it learns
     assert report["comm_compute_ratio"] is not None
+    print({n: (c["hook_check"]["measured_ratio"], c["hook_check"]["expected_ratio"],
+               c["final_metric"]) for n, c in cases.items() if "hook_check" in c},
+          report["comm_compute"])
 
 
 @pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded

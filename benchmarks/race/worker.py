@@ -184,6 +184,7 @@ class RaceMeter(Callback):
                            self.max_steps is not None and self.steps >= self.max_steps)
 
     def _validate(self, trainer: Any, pl_module: Any, last: bool) -> None:
+        decentdp_case.settle(trainer.strategy.model, self.case)  # on the clock
         self.train_s += time.perf_counter() - self.t_resume
         if self.evaluate(trainer, pl_module, last):
             trainer.should_stop = True
