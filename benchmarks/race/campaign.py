@@ -21,12 +21,20 @@ campaign waits up to ``--settle-s`` for the load of the previous launch to decay
 is written after every case (atomically), so a stopped campaign loses at most the case in
 progress, and started again with the same ``--out`` it goes on where it stopped.
 
-Usage (the campaign of docs/benchmarks.md, "Race rules")::
+Schema 3 (issue 47) adds: a seed per run (run ``k``: ``rules.run_seed(k)`` in every case; the
+tuning ``rules.TUNING_SEED``), R at the top (``comm_compute_ratio`` and its terms,
+``benchmarks/race/comm_compute.py``), the link's measured round trip and delay method
+(``link``), ``pin_nodes``, the tuning's launches with their commit, load and CPU share; variants
+(``driver.CASES``' ``tune_as``) take their base's peak; ``--narrow-after`` keeps each family's
+fastest variant after the first runs; ``--ddp-reference`` for races without fp32 ddp.
 
-    sudo python -m benchmarks.race.campaign --workload asr --nodes 2 --procs 2 --rate 200 \\
-        --latency-ms 0.5 --target 20 --eval-every 160 --max-samples 9600 --runs 3 \\
-        --cases ddp ddp_bf16 postlocal16 torchft_localsgd torchft_diloco dpsgd_hier_bf16 \\
-        adpsgd_hier_bf16 --out benchmarks/results/race/fair/asr_2x2_200mbit_0.5ms.json
+Usage (the campaign of ``benchmarks/race/CAMPAIGN.md``; ``run_campaign.sh`` runs it)::
+
+    sudo python -m benchmarks.race.campaign --workload asr --nodes 2 --procs 2 --rate 50 \\
+        --latency-ms 0.5 --target 12 --eval-every 160 --max-samples 9600 --runs 3 \\
+        --narrow-after 1 --cases ddp_bf16 ddp_powersgd4 postlocal16 postlocal64 \\
+        torchft_localsgd adpsgd_hier_bf16 --tuning-from TUNING.json --ddp-reference TUNING.json \\
+        --out benchmarks/results/race/regimes/asr_2x2_50mbit_0.5ms.json
 """
 
 from __future__ import annotations

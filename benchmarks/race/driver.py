@@ -50,8 +50,20 @@ they ran (``hook_check``: bf16 about half of ddp's bytes per step, post-local SG
 Per case the JSON has ``name``, ``time_to_target_s`` (null when not reached),
 ``metric_at_ddp_time``, ``final_metric``, ``bytes_per_step_inter_node`` (bytes a node sent on
 its link per optimizer step: all nodes' bytes over all nodes' steps), ``curve`` (``[seconds,
-accuracy %]``); at the top ``target``, ``workload``, ``nodes``, ``procs``, ``rate_mbit`` and
-the machine's load.
+accuracy %]``), ``seed`` and ``comm_compute``; at the top ``target``, ``workload``, ``nodes``,
+``procs``, ``rate_mbit``, the machine's load, ``seed`` (``--seed``: initialisation, data order,
+PowerSGD's projections, the same for every case), ``comm_compute_ratio`` (R: a bf16 replica's
+one-way time on the emulated link over the lockstep compute step, measured before the cases:
+``benchmarks/race/comm_compute.py``) with its terms in ``comm_compute``, ``link`` (the delay
+method and the round trip measured on the built cluster) and ``pin_nodes``.
+
+More cases (issue 47; raced when named in ``--cases``): ddp's bucket sizes (``ddp_b1``,
+``ddp_b4``), the periodic averagers at periods 4, 16 and 64 (``postlocal*``,
+``torchft_localsgd*``), DiLoCo's grid of periods and outer optimizers with its identity point
+and a lower inner rate (``torchft_diloco{4,16,64}_o{10m0,7m9,8m5}``), Decent-DP (``decentdp``,
+``decentdp_ring``: ``benchmarks/race/decentdp_case.py``, in the ``race`` extra) and the
+library's ``gossip_every_n_steps`` (``*_hier_bf16_p4``, ``_p16``; skipped with a message where
+the library does not take the option yet). A case with ``tune_as`` is a variant of that case.
 
 Usage::
 
