@@ -9,6 +9,7 @@ must fail where a record breaks them.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from typing import Any
@@ -115,9 +116,14 @@ def test_rotation_puts_every_case_first_once() -> None:
 
 
 def test_target_and_resolution_rules() -> None:
-    assert rules.target_problems("asr", 20.0, 160, 3200) == []
-    assert len(rules.target_problems("asr", 20.5, 160, 3200)) == 1
-    assert len(rules.target_problems("asr", 18.0, 320, 3200)) == 1  # 0.1 > 0.05
+    assert rules.target_problems("asr", 12.0, 160, 4800) == []
+    assert len(rules.target_problems("asr", 12.5, 160, 4800)) == 1
+    assert len(rules.target_problems("asr", 20.0, 160, 3200)) == 1  # converged: 12 % or lower
+    assert len(rules.target_problems("asr", 12.0, 320, 3200)) == 1  # 0.1 > 0.05
+    # the records of schema 2 were made and are scored under the 20 % limit of their time
+    old = rules.max_target_wer(2)
+    assert rules.target_problems("asr", 20.0, 160, 3200, old) == []
+    assert len(rules.target_problems("asr", 20.5, 160, 3200, old)) == 1
     # every withdrawn asr record breaks the target rule
     for path in sorted(RECORDS.glob("asr_*.json")):
         rec = json.loads(path.read_text())
@@ -208,3 +214,159 @@ def test_foreign_cpu_and_proc_stat() -> None:
     assert (busy, total) == (20, 100)
     assert rules.foreign_cpu_fraction(150.0, 140.0, 50.0, 2) == 0.1
     assert rules.foreign_cpu_fraction(100.0, 140.0, 50.0, 2) == 0.0  # never negative
+
+
+def schema3_record(times: dict[str, list[float | None]], **top: Any) -> dict[str, Any]:
+    """:func:`fair_record` as the campaign writes it from schema 3 on: a seed per run, R, the
+    link measured, the pinning flag, the 12 % target."""
+    rec = fair_record(times, schema=3, target=12.0, comm_compute_ratio=0.55,
+                      comm_compute={"comm_compute_ratio": 0.55, "replica_transfer_s": 0.196,
+                                    "compute_step_s": 0.357},
+                      link={"rtt_ms": 1.04, "delay_method": "nfqueue"}, pin_nodes=False)
+    for case in rec["cases"].values():
+        for run in case["runs"]:
+            run["seed"] = rules.run_seed(run["run"])
+    rec.update(top)
+    return rec
+
+
+def test_each_run_has_its_own_seed_the_same_in_every_case() -> None:
+    seeds = [rules.run_seed(k) for k in range(5)]
+    assert len(set(seeds)) == 5 and rules.TUNING_SEED not in seeds
+    times = {"ddp": [300.0, 310.0, 305.0], "postlocal16": [200.0, 230.0, 210.0]}
+    rec = schema3_record(times)
+    assert rules.validate_record(rec) == [] and rules.score(rec)["withheld"] == []
+    same = copy.deepcopy(rec)  # every run from seed 0, as the races of schema 2 were
+    for case in same["cases"].values():
+        for run in case["runs"]:
+            run["seed"] = 0
+    assert "ddp: runs 0, 1, 2 share seed 0" in rules.validate_record(same)
+    assert rules.score(same)["withheld"]
+    mixed = copy.deepcopy(rec)  # run 1 of one case from another seed: not like with like
+    mixed["cases"]["postlocal16"]["runs"][1]["seed"] = 9
+    assert "run 1: seeds differ between cases ([2, 9])" in rules.validate_record(mixed)
+    missing = copy.deepcopy(rec)
+    del missing["cases"]["ddp"]["runs"][2]["seed"]
+    assert "ddp run 2: no seed" in rules.validate_record(missing)
+
+
+def test_schema_3_enforces_the_12_percent_target_and_keeps_r_and_the_link() -> None:
+    times = {"ddp": [300.0, 310.0, 305.0], "postlocal16": [200.0, 230.0, 210.0]}
+    early = rules.score(schema3_record(times, target=20.0))["withheld"]
+    assert "target dev WER 20 % is above 12 % (not converged)" in early
+    assert rules.score(fair_record(times, target=20.0))["withheld"] == []  # schema 2's rule
+    for key in rules.TOP_KEYS_SCHEMA_3:
+        rec = schema3_record(times)
+        del rec[key]
+        assert f"missing top key {key}" in rules.validate_record(rec), key
+        assert rules.score(rec)["withheld"], key
+    no_rtt = schema3_record(times, link={"rtt_ms": None, "delay_method": "netem"})
+    assert "link must keep the measured round trip and the delay method" in \
+        rules.validate_record(no_rtt)
+    # no latency asked: no round trip to keep (the record is withheld for that already)
+    assert rules.validate_record(schema3_record(times, latency_ms=0.0, link={})) == []
+
+
+def test_a_race_without_ddp_takes_its_samples_from_a_reference() -> None:
+    times = {"ddp_bf16": [300.0, 310.0, 305.0], "postlocal16": [200.0, 230.0, 210.0]}
+    assert "no ddp case" in rules.score(schema3_record(times))["withheld"]
+    ref = schema3_record(times, ddp_reference={"samples_to_target": 4800})
+    assert rules.score(ref)["withheld"] == []
+    coarse = schema3_record(times, ddp_reference={"samples_to_target": 1600})
+    assert any("validation every 160" in w for w in rules.score(coarse)["withheld"])
+
+
+def test_issue_47_cases_are_built_as_named() -> None:
+    from benchmarks.race import campaign, worker
+
+    cases = driver.CASES
+    for period in (4, 16, 64):
+        assert cases[f"postlocal{period}"]["period"] == period
+        for lr, momentum in ((1.0, 0.0), (0.7, 0.9), (0.8, 0.5)):
+            diloco = cases[f"torchft_diloco{period}_o{round(lr * 10)}m{round(momentum * 10)}"]
+            assert (diloco["period"], diloco["outer_lr"], diloco["outer_momentum"]) == (
+                period, lr, momentum)
+    assert cases["torchft_localsgd4"]["period"] == 4 and cases["torchft_localsgd"]["period"] == 16
+    assert (cases["ddp_b1"]["bucket_cap_mb"], cases["ddp_b4"]["bucket_cap_mb"]) == (1.0, 4.0)
+    assert cases["decentdp"]["topology"] == "alternating-exp-ring"
+    assert rules.learners(cases["decentdp"], 2, 2) == 4
+    # the identity point's inner rates reach one below ddp's
+    ns = argparse.Namespace(peaks=rules.PEAK_LRS["asr"])
+    assert campaign.case_peaks(ns, "asr", "torchft_diloco16_o10m0")[0] < rules.PEAK_LRS["asr"][0]
+    assert campaign.case_peaks(ns, "asr", "ddp") == rules.PEAK_LRS["asr"]
+    assert len(rules.PEAK_LRS["asr"]) == 3
+    # the gossip period goes to the strategy only where it is not 1: today's cases still run
+    # on a library without the option
+    p4 = cases["dpsgd_hier_bf16_p4"]
+    assert worker.library_kwargs(p4) == {"hierarchical": True, "wire_dtype": "bf16",
+                                         "gossip_every_n_steps": 4}
+    assert "gossip_every_n_steps" not in worker.library_kwargs(
+        {"kwargs": dict(p4["kwargs"], gossip_every_n_steps=1)})
+    for name in ("dpsgd_hier_bf16", "adpsgd_hier_bf16", "dpsgd", "adpsgd_bf16"):
+        assert driver.library_option_problem(cases[name]) is None, name
+    problem = driver.library_option_problem(p4)
+    assert problem is None or "gossip_every_n_steps" in problem
+
+
+def test_ddp_bucket_size_reaches_the_strategy() -> None:
+    from datetime import timedelta
+
+    from benchmarks.race import worker
+
+    strategy = worker.make_strategy(driver.CASES["ddp_b4"], timedelta(seconds=30))
+    assert strategy._ddp_kwargs == {"bucket_cap_mb": 4.0}
+    assert worker.make_strategy(driver.CASES["ddp"], timedelta(seconds=30))._ddp_kwargs == {}
+
+
+def test_narrowing_keeps_each_family_s_fastest_and_drops_the_rest_from_claims() -> None:
+    from benchmarks.race import campaign
+
+    times = {"ddp_bf16": [300.0, 310.0, 305.0], "postlocal16": [200.0, 230.0, 210.0],
+             "postlocal64": [180.0], "dpsgd_hier_bf16": [150.0, 160.0, 170.0],
+             "dpsgd_hier_bf16_p4": [190.0]}
+    rec = schema3_record(times, ddp_reference={"samples_to_target": 4800})
+    narrowed = campaign.narrowed(rec, list(times), 1)
+    assert narrowed["kept"] == ["ddp_bf16", "postlocal64", "dpsgd_hier_bf16"]
+    assert set(narrowed["dropped"]) == {"postlocal16", "dpsgd_hier_bf16_p4"}
+    # as the campaign records it when postlocal16 won the first run
+    rec["narrowed"] = {"after_runs": 1, "kept": ["ddp_bf16", "postlocal16", "dpsgd_hier_bf16"],
+                       "dropped": {"postlocal64": "slower", "dpsgd_hier_bf16_p4": "slower"}}
+    score = rules.score(rec)
+    assert score["withheld"] == []  # the dropped variants' single runs withhold nothing
+    assert score["best_peer"] == "postlocal16"  # not postlocal64's single 180 s
+    assert score["cases"]["postlocal64"]["dropped"]
+    assert score["cases"]["postlocal64"]["claim_vs_best_peer"] is None
+    assert score["cases"]["dpsgd_hier_bf16"]["claim_vs_best_peer"] == "faster"
+
+
+def test_variants_take_their_base_s_peak_and_trials_stop_where_they_cannot_win() -> None:
+    from benchmarks.race import campaign
+
+    assert driver.family("postlocal64") == "postlocal16"
+    assert driver.family("torchft_diloco16_o10m0") == "torchft_diloco16_o7m9"
+    assert driver.family("torchft_diloco16_o7m9") == "torchft_diloco16_o7m9"
+    assert driver.family("ddp_b1") == "ddp" and driver.family("decentdp_ring") == "decentdp"
+    assert driver.family("adpsgd_hier_bf16_p16") == "adpsgd_hier_bf16"
+    own = argparse.Namespace(tuning_max_samples=None)
+    args = argparse.Namespace(max_samples=9600)
+    assert campaign.trial_cap(own, args, {"0.003": {"samples_to_target": 5120}}) == 5120
+    assert campaign.trial_cap(own, args, {"0.003": {"samples_to_target": None}}) is None
+    own.tuning_max_samples = 7200
+    assert campaign.trial_cap(own, args, {"0.003": {"samples_to_target": None}}) == 7200
+
+
+def test_a_tuning_record_is_a_ddp_reference(tmp_path: Any) -> None:
+    from benchmarks.race import campaign
+
+    tuning_only = {"cases": {"ddp": {"runs": []}}, "runs": [], "target": 12.0, "tuning": {
+        "chosen": {"ddp": 0.006}, "trials": {"ddp": {
+            "0.003": {"samples_to_target": 4800}, "0.006": {"samples_to_target": 4480}}}}}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(tuning_only))
+    ref = campaign.ddp_reference(path)
+    assert ref["samples_to_target"] == 4480 and ref["how"] == "ddp's picked tuning trial"
+    raced = schema3_record({"ddp": [300.0, 310.0, 305.0]})
+    for sample, run in zip((4480, 4800, 4640), raced["cases"]["ddp"]["runs"]):
+        run["samples_to_target"] = sample
+    path.write_text(json.dumps(raced))
+    assert campaign.ddp_reference(path)["samples_to_target"] == 4640

@@ -20,9 +20,14 @@ elsewhere. 2 nodes x 1 process, ``--quick``:
   ``torchft_diloco``; checks that torchft's manager committed the syncs that 30 steps with
   ``sync_every=16`` make and that the link bytes show them. Skips when torchft (the optional
   ``race`` extra) is not installed.
+* ``decentdp`` (2 nodes x 2 processes, ``digits``): ``ddp``, Decent-DP with its recommended
+  ``alternating-exp-ring`` and its ``ring``; checks the link bytes against its topology's
+  (``decentdp_case.expected_ratio``), and that R, the seed and the link are recorded.
+  Skips when decent-dp (the ``race`` extra) is not installed.
 * the campaign (``benchmarks/race/campaign.py``), ``digits``, ``ddp`` and ``dpsgd`` with node 1
-  slow: tuning at one peak, 2 runs in rotated order, the record's schema and checks, and a
-  second call that finds nothing left to run.
+  slow: tuning at one peak, 2 runs in rotated order, the record's schema and checks (a seed per
+  run, the same in every case; the tuning launches' commit and load; R and the link at the
+  top), and a second call that finds nothing left to run.
 
 Timings are never asserted.
 """
@@ -36,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.race import rules, torchft_cases
+from benchmarks.race import decentdp_case, rules, torchft_cases
 from testbed import cluster_net
 from testbed.launch import ROOT, base_env
 
@@ -111,9 +116,51 @@ def test_race_quick_2x1(netns_available: None, tmp_path: Path) -> None:
     assert cases["ddp_powersgd2"]["hook_check"]["measured_ratio"] < 0.25
     warm = cases["postlocal4"]["bytes_per_step_warmup"]
     assert 0.8 <= warm / ddp["bytes_per_step_inter_node"] <= 1.2  # global all-reduce first
+    # every record keeps R and its terms, the seed, the link's round trip and delay method
+    r = report["comm_compute"]
+    assert r["replica_bytes"] == 2 * report["params"] and r["compute_step_s"] > 0
+    assert r["replica_transfer_s"] is not None and report["comm_compute_ratio"] == r[
+        "comm_compute_ratio"] == round(r["replica_transfer_s"] / r["compute_step_s"], 3)
+    assert report["seed"] == 0 and all(c["seed"] == 0 for c in cases.values())
+    assert report["pin_nodes"] is False and report["link"]["rate_mbit"] == 100.0
+    if report["latency_ms"] > 0:
+        assert report["link"]["rtt_ms"] > 0 and report["link"]["delay_method"] in (
+            "netem", "nfqueue")
     prefix, suffix = report["cluster"]["prefix"], report["cluster"]["suffix"]
     assert (cluster_net.leftovers(f"{prefix}-{suffix}-")
             + cluster_net.leftovers(f"{prefix}{suffix}")) == []
+
+
+def test_race_decentdp_quick_2x2(netns_available: None, tmp_path: Path) -> None:
+    """Decent-DP in the race: its topology's bytes on the link, R recorded."""
+    missing = decentdp_case.unavailable()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "decentdp.json"
+    cmd = [sys.executable, "-m", "benchmarks.race", "--nodes", "2", "--procs", "2",
+           # validations every 2 steps: Decent-DP's exchange in flight (launched at the end of a
+           # step) is waited for on the clock before each, not left to the window whose bytes
+           # the race subtracts (decentdp_case.settle)
+           "--rate", "100", "--quick", "--eval-every", "128", "--cases", "ddp", "decentdp",
+           "decentdp_ring", "--seed", "3", "--prefix", PREFIX, "--json", str(out),
+           "--target", "99.9", "--budget", "100000", *rules_args()]  # every case runs its 30 steps
+    result = subprocess.run(cmd, cwd=ROOT, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=900)
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-6000:]}"
+    report = json.loads(out.read_text())
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == ["ddp", "decentdp", "decentdp_ring"]
+    for name in ("decentdp", "decentdp_ring"):
+        c = cases[name]
+        assert c["steps"] == 30 and c["seed"] == 3
+        assert c["init_params_sha256"] == cases["ddp"]["init_params_sha256"]
+        # a skipped exchange would send nothing; an all-reduce of gradients, ddp's bytes
+        assert c["hook_check"]["ok"], (name, c["hook_check"])
+        assert c["final_metric"] > c["curve"][0][1], name  # it learns
+    assert report["comm_compute_ratio"] is not None
+    print({n: (c["hook_check"]["measured_ratio"], c["hook_check"]["expected_ratio"],
+               c["final_metric"]) for n, c in cases.items() if "hook_check" in c},
+          report["comm_compute"])
 
 
 @pytest.mark.timeout(2400)  # feature extraction and 2 cases of a BLSTM: >10 min when loaded
@@ -215,16 +262,29 @@ def test_race_campaign_quick(netns_available: None, tmp_path: Path) -> None:
     assert set(rec["tuning"]["trials"]["ddp"]) == {"0.05"}
     extra = rec["handicap"]["extra_s_per_step"]
     assert extra > 0
-    shas = set()
+    shas: dict[int, set[str]] = {0: set(), 1: set()}
     for name, case in rec["cases"].items():
         assert [r["run"] for r in case["runs"]] == [0, 1], name
         for r in case["runs"]:
             assert r["lr"] == 0.05 and r["slow_extra_s"] == extra, name
             assert r["slowdown"] == pytest.approx(1 + extra / r["slow_local_step_s"], abs=1e-3)
-            shas.add(r["init_params_sha256"])
+            assert r["seed"] == rules.run_seed(r["run"]), (name, r["run"])
+            shas[r["run"]].add(r["init_params_sha256"])
             reached = [n for (_, m), n in zip(r["curve"], r["curve_samples"]) if m >= 50]
             assert r["samples_to_target"] == (reached[0] if reached else None)
-    assert len(shas) == 1  # every case and run started from the same parameters
+    # run k: every case from the same parameters; each run its own seed, its own parameters
+    assert len(shas[0]) == len(shas[1]) == 1 and shas[0] != shas[1]
+    assert rules.seed_problems(rec) == []
+    for name, trials in rec["tuning"]["trials"].items():
+        for trial in trials.values():
+            assert trial["seed"] == rules.TUNING_SEED, name
+            assert trial["commit"] and trial["load_before"] >= 0, name
+    assert rec["tuning"]["launches"] and all(
+        "foreign_cpu_fraction" in launch and launch["commit"]["sha"]
+        for launch in rec["tuning"]["launches"])
+    assert rec["schema"] == rules.SCHEMA and rec["pin_nodes"] is False
+    assert rec["comm_compute_ratio"] == rec["comm_compute"]["comm_compute_ratio"] is not None
+    assert rec["link"]["rate_mbit"] == 100.0
     assert [r["order"] for r in rec["runs"]] == [["ddp", "dpsgd"], ["dpsgd", "ddp"]]
     assert [next(e["position"] for e in rec["cases"]["ddp"]["runs"] if e["run"] == r)
             for r in (0, 1)] == [0, 1]

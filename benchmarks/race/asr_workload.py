@@ -150,13 +150,15 @@ def anneal(spec: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def loader(spec: dict[str, Any], workload: dict[str, Any], rank: int, world: int) -> DataLoader:
-    """Training batches: chunks of ``eval_every`` utterances (one race epoch each)."""
+    """Training batches: chunks of ``eval_every`` utterances (one race epoch each), in the
+    order of the run's seed (``spec['seed']``)."""
     from functools import partial
 
     from recipes.asr.dataset import collate_examples
 
     sampler = ChunkBatchSampler(workload["num_train"], int(spec["batch_size"]),
-                                int(spec["eval_every"]), rank=rank, world=world, seed=0)
+                                int(spec["eval_every"]), rank=rank, world=world,
+                                seed=int(spec.get("seed", 0)))
     return DataLoader(workload["train"], batch_sampler=sampler,
                       collate_fn=partial(collate_examples, frame_targets=False))
 

@@ -50,8 +50,20 @@ they ran (``hook_check``: bf16 about half of ddp's bytes per step, post-local SG
 Per case the JSON has ``name``, ``time_to_target_s`` (null when not reached),
 ``metric_at_ddp_time``, ``final_metric``, ``bytes_per_step_inter_node`` (bytes a node sent on
 its link per optimizer step: all nodes' bytes over all nodes' steps), ``curve`` (``[seconds,
-accuracy %]``); at the top ``target``, ``workload``, ``nodes``, ``procs``, ``rate_mbit`` and
-the machine's load.
+accuracy %]``), ``seed`` and ``comm_compute``; at the top ``target``, ``workload``, ``nodes``,
+``procs``, ``rate_mbit``, the machine's load, ``seed`` (``--seed``: initialisation, data order,
+PowerSGD's projections, the same for every case), ``comm_compute_ratio`` (R: a bf16 replica's
+one-way time on the emulated link over the lockstep compute step, measured before the cases:
+``benchmarks/race/comm_compute.py``) with its terms in ``comm_compute``, ``link`` (the delay
+method and the round trip measured on the built cluster) and ``pin_nodes``.
+
+More cases (issue 47; raced when named in ``--cases``): ddp's bucket sizes (``ddp_b1``,
+``ddp_b4``), the periodic averagers at periods 4, 16 and 64 (``postlocal*``,
+``torchft_localsgd*``), DiLoCo's grid of periods and outer optimizers with its identity point
+and a lower inner rate (``torchft_diloco{4,16,64}_o{10m0,7m9,8m5}``), Decent-DP (``decentdp``,
+``decentdp_ring``: ``benchmarks/race/decentdp_case.py``, in the ``race`` extra) and the
+library's ``gossip_every_n_steps`` (``*_hier_bf16_p4``, ``_p16``; skipped with a message where
+the library does not take the option yet). A case with ``tune_as`` is a variant of that case.
 
 Usage::
 
@@ -74,7 +86,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.mlp_size import hidden_width
-from benchmarks.race import rules, torchft_cases
+from benchmarks.race import decentdp_case, rules, torchft_cases
 from benchmarks.race.report import markdown_table, per_sample_table, plot
 from testbed import cluster_net
 
@@ -83,15 +95,39 @@ WORKER = "benchmarks.race.worker"
 PREFIX = "lgr"
 """Name prefix of the race's namespaces and links (not cluster.py's)."""
 
+DILOCO_PEAKS = {"asr": (1.5e-3, 3e-3, 6e-3)}
+"""DiLoCo grid's inner peak rates (before the rule): one below ddp's, as its paper's inner rates
+are lower than a synchronous method's."""
+
 CASES: dict[str, dict[str, Any]] = {
     "ddp": {"kind": "ddp"},
     "ddp_bf16": {"kind": "ddp_bf16"},
-    "ddp_powersgd2": {"kind": "ddp_powersgd", "rank": 2},
+    "ddp_powersgd2": {"kind": "ddp_powersgd", "rank": 2, "tune_as": "ddp_powersgd4"},
     "ddp_powersgd4": {"kind": "ddp_powersgd", "rank": 4},
-    "postlocal4": {"kind": "postlocal", "period": 4},
+    # ddp's bucket size, a tuned option (the default 25 MB holds the 9.8 MB model in one bucket
+    # after DDP's 1 MB first one)
+    "ddp_b1": {"kind": "ddp", "bucket_cap_mb": 1.0, "tune_as": "ddp"},
+    "ddp_b4": {"kind": "ddp", "bucket_cap_mb": 4.0, "tune_as": "ddp"},
+    # the periodic averagers at the periods {4, 16, 64}; the names without a period are 16
     "postlocal16": {"kind": "postlocal", "period": 16},
+    **{f"postlocal{p}": {"kind": "postlocal", "period": p, "tune_as": "postlocal16"}
+       for p in (4, 64)},
     "torchft_localsgd": {"kind": "torchft_localsgd", "period": 16},
+    **{f"torchft_localsgd{p}": {"kind": "torchft_localsgd", "period": p,
+                                "tune_as": "torchft_localsgd"} for p in (4, 64)},
     "torchft_diloco": {"kind": "torchft_diloco", "period": 16},
+    # DiLoCo's grid: periods x outer SGD (lr, momentum; Nesterov where the momentum is not 0):
+    # the identity point (1.0, 0: LocalSGD), the paper's (0.7, 0.9), a milder (0.8, 0.5); its
+    # inner rates reach one below ddp's (DILOCO_PEAKS)
+    **{f"torchft_diloco{p}_o{round(lr * 10)}m{round(m * 10)}": {
+        "kind": "torchft_diloco", "period": p, "outer_lr": lr, "outer_momentum": m,
+        "peaks": DILOCO_PEAKS,
+        **({} if (p, lr) == (16, 0.7) else {"tune_as": "torchft_diloco16_o7m9"})}
+       for p in (4, 16, 64) for lr, m in ((1.0, 0.0), (0.7, 0.9), (0.8, 0.5))},
+    # Decent-DP (benchmarks/race/decentdp_case.py): its recommended multi-node topology, and its
+    # one-peer ring
+    "decentdp": {"kind": "decentdp", "topology": "alternating-exp-ring"},
+    "decentdp_ring": {"kind": "decentdp", "topology": "ring", "tune_as": "decentdp"},
     "dpsgd": {"kind": "gossip", "strategy": "dpsgd", "kwargs": {}},
     "adpsgd": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {}},
     "adpsgd_bf16": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {"wire_dtype": "bf16"}},
@@ -99,6 +135,12 @@ CASES: dict[str, dict[str, Any]] = {
                         "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
     "adpsgd_hier_bf16": {"kind": "gossip", "strategy": "adpsgd",
                          "kwargs": {"hierarchical": True, "wire_dtype": "bf16"}},
+    # the communication budget (issue 47): local steps between exchanges; period 1 is the
+    # cases above (the option is passed only where it is not 1: worker.library_kwargs)
+    **{f"{s}_hier_bf16_p{p}": {"kind": "gossip", "strategy": s, "kwargs": {
+        "hierarchical": True, "wire_dtype": "bf16", "gossip_every_n_steps": p},
+        "tune_as": f"{s}_hier_bf16"}
+       for s in ("dpsgd", "adpsgd") for p in (4, 16)},
     # Remedies (issue 29, deliverable 4; the library options of the remedies work, which these
     # cases need): the node all-reduce overlapped with backward, and an outer optimizer (DiLoCo's
     # outer settings, as the torchft_diloco peer's) on a global average every 16 steps, with
@@ -116,13 +158,29 @@ CASES: dict[str, dict[str, Any]] = {
     "adpsgd_hier_bf16_balanced": {"kind": "gossip", "strategy": "adpsgd", "kwargs": {
         "hierarchical": True, "wire_dtype": "bf16", "shared_cursor": "balanced"}},
 }
-"""Case name -> what the worker runs."""
+"""Case name -> what the worker runs. ``tune_as``: the case is a variant (an option other than
+the peak rate) of that case, its family's base: it takes the base's tuned peak
+(``campaign.tune``), and a race may keep only the fastest variant of each family after its
+first run (``campaign --narrow-after``)."""
+
+
+def family(name: str) -> str:
+    """The family of case ``name``: its ``tune_as`` base, or itself.
+
+    >>> family("postlocal64"), family("postlocal16"), family("dpsgd_hier_bf16_p4")
+    ('postlocal16', 'postlocal16', 'dpsgd_hier_bf16')
+    """
+    return CASES[name].get("tune_as", name)
 
 REMEDIES = tuple(c for c in CASES if c.endswith(rules.REMEDY_SUFFIXES))
 """The remedies' cases: raced only when asked for (``--cases``)."""
 
-PEERS = ("ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16",
-         "torchft_localsgd", "torchft_diloco")
+DEFAULT_CASES = ("ddp", "ddp_bf16", "ddp_powersgd2", "ddp_powersgd4", "postlocal4", "postlocal16",
+                 "torchft_localsgd", "torchft_diloco", "dpsgd", "adpsgd", "adpsgd_bf16",
+                 "dpsgd_hier_bf16", "adpsgd_hier_bf16")
+"""The cases of a race without ``--cases`` (the grids of issue 47 are raced when named)."""
+
+PEERS = tuple(c for c in CASES if c != "ddp" and CASES[c]["kind"] != "gossip")
 """The cases a Lightning user would try instead of the library (besides plain ddp)."""
 
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -344,6 +402,10 @@ def hook_check(res: dict[str, Any], ddp: dict[str, Any] | None,
     if res["kind"] == "ddp_bf16":
         measured = res["bytes_per_step_inter_node"]
         what = "bytes/step over ddp's (bf16 hook halves the all-reduce)"
+    elif res["kind"] in decentdp_case.KINDS:
+        measured = res["bytes_per_step_inter_node"]
+        what = ("bytes/step over ddp's (Decent-DP: its topology's fp32 averages; "
+                "decentdp_case.expected_ratio)")
     elif res["kind"] in torchft_cases.KINDS:
         measured = res["bytes_per_step_inter_node"]
         what = ("bytes/step over ddp's (torchft: every local rank averages the model with its "
@@ -441,9 +503,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run each node on CPUs of its own (taskset; nodes share CPUs only when "
                         "there are more nodes than CPUs), so that one node's compute, or its "
                         "sleep, does not change another node's speed")
-    p.add_argument("--cases", nargs="+", default=[c for c in CASES if c not in REMEDIES],
+    p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
                    choices=list(CASES), metavar="CASE",
-                   help=f"cases (default: all but the remedies'); any of {', '.join(CASES)}")
+                   help=f"cases (default: {' '.join(DEFAULT_CASES)}); any of "
+                        f"{', '.join(CASES)}")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of every case (initialisation, data order, PowerSGD's "
+                        "projections); the campaign gives run k rules.run_seed(k)")
+    p.add_argument("--no-comm-compute", dest="comm_compute", action="store_false",
+                   help="skip the measurement of R (a bf16 replica's time on the link over "
+                        "the compute step) before the cases")
     p.add_argument("--target", type=float, default=None,
                    help="target metric, %% (default: ddp's final, 0.5 points easier)")
     p.add_argument("--budget", type=float, default=None,
@@ -515,8 +584,10 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     """What every rank reads: cases (with their rates), sizes, target/budget (None: set by
     ddp), slack, handicap."""
     lrs = case_lrs(args)
+    caps = getattr(args, "case_max_samples", None) or {}  # the campaign's tuning caps
     return {
-        "cases": [{"name": c, "index": i, "lr": lrs[c], **CASES[c]}
+        "cases": [{"name": c, "index": i, "lr": lrs[c], **CASES[c],
+                   **({"max_samples": caps[c]} if caps.get(c) else {})}
                   for i, c in enumerate(args.cases)],
         "nodes": args.nodes,
         "procs": args.procs, "width": args.width, "epochs": args.epochs,
@@ -527,6 +598,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                 "anneal_after_passes": args.anneal_after,
                 "anneal_per_pass": args.anneal_per_pass},
         "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
+        "seed": int(getattr(args, "seed", 0)),
+        "measure_comm_compute": bool(getattr(args, "comm_compute", True)),
         "slow_extra_s": args.slow_extra_s, "max_samples": args.max_samples,
         "slow_calibration": getattr(args, "slow_calibration", None),
         "warmup": args.warmup, "max_steps": args.max_steps, "target": args.target,
@@ -572,13 +645,44 @@ def start_lighthouse(cluster: cluster_net.EmulatedCluster,
     return lighthouse.start()
 
 
-def skip_torchft(args: argparse.Namespace) -> str | None:
-    """Drop the torchft cases from ``args.cases`` when torchft is not importable; the reason."""
-    wanted = [c for c in args.cases if CASES[c]["kind"] in torchft_cases.KINDS]
-    reason = torchft_cases.unavailable() if wanted else None
-    if reason:
-        args.cases = [c for c in args.cases if c not in wanted]
-    return reason
+def library_option_problem(case: dict[str, Any]) -> str | None:
+    """Why the installed library cannot run a library ``case`` (an option its strategy does
+    not take, such as ``gossip_every_n_steps`` before the ``budget`` work), else None."""
+    if case["kind"] != "gossip":
+        return None
+    import inspect
+
+    import lightning_gossip
+    from benchmarks.race.worker import library_kwargs
+
+    cls = {"dpsgd": lightning_gossip.DPSGDStrategy,
+           "adpsgd": lightning_gossip.ADPSGDStrategy}[case["strategy"]]
+    taken = inspect.signature(cls.__init__).parameters
+    missing = sorted(k for k in library_kwargs(case) if k not in taken)
+    return f"{cls.__name__} takes no {', '.join(missing)}" if missing else None
+
+
+def skip_unavailable(args: argparse.Namespace) -> str | None:
+    """Drop from ``args.cases`` the cases this installation cannot run (torchft or Decent-DP not
+    importable, a library option not there yet); the reasons, or None."""
+    reasons = []
+    for kinds, unavailable in ((torchft_cases.KINDS, torchft_cases.unavailable),
+                               (decentdp_case.KINDS, decentdp_case.unavailable)):
+        wanted = [c for c in args.cases if CASES[c]["kind"] in kinds]
+        reason = unavailable() if wanted else None
+        if reason:
+            args.cases = [c for c in args.cases if c not in wanted]
+            reasons.append(f"{' '.join(wanted)}: {reason}")
+    for c in list(args.cases):
+        problem = library_option_problem(CASES[c])
+        if problem:
+            args.cases.remove(c)
+            reasons.append(f"{c}: {problem}")
+    return "; ".join(reasons) or None
+
+
+skip_torchft = skip_unavailable
+"""(The name it had while torchft was the only optional peer.)"""
 
 
 def preflight(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -598,6 +702,25 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if problem and not args.allow_load:
         return f"{problem}; wait, or --allow-load (recorded as loaded)", None
     return None, problem
+
+
+def link_summary(cluster: dict[str, Any]) -> dict[str, Any]:
+    """The emulated link as a record keeps it: rate, asked one-way delay, the delay method
+    (``netem`` or ``nfqueue``: ``testbed/link_delay.py``) and the round trip measured on the
+    built cluster (a TCP ping-pong between two nodes, ``testbed/rtt_probe.py``).
+
+    >>> link_summary({"rate_mbit": 200.0, "latency_ms": 0.5, "latency_check": {
+    ...     "via": "nfqueue", "rtt": {"median_ms": 1.04}, "rtt_without_delay":
+    ...     {"median_ms": 0.09}, "rtt_added_ms": 0.95}})["rtt_ms"]
+    1.04
+    """
+    check = cluster.get("latency_check") or {}
+    return {"rate_mbit": cluster.get("rate_mbit"), "latency_ms": cluster.get("latency_ms"),
+            "delay_method": check.get("via"), "rtt_ms": (check.get("rtt") or {}).get("median_ms"),
+            "rtt": check.get("rtt"),
+            "rtt_without_delay_ms": (check.get("rtt_without_delay") or {}).get("median_ms"),
+            "rtt_added_ms": check.get("rtt_added_ms"),
+            "asked_rtt_added_ms": check.get("asked_rtt_added_ms")}
 
 
 def run_race(args: argparse.Namespace,
@@ -643,7 +766,12 @@ def run_race(args: argparse.Namespace,
         "lr_rule": args.lr_rule, "commit": commit(),
         "foreign_cpu_fraction": rules.foreign_cpu_fraction(
             (cpu1[0] - cpu0[0]) / hz, cpu1[1] - cpu0[1], elapsed, os.cpu_count() or 1),
-        "node_cpus": spec["node_cpus"],
+        "node_cpus": spec["node_cpus"], "pin_nodes": bool(args.pin_nodes),
+        "seed": spec["seed"],
+        "comm_compute": next((r.get("comm_compute") for r in results), None),
+        "comm_compute_ratio": next(((r.get("comm_compute") or {}).get("comm_compute_ratio")
+                                    for r in results), None),
+        "link": link_summary(cluster.describe()),
         "metric": "dev WER, % (lower is better)" if args.workload == "asr"
         else "validation accuracy, % (higher is better)",
         "target": results[0]["target"] if results else args.target,
@@ -660,9 +788,9 @@ def run_race(args: argparse.Namespace,
 def main(argv: list[str] | None = None) -> int:
     """Run the race; 0 on success, 1 if it failed, 2 where it cannot run here."""
     args = parse_args(argv)
-    skipped = skip_torchft(args)
+    skipped = skip_unavailable(args)
     if skipped:
-        print(f"race: skipping the torchft cases: {skipped}", file=sys.stderr)
+        print(f"race: skipping cases: {skipped}", file=sys.stderr)
         if not args.cases:
             return 2
     reason, warning = preflight(args)

@@ -75,20 +75,23 @@ def expected_ratio(case: dict[str, Any], module: nn.Module) -> float | None:
     return None
 
 
-def powersgd_state(rank: int, warmup: int) -> Any:
-    """torch's ``PowerSGDState`` as the race uses it (see the module docstring)."""
+def powersgd_state(rank: int, warmup: int, seed: int = 0) -> Any:
+    """torch's ``PowerSGDState`` as the race uses it (see the module docstring), its random
+    projections from the run's ``seed``."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     return psgd.PowerSGDState(
         process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=max(2, warmup),
         min_compression_rate=MIN_COMPRESSION_RATE, use_error_feedback=True, warm_start=True,
-        random_seed=0)
+        random_seed=seed)
 
 
-def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any) -> Any:
+def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any,
+            seed: int = 0) -> Any:
     """Register ``case``'s hook on the trainer's wrapped model; the averager to call, or None."""
     kind = case["kind"]
-    if kind in ("ddp", "gossip") or kind.startswith("torchft_"):  # torchft: torchft_cases.py
+    if kind in ("ddp", "gossip", "decentdp") or kind.startswith("torchft_"):
+        # (torchft: torchft_cases.py; Decent-DP: decentdp_case.py)
         return None
     from torch.nn.parallel import DistributedDataParallel
 
@@ -109,7 +112,8 @@ def install(case: dict[str, Any], trainer: Any, warmup: int, node_group: Any) ->
             raise ValueError(f"PowerSGD needs one DDP bucket here (gloo): bucket_cap_mb="
                              f"{ddp.bucket_bytes_cap / 2**20:g} < the model's "
                              f"{size / 2**20:.2f} MB (see benchmarks.race.hooks' docstring)")
-        ddp.register_comm_hook(powersgd_state(int(case["rank"]), warmup), psgd.powerSGD_hook)
+        ddp.register_comm_hook(powersgd_state(int(case["rank"]), warmup, seed),
+                              psgd.powerSGD_hook)
         return None
     if kind == "postlocal":
         from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pls

@@ -1,37 +1,46 @@
 #!/usr/bin/env bash
-# The race campaign of docs/races.md ("Race rules"): three races under the rules (about 5
-# hours idle on 2 cores; the 1 Gbit/s race, about 1 hour, and the remedies' race, about 2 hours,
-# only when asked for), then the docs regenerated from their records. Needs root and an idle
-# 2-core machine; link latency is `netem`'s, or testbed/link_delay.py's (iptables, installed here
-# if missing). Every race appends its record after each case: started again, this script goes
-# on where it stopped (finished races launch nothing).
+# The race campaign of benchmarks/race/CAMPAIGN.md (issue 47: races by regime of R, every peer
+# at its best, a seed per run, the 12 % WER target): the tuning, then the races by regime,
+# then the docs regenerated from their records. Needs root and an idle 2-core machine; link
+# latency is `netem`'s, or testbed/link_delay.py's (iptables, installed here if missing). Every
+# race appends its record after each case: started again, this script goes on where it stopped
+# (finished races launch nothing). The records go to benchmarks/results/race/regimes/.
 #
-#   sudo bash benchmarks/race/run_campaign.sh            # main, slow, sites; then the docs
-#   sudo RACES="remedies gbit slowremedies" bash benchmarks/race/run_campaign.sh
+#   sudo bash benchmarks/race/run_campaign.sh                     # tune mid high low (~6.5 h)
+#   sudo RACES="slow sites" bash benchmarks/race/run_campaign.sh  # the second sitting (~2.7 h)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-OUT=benchmarks/results/race/fair
-RACES=${RACES:-"main slow sites"}
-# The workload (ASR, 2x2 ranks, the BLSTM 2x256): a fixed target of 20 % dev WER (ddp at 3e-3
-# first reached it at 3680 samples: benchmarks/results/race/sizing/), validation every 160
-# samples (0.043 of that), AdamW at the tuned peak, at most 8000 samples per case.
-COMMON=(--workload asr --nodes 2 --procs 2 --target 20 --eval-every 160 --max-samples 8000
+OUT=benchmarks/results/race/regimes
+RACES=${RACES:-"tune mid high low"}
+# The workload (ASR, 2x2 ranks, the BLSTM 2x256): a fixed target of 12 % dev WER (ddp at 3e-3
+# first reached 11.5 % at 4800 samples: benchmarks/results/race/sizing/), validation every 160
+# samples (0.033 of that), AdamW at the tuned peak, at most 9600 samples per case (2x ddp's),
+# 3 runs per case, run k from seed 1 + k in every case.
+COMMON=(--workload asr --nodes 2 --procs 2 --target 12 --eval-every 160 --max-samples 9600
         --runs 3)
-PEERS=(ddp ddp_bf16 postlocal16 torchft_localsgd torchft_diloco)
-LIBRARY=(dpsgd_hier_bf16 adpsgd_hier_bf16)
-# the remedies' race: their cases next to their baselines (the overlapped node all-reduce; the
-# outer optimizer on a 16-step global average and its plain-average control)
-REMEDIES=(ddp postlocal16 dpsgd_hier_bf16 dpsgd_hier_bf16_overlap adpsgd_hier_bf16
-          adpsgd_hier_bf16_overlap adpsgd_hier_bf16_avg16 adpsgd_hier_bf16_outer16)
-# the two-site and 1 Gbit/s races: ddp, its bf16 hook, post-local SGD, the library's two cases;
-# the slow-node race without post-local SGD (every synchronous peer waits for the slow node
-# alike; ddp_bf16 stands for them)
-FEW=(ddp ddp_bf16 postlocal16 dpsgd_hier_bf16 adpsgd_hier_bf16)
-SLOW=(ddp ddp_bf16 dpsgd_hier_bf16 adpsgd_hier_bf16)
-# the remedies under the slow node: the overlapped node all-reduce and the balanced epoch end
-SLOW_REMEDIES=(ddp ddp_bf16 adpsgd_hier_bf16 adpsgd_hier_bf16_overlap adpsgd_hier_bf16_balanced)
-MAIN=$OUT/asr_2x2_200mbit_0.5ms.json
+TUNE=$OUT/asr_2x2_tuning_1000mbit_0.5ms.json
+# The tuning: each family's base case at its three peaks (variants take their base's peak), on
+# the 1 Gbit/s link (R about 0.1: the fastest trials; the pick is by samples to the target,
+# which the link does not change for the synchronous methods), a trial stopped at 8000 samples
+# or at the samples its case's best trial so far needed.
+BASES=(ddp ddp_bf16 ddp_powersgd4 postlocal16 torchft_localsgd torchft_diloco16_o7m9 decentdp
+       dpsgd_hier_bf16 adpsgd_hier_bf16)
+# The races: every variant in run 0, each family's fastest variant in runs 1 and 2
+# (--narrow-after 1). fp32 ddp only where R < 1 (elsewhere its step is several times every
+# other case's; its samples to the target, for the validation-interval rule, come from the
+# tuning record: --ddp-reference). gossip_every_n_steps cases (the _p4/_p16 names) need the
+# budget work in the library; without it the race skips them with a message.
+LOW=(ddp ddp_b1 ddp_bf16 postlocal16 torchft_localsgd torchft_diloco16_o7m9
+     torchft_diloco16_o10m0 decentdp dpsgd_hier_bf16 adpsgd_hier_bf16)
+MID=(ddp_bf16 ddp_powersgd4 postlocal16 postlocal64 torchft_localsgd dpsgd_hier_bf16_p4
+     dpsgd_hier_bf16_p16 adpsgd_hier_bf16 adpsgd_hier_bf16_p4)
+HIGH=(ddp_powersgd4 postlocal16 postlocal64 torchft_localsgd64 dpsgd_hier_bf16_p16
+      adpsgd_hier_bf16_p16)
+# the slow node (node 1, about 2x slower, pinned: each node on a CPU of its own): the peers
+# that beat ddp's bf16 hook in the schema-2 races, Decent-DP, the library's two cases
+SLOW=(ddp_bf16 postlocal16 torchft_localsgd decentdp dpsgd_hier_bf16 adpsgd_hier_bf16)
+SITES=(ddp_bf16 postlocal16 torchft_localsgd dpsgd_hier_bf16 adpsgd_hier_bf16)
 command -v iptables >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -qq iptables >/dev/null)
 
@@ -43,21 +52,24 @@ race() {  # name, then the race's own arguments
 
 for r in $RACES; do
   case $r in
-    main) race main --rate 200 --latency-ms 0.5 --cases "${PEERS[@]}" "${LIBRARY[@]}" \
-            --out "$MAIN" ;;
-    slow) race slow --rate 200 --latency-ms 0.5 --slow-node 1 --cases "${SLOW[@]}" \
-            --tuning-from "$MAIN" --out $OUT/asr_2x2_200mbit_0.5ms_slow1.json ;;
-    gbit) race gbit --rate 1000 --latency-ms 0.5 --cases "${FEW[@]}" \
-            --tuning-from "$MAIN" --out $OUT/asr_2x2_1000mbit_0.5ms.json ;;
-    sites) race sites --rate 100 --latency-ms 25 --cases "${FEW[@]}" \
-             --tuning-from "$MAIN" --out $OUT/asr_2x2_100mbit_25ms.json ;;
-    remedies) race remedies --rate 200 --latency-ms 0.5 --cases "${REMEDIES[@]}" \
-                --tuning-from "$MAIN" --out $OUT/asr_2x2_200mbit_0.5ms_remedies.json ;;
-    slowremedies) race slowremedies --rate 200 --latency-ms 0.5 --slow-node 1 \
-                    --slow-extra-s 0.3568978640032583 --cases "${SLOW_REMEDIES[@]}" \
-                    --tuning-from "$MAIN" $OUT/asr_2x2_200mbit_0.5ms_remedies.json \
-                    --out $OUT/asr_2x2_200mbit_0.5ms_slow1_remedies.json ;;
-    *) echo "unknown race $r (main slow sites gbit remedies slowremedies)" >&2; exit 2 ;;
+    tune) race tune --rate 1000 --latency-ms 0.5 --runs 0 --tuning-max-samples 8000 \
+            --cases "${BASES[@]}" --out "$TUNE" ;;
+    low) race low --rate 200 --latency-ms 0.5 --narrow-after 1 --cases "${LOW[@]}" \
+           --tuning-from "$TUNE" --out $OUT/asr_2x2_200mbit_0.5ms.json ;;
+    mid) race mid --rate 50 --latency-ms 0.5 --narrow-after 1 --cases "${MID[@]}" \
+           --tuning-from "$TUNE" --ddp-reference "$TUNE" --out $OUT/asr_2x2_50mbit_0.5ms.json ;;
+    high) race high --rate 16 --latency-ms 0.5 --narrow-after 1 --cases "${HIGH[@]}" \
+            --tuning-from "$TUNE" --ddp-reference "$TUNE" \
+            --out $OUT/asr_2x2_16mbit_0.5ms.json ;;
+    slow) race slow --rate 200 --latency-ms 0.5 --slow-node 1 --pin-nodes --cases "${SLOW[@]}" \
+            --tuning-from "$TUNE" --ddp-reference "$TUNE" \
+            --out $OUT/asr_2x2_200mbit_0.5ms_slow1_pinned.json ;;
+    sites) race sites --rate 100 --latency-ms 25 --cases "${SITES[@]}" \
+             --tuning-from "$TUNE" --ddp-reference "$TUNE" \
+             --out $OUT/asr_2x2_100mbit_25ms.json ;;
+    *) echo "unknown race $r (tune low mid high slow sites)" >&2; exit 2 ;;
   esac
 done
+# the docs' race parts from the records (benchmarks/race/docs.py reads fair/; the records of
+# this campaign are in regimes/, for the tables by R of issue 47's deliverable 6)
 "$PY" -m benchmarks.race.docs

@@ -18,8 +18,9 @@ one **replica group per emulated node**:
   cross-node group, which carries the full model's average every ``sync_every`` steps;
 * ``LocalSGD(manager, module, optimizer, sync_every)`` or ``DiLoCo(manager, [module], inner
   optimizer, outer SGD(lr 0.7, momentum 0.9, nesterov), sync_every)`` (the DiLoCo paper's and
-  torchft's example's outer optimizer), entered on Lightning's optimizer: both hook the
-  optimizer's step, so Lightning's own loop drives them.
+  torchft's example's outer optimizer; a case may give its own ``outer_lr``/``outer_momentum``:
+  :func:`outer_optimizer`), entered on Lightning's optimizer: both hook the optimizer's step,
+  so Lightning's own loop drives them.
 
 torchft's manager and checkpoint servers bind IPv6 wildcard sockets (``[::]``): the
 namespaces need IPv6 (on by default; ``cluster_net`` checks it, :func:`ipv6_problem`).
@@ -55,6 +56,18 @@ OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
 
 KINDS = ("torchft_localsgd", "torchft_diloco")
 """Case kinds driven by torchft."""
+
+
+def outer_optimizer(case: dict[str, Any]) -> tuple[float, float]:
+    """DiLoCo's outer SGD (lr, momentum) of ``case`` (default: the paper's 0.7, Nesterov 0.9);
+    Nesterov wherever the momentum is not 0. ``(1.0, 0.0)`` is the identity point: the outer
+    step adds the averaged delta, which is LocalSGD.
+
+    >>> outer_optimizer({}), outer_optimizer({"outer_lr": 1.0, "outer_momentum": 0.0})
+    ((0.7, 0.9), (1.0, 0.0))
+    """
+    return (float(case.get("outer_lr", OUTER_LR)),
+            float(case.get("outer_momentum", OUTER_MOMENTUM)))
 
 
 def unavailable() -> str | None:
@@ -198,8 +211,9 @@ class TorchFTSync:
             hostname=address, init_sync=False)
         period = int(case["period"])
         if diloco:
-            self.outer = torch.optim.SGD(module.parameters(), lr=OUTER_LR,
-                                         momentum=OUTER_MOMENTUM, nesterov=True)
+            lr, momentum = outer_optimizer(case)
+            self.outer = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum,
+                                         nesterov=momentum > 0)
             self.wrapper: Any = DiLoCo(self.manager, [module], optimizer, self.outer,
                                        sync_every=period, backup_device=torch.device("cpu"),
                                        pin_memory=False)

@@ -22,8 +22,18 @@ Cases:
 * ``torchft_localsgd``, ``torchft_diloco``: DDP inside the node (``DDPStrategy`` on the node's
   process group) and torchft's ``LocalSGD``/``DiLoCo`` across nodes, one replica group per node,
   hooked on Lightning's optimizer in ``on_fit_start`` (``benchmarks/race/torchft_cases.py``);
-* the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``
-  options), with ``final_average=False`` and no periodic consensus.
+* ``decentdp_*``: Decent-DP's ``DecentralizedDataParallel`` as Lightning's model wrapper
+  (``benchmarks/race/decentdp_case.py``);
+* the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``/
+  ``gossip_every_n_steps`` options), with ``final_average=False`` and no periodic consensus.
+
+Seeds: every case of a launch trains from the spec's ``seed`` (initialisation, data order,
+PowerSGD's random projections); the campaign gives run ``k`` seed ``rules.run_seed(k)`` and
+the tuning ``rules.TUNING_SEED``, and every case records it (``seed``).
+
+R: once per launch, before the cases, the ranks measure the ratio that decides a race
+(``benchmarks/race/comm_compute.py``): a bf16 replica's one-way time on the emulated link over
+the lockstep compute step; every case of the launch records it (``comm_compute``).
 
 Validation, every ``eval_steps`` optimizer steps of each rank (``eval_every`` samples of all
 ranks; ``curve_samples`` records the samples all ranks really processed), on the held-out 20 %
@@ -72,7 +82,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from benchmarks.common.workloads import Classifier, digits_80_20
-from benchmarks.race import asr_workload, hooks, rules, torchft_cases
+from benchmarks.race import asr_workload, comm_compute, decentdp_case, hooks, rules, torchft_cases
 from testbed.cluster_net import read_counters
 
 
@@ -123,7 +133,7 @@ class RaceMeter(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.averager = hooks.install(self.case, trainer, self.ctx["warmup"],
-                                           self.ctx["node_group"])
+                                      self.ctx["node_group"], int(self.ctx.get("seed", 0)))
         if self.case["kind"] in torchft_cases.KINDS:
             self.torchft = torchft_cases.TorchFTSync(self.case, int(self.case["index"]),
                                                      pl_module, trainer.optimizers[0], self.ctx)
@@ -174,6 +184,7 @@ class RaceMeter(Callback):
                            self.max_steps is not None and self.steps >= self.max_steps)
 
     def _validate(self, trainer: Any, pl_module: Any, last: bool) -> None:
+        decentdp_case.settle(trainer.strategy.model, self.case)  # on the clock
         self.train_s += time.perf_counter() - self.t_resume
         if self.evaluate(trainer, pl_module, last):
             trainer.should_stop = True
@@ -252,27 +263,50 @@ def validation_metric(net: nn.Module, ctx: dict[str, Any], module: Any) -> float
     return 100.0 * float((pred == ctx["y_val"]).float().mean())
 
 
-def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = None) -> Any:
-    """The Lightning strategy of ``case`` (torchft cases: DDP on the node's ``node_group``)."""
+def make_strategy(case: dict[str, Any], timeout: timedelta, node_group: Any = None,
+                  procs: int = 1, warmup_steps: int = 20, workload: str = "asr") -> Any:
+    """The Lightning strategy of ``case`` (torchft cases: DDP on the node's ``node_group``;
+    Decent-DP: ``procs`` ranks per node, the race's ``warmup_steps``)."""
     from lightning.pytorch.strategies import DDPStrategy
 
     if case["kind"] in torchft_cases.KINDS:
         return DDPStrategy(process_group_backend="gloo", timeout=timeout,
                            process_group=node_group)
+    if case["kind"] in decentdp_case.KINDS:
+        return decentdp_case.make_strategy(case, timeout, float(case["lr"]), procs,
+                                           warmup_steps, workload)
     if case["kind"] != "gossip":
         # PowerSGD: one bucket (hooks.SINGLE_BUCKET_MB), else its chained collectives
         # interleave differently on each rank under gloo (hooks' docstring)
         buckets = ({"bucket_cap_mb": hooks.SINGLE_BUCKET_MB}
                    if case["kind"] == "ddp_powersgd" else {})
+        if case.get("bucket_cap_mb") is not None:  # ddp's bucket size, a tuned option
+            buckets = {"bucket_cap_mb": float(case["bucket_cap_mb"])}
         return DDPStrategy(process_group_backend="gloo", timeout=timeout, **buckets)
     import lightning_gossip
 
     cls = {"dpsgd": lightning_gossip.DPSGDStrategy,
            "adpsgd": lightning_gossip.ADPSGDStrategy}[case["strategy"]]
-    kwargs = dict(case["kwargs"])
+    kwargs = library_kwargs(case)
     kwargs.update(final_average=False, consensus_every_n_steps=None,
                   process_group_backend="gloo", timeout=timeout)
     return cls(**kwargs)
+
+
+def library_kwargs(case: dict[str, Any]) -> dict[str, Any]:
+    """The strategy options of a library case: its ``kwargs``, with ``gossip_every_n_steps``
+    passed only where it is not 1 (the option exists from the ``budget`` work on; at 1 the
+    case runs on a library without it, bit for bit today's default).
+
+    >>> library_kwargs({"kwargs": {"hierarchical": True, "gossip_every_n_steps": 1}})
+    {'hierarchical': True}
+    >>> library_kwargs({"kwargs": {"gossip_every_n_steps": 4}})
+    {'gossip_every_n_steps': 4}
+    """
+    kwargs = dict(case.get("kwargs") or {})
+    if kwargs.get("gossip_every_n_steps", 1) == 1:
+        kwargs.pop("gossip_every_n_steps", None)
+    return kwargs
 
 
 def bytes_between(meters: list[dict[str, Any]], start: str, end: str) -> float | None:
@@ -303,17 +337,22 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     max_steps = round(ctx["steps_per_epoch"] * float(spec["epochs"])) if fixed else None
     if spec.get("max_steps"):
         max_steps = min(max_steps or spec["max_steps"], int(spec["max_steps"]))
-    if spec.get("max_samples"):  # a budget in samples of all ranks (load-independent)
-        cap = -(-int(spec["max_samples"]) // (int(spec["batch_size"]) * ctx["world"]))
+    budget = case.get("max_samples") or spec.get("max_samples")  # (a tuning trial's own cap)
+    if budget:  # a budget in samples of all ranks (load-independent)
+        cap = -(-int(budget) // (int(spec["batch_size"]) * ctx["world"]))
         max_steps = min(max_steps or cap, cap)
-    L.seed_everything(0, workers=True, verbose=False)
-    model = make_model(spec, ctx, case)
+    L.seed_everything(int(spec.get("seed", 0)), workers=True, verbose=False)
+    # Decent-DP steps its own optimizers inside backward: Lightning's is built at rate 0
+    model = make_model(spec, ctx, dict(case, lr=0.0) if case["kind"] in decentdp_case.KINDS
+                       else case)
     meter = RaceMeter(ctx, case, None if fixed else target, None if fixed else budget_s,
                       max_steps)
     asr = ctx["workload"] == "asr"
     trainer = L.Trainer(
         accelerator="cpu", devices=int(spec["procs"]), num_nodes=int(spec["nodes"]),
-        strategy=make_strategy(case, ctx["timeout"], ctx["node_group"]), max_epochs=100_000,
+        strategy=make_strategy(case, ctx["timeout"], ctx["node_group"], ctx["procs"],
+                               int(spec["asr"]["warmup_steps"]), ctx["workload"]),
+        max_epochs=100_000,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=not asr, gradient_clip_val=5.0 if asr else None,
@@ -334,14 +373,19 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     dist.all_gather_object(slept_per_step, round(meter.slept_s / max(meter.steps, 1), 3),
                            group=ctx["group"])
     curve = [[round(s, 3), round(m, 3)] for s, m, _ in meter.curve]
+    if case["kind"] in torchft_cases.KINDS:
+        expected = torchft_cases.expected_ratio(meter.steps, int(case["period"]), ctx["nodes"],
+                                                ctx["procs"])
+    elif case["kind"] in decentdp_case.KINDS:
+        expected = decentdp_case.expected_ratio(case, ctx["nodes"], ctx["procs"])
+    else:
+        expected = hooks.expected_ratio(case, net_of(model))
     return {
         "name": case["name"], "kind": case["kind"], "strategy": case.get("strategy"),
         "kwargs": case.get("kwargs", {}), "period": case.get("period"),
         "rank": case.get("rank"), "params": sum(p.numel() for p in net_of(model).parameters()),
-        "expected_hook_ratio": (
-            torchft_cases.expected_ratio(meter.steps, int(case["period"]), ctx["nodes"],
-                                        ctx["procs"]) if case["kind"] in torchft_cases.KINDS
-            else hooks.expected_ratio(case, net_of(model))),
+        "expected_hook_ratio": expected, "seed": int(spec.get("seed", 0)),
+        "comm_compute": ctx.get("comm_compute"), "options": case_options(case),
         "torchft_commits": meter.torchft_commits, "lr": case_peak(spec, case),
         "init_params_sha256": meter.init_sha,
         "slow_extra_s": ctx["slow_extra_s"], "load_during": [ctx["load0"], load()],
@@ -360,6 +404,16 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "bytes_per_step_after_warmup": bytes_between(nodes, "warmup", "end"),
         "bytes_per_step_warmup": bytes_between(nodes, "start", "warmup"),
     }
+
+
+def case_options(case: dict[str, Any]) -> dict[str, Any]:
+    """What a case is besides its kind and rate (periods, outer optimizer, bucket size, rank,
+    topology, library options), for the record.
+
+    >>> case_options({"name": "x", "kind": "postlocal", "period": 4, "lr": 1e-3, "index": 0})
+    {'period': 4}
+    """
+    return {k: v for k, v in case.items() if k not in ("name", "kind", "lr", "index", "peaks")}
 
 
 def load() -> list[float]:
@@ -392,15 +446,17 @@ def make_loader(spec: dict[str, Any], ctx: dict[str, Any]) -> Any:
 
 
 def calibrate(spec: dict[str, Any], ctx: dict[str, Any], steps: int = 8,
-              lockstep: bool = True) -> tuple[float, float]:
+              lockstep: bool = True, adamw: bool = False) -> tuple[float, float]:
     """Median local step (forward, backward, optimizer step; no communication) of this rank,
     and the median of its forward (loss) alone, on rank 0's batches (the same on every rank).
 
     ``lockstep`` (collective): every rank at once, a barrier before each step, the contention
-    of training; otherwise this rank alone, no collective (:func:`alone_step`)."""
+    of training; otherwise this rank alone, no collective (:func:`alone_step`). ``adamw``:
+    the optimizer step is AdamW's (the asr workload's), else a plain SGD step."""
     L.seed_everything(0, verbose=False)
     model = make_model(spec, ctx)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-6) if adamw
+           else torch.optim.SGD(model.parameters(), lr=1e-6))
     batches = [b for _, b in zip(range(steps), make_loader(spec, {**ctx, "rank": 0}))]
     times, forwards = [], []
     for i in range(steps):
@@ -436,6 +492,7 @@ def setup(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         "higher_is_better": spec["workload"] != "asr",
         "eval_steps": max(1, round(int(spec["eval_every"]) / (batch * world))),
         "warmup": int(spec["warmup"]), "slow_extra_s": None, "load0": load(),
+        "seed": int(spec.get("seed", 0)),
     }
     if spec["workload"] == "asr":
         ctx["data"] = asr_workload.load(spec, rank, world)
@@ -507,12 +564,26 @@ def achieved_local_step(spec: dict[str, Any], ctx: dict[str, Any]) -> float:
     return calibration["contended_s"] * ctx["slow_alone_s"] / calibration["alone_s"]
 
 
+def measure_comm_compute(spec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    """R and its two terms for this launch (collective; ``benchmarks/race/comm_compute.py``):
+    the lockstep compute step of the race's model (its optimizer's step) and a bf16 replica's
+    time on the link."""
+    step_s = calibrate(spec, ctx, adamw=ctx["workload"] == "asr")[0]
+    params = sum(p.numel() for p in net_of(make_model(spec, ctx)).parameters())
+    return comm_compute.measure(ctx["group"], ctx["rank"], ctx["world"], ctx["procs"],
+                                ctx["nodes"], params, step_s)
+
+
 def main(spec_path: Path) -> None:
     """Run the race's cases in order on this rank; rank 0 writes one result file per case."""
     torch.set_num_threads(1)
     spec = json.loads(spec_path.read_text())
     out = spec_path.parent
     ctx = setup(spec, out)
+    if spec.get("measure_comm_compute", True):
+        ctx["comm_compute"] = measure_comm_compute(spec, ctx)
+        if ctx["rank"] == 0:
+            print(f"[race] R: {ctx['comm_compute']}", flush=True)
     target, budget_s = spec.get("target"), spec.get("budget_s")
     sign = 1.0 if ctx["higher_is_better"] else -1.0
     for case in spec["cases"]:
