@@ -1,0 +1,215 @@
+"""The communication budget, ``gossip_every_n_steps``: D-PSGD mixes with the matrices of the
+exchange steps only (overlapped, blocking, delay-by-one, a stop mid-period, bf16, hierarchical),
+AD-PSGD conserves the sum of the replicas with one exchange per period, the counters count what
+was sent, and bad input fails at construction.
+
+The fits run in the shared 2x2 launch (``world4``, ``tests/period_cases.py``); the pure
+schedule and agreement checks need no process.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from lightning_gossip import topology as T
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.pairing import Pairing
+from lightning_gossip.sync_gossip import RoundSchedule, StopAgreement
+from tests import period_cases as P
+from tests.cases import FP32, assert_conserved_and_contracting, expected_mixing
+
+WORLD = 4
+
+
+def _exchange_steps(steps: int, period: int, overlap: bool) -> list[int]:
+    """The exchange steps of the rounds a rank posts in ``steps`` steps."""
+    if overlap:
+        return [t + period - 1 for t in range(steps) if t % period == 0]
+    return [t for t in range(steps) if (t + 1) % period == 0]
+
+
+@pytest.mark.parametrize("case", [P.PD_OVERLAP, P.PD_BLOCKING, P.PD_DELAY, P.PD_STOP],
+                         ids=lambda c: c.name)
+def test_dpsgd_mixes_with_the_matrices_of_the_exchange_steps_only(world_run, case):
+    results = case.results(world_run(WORLD), WORLD)
+    kw = case.strategy_kwargs
+    delay = kw.get("delay_by_one", False)
+    overlap = kw.get("overlap", True) or delay
+    topo = T.build(kw["topology"], WORLD, kw["seed"])
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)
+    steps = len(results[0]["steps"])
+    assert steps == (case.stop_at or case.batches) and all(len(r["steps"]) == steps
+                                                         for r in results)
+    assert all(r["global_step"] == r["gossip_step"] == steps for r in results)
+    want = P.expected_rounds(x0, topo.mixing_matrix, steps, P.PERIOD, overlap, delay)
+    for t in range(steps):
+        got = np.array([r["steps"][t] for r in results])
+        np.testing.assert_allclose(got, want[t], **FP32, err_msg=f"{case.name} step {t}")
+    np.testing.assert_allclose(np.array([r["final"] for r in results]), want[-1], **FP32)
+    # the replicas disagreed, mixed, and not as a round every step would have mixed them
+    every_step = expected_mixing(x0, kw["topology"], steps, seed=kw["seed"],
+                                 delay_by_one=delay)
+    assert np.abs(x0 - x0.mean(0)).max() > 0.1 and np.abs(want[-1] - x0).max() > 1e-3
+    assert max(np.abs(w - e).max() for w, e in zip(want, every_step)) > 1e-3
+    # the counters: one round per period begun (overlapped) or ended (blocking)
+    rounds = _exchange_steps(steps, P.PERIOD, overlap)
+    numel = x0.shape[1]
+    for r in results:
+        stats = r["gossip_stats"]
+        sends = sum(len(topo.peers(r["rank"], e).send_to) for e in rounds)
+        assert stats["exchanges"] == len(rounds), (case.name, stats)
+        assert stats["messages"] == sends and stats["sent_bytes"] == sends * numel * 4
+
+
+def test_bf16_rounds_every_4_steps_keep_the_mean_and_send_a_quarter(world_run):
+    case = P.PD_BF16
+    results = case.results(world_run(WORLD), WORLD)
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)
+    final = np.array([r["final"] for r in results], dtype=np.float64)
+    np.testing.assert_allclose(final.mean(0), x0.mean(0), rtol=0, atol=1e-6)
+    spread = [np.abs(x - x.mean(0)).max() for x in (x0, final)]
+    assert spread[1] < 0.5 * spread[0], spread
+    steps, numel = case.batches, x0.shape[1]
+    for r in results:  # a ring of 4: 2 peers; bf16: 2 bytes a value; 3 rounds in 12 steps
+        stats = r["gossip_stats"]
+        assert stats["exchanges"] == steps // 4 == 3
+        assert stats["sent_bytes"] == 3 * 2 * numel * 2  # per step: a bf16 replica / 4 x 2 peers
+        # the replica moves after the exchange steps 3, 7 and 11 only (lr = 0)
+        moved = [t for t in range(1, steps) if r["steps"][t] != r["steps"][t - 1]]
+        assert moved == [3, 7, 11] and r["steps"][0] == r["x0"], moved
+
+
+def test_hierarchical_rounds_every_2_steps_follow_the_node_matrix(world_run):
+    case = P.PD_HIER
+    results = case.results(world_run(WORLD), WORLD)
+    for node in (0, 1):  # the node's ranks hold one replica
+        assert results[2 * node]["steps"] == results[2 * node + 1]["steps"]
+    rows = slice(None, None, 2)
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)[rows]
+    steps = len(results[0]["steps"])
+    assert steps == case.batches == 7
+    want = P.expected_rounds(x0, lambda t: np.array(P.W2), steps, period=2)
+    for t in range(steps):
+        got = np.array([r["steps"][t] for r in results])[rows]
+        np.testing.assert_allclose(got, want[t], **FP32, err_msg=f"step {t}")
+    np.testing.assert_allclose(np.array([r["final"] for r in results])[rows], want[-1], **FP32)
+    assert np.abs(x0[0] - x0[1]).max() > 0.1
+    for r in results:  # rounds 1, 3, 5 and 7 (posted at step 6, applied at the end)
+        assert r["gossip_stats"]["exchanges"] == 4
+
+
+@pytest.mark.parametrize("case", [P.AD_PERIOD, P.AD_PERIOD_DELAY], ids=lambda c: c.name)
+def test_adpsgd_conserves_the_sum_with_one_exchange_per_period(world_run, case):
+    run = world_run(WORLD) / case.name
+    assert_conserved_and_contracting(run, WORLD)
+    results = case.results(world_run(WORLD), WORLD)
+    kw = case.strategy_kwargs
+    period = kw["gossip_every_n_steps"]
+    pairing = Pairing(kw.get("pairing", "ring"), WORLD, kw.get("seed", 0))
+    numel = len(results[0]["x0"])
+    active = [r["gossip_stats"] for r in results if pairing.is_active(r["rank"])]
+    passive = [r["gossip_stats"] for r in results if not pairing.is_active(r["rank"])]
+    assert len(active) == len(passive) == 2
+    for s in active:  # one snapshot, so at most one exchange, per period of its own steps
+        assert s["steps"] >= 3 * period
+        if kw.get("max_staleness", 4) == 0:  # it waited for every one: exactly one per period
+            assert s["exchanges"] == s["steps"] // period, s
+        else:
+            assert 1 <= s["exchanges"] <= s["steps"] // period, s
+    for s in active + passive:
+        assert s["sent_bytes"] == s["exchanges"] * numel * 4
+    assert sum(s["exchanges"] for s in passive) == sum(s["exchanges"] for s in active)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure: the schedule, the agreed stop along the rounds, bad input
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap,delay", [(True, False), (False, False), (True, True)])
+def test_a_period_of_one_is_the_schedule_of_every_step(overlap, delay):
+    s = RoundSchedule(1, overlap, delay)
+    for t in range(6):
+        assert s.is_round(t) and s.post_step(t) == t and s.apply_step(t) == t + delay
+        assert s.started_at(t) == (t if overlap else None)
+        assert s.first_round_posted_from(t) == t
+
+
+def _replay(agreement: StopAgreement, schedule: RoundSchedule, rank: int, first: int) -> int:
+    """Message-level replay of the side messages: every rank's first step whose posts carry the
+    stop; the step at whose batch start every rank knows it."""
+    n = agreement.world_size
+    carries = {rank: first}
+    for e in range(first, first + 10 * n * schedule.period):
+        if not schedule.is_round(e) or schedule.post_step(e) < first:
+            continue
+        senders = [i for i, k in carries.items() if k <= schedule.post_step(e)]
+        for i in senders:
+            for j in agreement.peers(i, e)[0]:
+                carries.setdefault(j, schedule.apply_step(e) + 1)
+        if len(carries) == n:
+            break
+    assert len(carries) == n
+    return max(carries.values())
+
+
+@pytest.mark.parametrize("topology,period,overlap,delay", [
+    ("ring", 3, True, False), ("ring", 4, False, False), ("random_ring", 4, True, True),
+    ("random_ring", 32, True, False), ("one_peer_exponential", 3, True, False),
+])
+def test_the_agreed_stop_spreads_along_the_exchange_steps(topology, period, overlap, delay):
+    n = 4 if topology == "one_peer_exponential" else 6
+    schedule = RoundSchedule(period, overlap, delay)
+    agreement = StopAgreement(T.build(topology, n, 0), NodeLayout(n, 1, 0, 0), delay, schedule)
+    for rank in range(n):
+        for first in (0, 5, 17):
+            stop = agreement.stop_step_for(rank, first)
+            assert stop == _replay(agreement, schedule, rank, first)
+            assert first < stop <= first + (2 if delay else 1) * (n + 1) * period
+
+
+def test_a_period_that_aliases_a_periodic_topology_is_refused():
+    topo = T.build("one_peer_exponential", 4)  # hops 1, 2, 1, 2, ...: period 2
+    RoundSchedule(3).check_connects(topo)
+    with pytest.raises(ValueError, match="never connect the ranks"):
+        RoundSchedule(4).check_connects(topo)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, True, "3", None])
+def test_bad_periods_are_rejected_at_construction(value):
+    from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+    from lightning_gossip.plain_loop import Gossip
+
+    for make in (DPSGDStrategy, ADPSGDStrategy, FabricDPSGDStrategy, FabricADPSGDStrategy):
+        with pytest.raises(ValueError, match="gossip_every_n_steps must be a positive integer"):
+            make(gossip_every_n_steps=value)
+    with pytest.raises(ValueError, match="gossip_every_n_steps must be a positive integer"):
+        Gossip(None, None, "dpsgd", gossip_every_n_steps=value)  # before any process group
+
+
+def test_auto_and_elastic_with_a_period_are_refused_clearly():
+    from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+
+    for make in (DPSGDStrategy, ADPSGDStrategy):
+        with pytest.raises(ValueError, match="'auto' is not available yet"):
+            make(gossip_every_n_steps="auto")
+        with pytest.raises(ValueError, match=r"\(elastic=True, gossip_every_n_steps=4\) is not"):
+            make(gossip_every_n_steps=4, elastic=True)
+        make(gossip_every_n_steps=1, elastic=True)  # the default goes with elastic
+        assert make().gossip_every_n_steps == 1
+    assert DPSGDStrategy(gossip_every_n_steps=32, wire_dtype="bf16").gossip_every_n_steps == 32
+
+
+def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
+    from recipes.imagenet.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["recipes.imagenet"])  # only ``args`` count
+    cli = main(["--config", "recipes/imagenet/configs/digits.yaml",
+                "--trainer.strategy=lightning_gossip.DPSGDStrategy",
+                "--trainer.strategy.gossip_every_n_steps=4", "--trainer.devices=1",
+                "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
+               run=False)
+    assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
+    assert cli.trainer.strategy.gossip_every_n_steps == 4
