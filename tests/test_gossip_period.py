@@ -200,6 +200,11 @@ def test_auto_and_elastic_with_a_period_are_refused_clearly():
         make(gossip_every_n_steps=1, elastic=True)  # the default goes with elastic
         assert make().gossip_every_n_steps == 1
     assert DPSGDStrategy(gossip_every_n_steps=32, wire_dtype="bf16").gossip_every_n_steps == 32
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+
+    for fabric in (FabricDPSGDStrategy, FabricADPSGDStrategy):  # handed to Gossip at setup
+        assert fabric(gossip_every_n_steps=8).gossip_options()["gossip_every_n_steps"] == 8
+        assert fabric().gossip_options()["gossip_every_n_steps"] == 1
 
 
 def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
@@ -213,3 +218,65 @@ def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
                run=False)
     assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
     assert cli.trainer.strategy.gossip_every_n_steps == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# attach() (a plain PyTorch loop, no Lightning): the optimizer hooks drive the same engines
+# ----------------------------------------------------------------------------------------------
+def _attached_ranks(rank: int, world: int) -> dict:
+    """On every rank: three loops with ``attach`` (lr = 0, rank-dependent weights, no initial
+    broadcast): dpsgd overlapped and blocking every 3 steps, adpsgd every 2 steps."""
+    import torch
+
+    from lightning_gossip import FlatState, attach
+
+    out: dict = {}
+    for name, kw in (("overlap", {"strategy": "dpsgd"}),
+                     ("blocking", {"strategy": "dpsgd", "overlap": False}),
+                     ("adpsgd", {"strategy": "adpsgd", "max_staleness": 0})):
+        torch.manual_seed(100 + rank)
+        model = torch.nn.Linear(5, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        period = 2 if name == "adpsgd" else P.PERIOD
+        gossip = attach(model, opt, topology="random_ring", seed=5, broadcast=False,
+                        gossip_every_n_steps=period, timeout=120, **kw)
+        flat = FlatState(model)
+        steps, x0 = [], flat.pack().tolist()
+        for _ in range(10 if name != "adpsgd" else 12):
+            opt.zero_grad()
+            model(torch.ones(3, 5)).sum().backward()
+            opt.step()
+            steps.append(flat.pack().tolist())
+        gossip.quiesce()
+        out[name] = {"x0": x0, "steps": steps, "final": flat.pack().tolist(),
+                     "stats": dict(vars(gossip.stats))}
+        gossip.close()
+    return out
+
+
+@pytest.mark.multiprocess
+def test_attach_takes_the_period_for_both_engines(tmp_path):
+    from tests.scripts.engine_ranks import spawn_ranks
+
+    results = spawn_ranks(_attached_ranks, WORLD, tmp_path, timeout=300)
+    topo = T.build("random_ring", WORLD, 5)
+    for name, overlap in (("overlap", True), ("blocking", False)):
+        rs = [r[name] for r in results]
+        x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+        want = P.expected_rounds(x0, topo.mixing_matrix, 10, P.PERIOD, overlap)
+        for t in range(10):
+            np.testing.assert_allclose(np.array([r["steps"][t] for r in rs]), want[t], **FP32,
+                                       err_msg=f"{name} step {t}")
+        np.testing.assert_allclose(np.array([r["final"] for r in rs]), want[-1], **FP32)
+        assert all(r["stats"]["exchanges"] == len(_exchange_steps(10, P.PERIOD, overlap))
+                   for r in rs)
+        assert np.abs(x0 - x0.mean(0)).max() > 0.1
+    rs = [r["adpsgd"] for r in results]
+    x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+    final = np.array([r["final"] for r in rs], dtype=np.float64)
+    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+    assert np.abs(final - final.mean(0)).max() < np.abs(x0 - x0.mean(0)).max()
+    pairing = Pairing("ring", WORLD, 5)  # attach's seed
+    active = [r["stats"] for k, r in enumerate(rs) if pairing.is_active(k)]
+    assert [s["exchanges"] for s in active] == [12 // 2] * 2, active  # max_staleness 0
+    assert sum(r["stats"]["exchanges"] for r in rs) == 2 * 12 // 2 * 2
