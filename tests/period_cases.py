@@ -45,23 +45,28 @@ AD_PERIOD = Case("ad_period", strategy="adpsgd", offset=1.0, epochs=3, log=True,
 AD_PERIOD_DELAY = Case("ad_period_delay", strategy="adpsgd", offset=1.0, epochs=3, log=True,
                        strategy_kwargs={**_AD, "gossip_every_n_steps": 4, "delay_by_one": True,
                                         "pairing": "random", "seed": 3})
+#: hierarchical AD-PSGD between the 2 nodes (each local rank gossips its slice), every 3 steps
+AH_PERIOD = Case("ah_period", strategy="adpsgd", offset=1.0, epochs=3, log=True, num_nodes=2,
+                 strategy_kwargs={**_AD, "hierarchical": True, "gossip_every_n_steps": PERIOD,
+                                  "max_staleness": 0})
 DPSGD_CASES = [PD_OVERLAP, PD_BLOCKING, PD_DELAY, PD_STOP, PD_BF16]
 #: in launch order, on the launch's 2 nodes (the flat cases do not depend on them)
-CASES = [replace(c, num_nodes=2) for c in (*DPSGD_CASES, PD_HIER, AD_PERIOD, AD_PERIOD_DELAY)]
+CASES = [replace(c, num_nodes=2)
+         for c in (*DPSGD_CASES, PD_HIER, AD_PERIOD, AD_PERIOD_DELAY, AH_PERIOD)]
 
 
 def expected_rounds(x0: np.ndarray, matrix: Callable[[int], np.ndarray], steps: int,
-                    period: int, overlap: bool = True, delay_by_one: bool = False
-                    ) -> list[np.ndarray]:
-    """Replicas after each of ``steps`` steps with lr = 0, then after the fit's end (the rounds
-    in flight applied): only the exchange steps ``e`` (``(e + 1) % period == 0``) mix, with
-    ``matrix(e)``. Overlapped, the round snapshots ``X`` at the period's first step and adds
-    ``(W_e - I) X_snapshot`` after step ``e`` (``delay_by_one``: after step ``e + 1``);
-    blocking, ``X <- W_e X`` after step ``e``."""
+                    period: int, overlap: bool = True, delay_by_one: bool = False,
+                    start: int = 0) -> list[np.ndarray]:
+    """Replicas after each of ``steps`` steps (from step ``start``) with lr = 0, then after the
+    fit's end (the rounds in flight applied): only the exchange steps ``e``
+    (``(e + 1) % period == 0``) mix, with ``matrix(e)``. Overlapped, the round snapshots ``X``
+    at the period's first step and adds ``(W_e - I) X_snapshot`` after step ``e``
+    (``delay_by_one``: after step ``e + 1``); blocking, ``X <- W_e X`` after step ``e``."""
     eye = np.eye(len(x0))
     x, xs = x0.copy(), []
     pending: list[tuple[int, int, np.ndarray]] = []  # (apply after step, e, snapshot)
-    for t in range(steps):
+    for t in range(start, start + steps):
         if overlap and t % period == 0:
             e = t + period - 1
             pending.append((e + (1 if delay_by_one else 0), e, x.copy()))

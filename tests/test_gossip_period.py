@@ -16,7 +16,7 @@ import pytest
 
 from lightning_gossip import topology as T
 from lightning_gossip.hierarchy import NodeLayout
-from lightning_gossip.pairing import Pairing
+from lightning_gossip.pairing import ColumnPairing, Pairing
 from lightning_gossip.sync_gossip import RoundSchedule, StopAgreement
 from tests import period_cases as P
 from tests.cases import FP32, assert_conserved_and_contracting, expected_mixing
@@ -124,6 +124,25 @@ def test_adpsgd_conserves_the_sum_with_one_exchange_per_period(world_run, case):
     assert sum(s["exchanges"] for s in passive) == sum(s["exchanges"] for s in active)
 
 
+def test_hierarchical_adpsgd_keeps_nodes_identical_and_the_sum_with_a_period(world_run):
+    case = P.AH_PERIOD
+    results = case.results(world_run(WORLD), WORLD)
+    for node in (0, 1):  # the node's ranks hold one replica, after every step
+        assert results[2 * node]["steps"] == results[2 * node + 1]["steps"]
+        assert results[2 * node]["final"] == results[2 * node + 1]["final"]
+    assert_conserved_and_contracting(world_run(WORLD) / case.name, WORLD)
+    active = {r: ColumnPairing(Pairing("ring", 2, 0), NodeLayout(2, 2, r // 2, r % 2))
+              .is_active(r) for r in range(WORLD)}
+    assert sorted(active.values()) == [False, False, True, True]
+    for r in results:  # every local rank gossips its slice: an active one once per period
+        s = r["gossip_stats"]
+        if active[r["rank"]]:
+            assert s["steps"] >= 3 * P.PERIOD and s["exchanges"] == s["steps"] // P.PERIOD, s
+    by_role = [sum(r["gossip_stats"]["exchanges"] for r in results if active[r["rank"]] == a)
+               for a in (True, False)]
+    assert by_role[0] == by_role[1] > 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Pure: the schedule, the agreed stop along the rounds, bad input
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +244,8 @@ def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------
 def _attached_ranks(rank: int, world: int) -> dict:
     """On every rank: three loops with ``attach`` (lr = 0, rank-dependent weights, no initial
-    broadcast): dpsgd overlapped and blocking every 3 steps, adpsgd every 2 steps."""
+    broadcast): dpsgd overlapped and blocking every 3 steps for 10 steps, then (``set_period``)
+    every 2 steps for 4 more; adpsgd every 2 steps for 12, then every 3 for 12 more."""
     import torch
 
     from lightning_gossip import FlatState, attach
@@ -241,15 +261,19 @@ def _attached_ranks(rank: int, world: int) -> dict:
         gossip = attach(model, opt, topology="random_ring", seed=5, broadcast=False,
                         gossip_every_n_steps=period, timeout=120, **kw)
         flat = FlatState(model)
-        steps, x0 = [], flat.pack().tolist()
-        for _ in range(10 if name != "adpsgd" else 12):
-            opt.zero_grad()
-            model(torch.ones(3, 5)).sum().backward()
-            opt.step()
-            steps.append(flat.pack().tolist())
-        gossip.quiesce()
-        out[name] = {"x0": x0, "steps": steps, "final": flat.pack().tolist(),
-                     "stats": dict(vars(gossip.stats))}
+        steps, x0, parts = [], flat.pack().tolist(), []
+        for count, new_period in ((10, 2), (4, None)) if name != "adpsgd" else ((12, 3),
+                                                                                (12, None)):
+            for _ in range(count):
+                opt.zero_grad()
+                model(torch.ones(3, 5)).sum().backward()
+                opt.step()
+                steps.append(flat.pack().tolist())
+            gossip.quiesce()
+            parts.append({"final": flat.pack().tolist(), "stats": dict(vars(gossip.stats))})
+            if new_period is not None:
+                gossip.engine.set_period(new_period)
+        out[name] = {"x0": x0, "steps": steps, "parts": parts}
         gossip.close()
     return out
 
@@ -263,20 +287,27 @@ def test_attach_takes_the_period_for_both_engines(tmp_path):
     for name, overlap in (("overlap", True), ("blocking", False)):
         rs = [r[name] for r in results]
         x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
-        want = P.expected_rounds(x0, topo.mixing_matrix, 10, P.PERIOD, overlap)
-        for t in range(10):
+        first = P.expected_rounds(x0, topo.mixing_matrix, 10, P.PERIOD, overlap)
+        # set_period(2) after the quiesce at step 10: rounds at steps 11 and 13
+        then = P.expected_rounds(first[-1], topo.mixing_matrix, 4, 2, overlap, start=10)
+        want = first[:-1] + then[:-1]
+        for t in range(14):
             np.testing.assert_allclose(np.array([r["steps"][t] for r in rs]), want[t], **FP32,
                                        err_msg=f"{name} step {t}")
-        np.testing.assert_allclose(np.array([r["final"] for r in rs]), want[-1], **FP32)
-        assert all(r["stats"]["exchanges"] == len(_exchange_steps(10, P.PERIOD, overlap))
-                   for r in rs)
+        for part, final in ((0, first[-1]), (1, then[-1])):
+            np.testing.assert_allclose(np.array([r["parts"][part]["final"] for r in rs]),
+                                       final, **FP32)
+        rounds = len(_exchange_steps(10, P.PERIOD, overlap)) + 2
+        assert all(r["parts"][1]["stats"]["exchanges"] == rounds for r in rs)
         assert np.abs(x0 - x0.mean(0)).max() > 0.1
     rs = [r["adpsgd"] for r in results]
     x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
-    final = np.array([r["final"] for r in rs], dtype=np.float64)
-    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
-    assert np.abs(final - final.mean(0)).max() < np.abs(x0 - x0.mean(0)).max()
     pairing = Pairing("ring", WORLD, 5)  # attach's seed
-    active = [r["stats"] for k, r in enumerate(rs) if pairing.is_active(k)]
-    assert [s["exchanges"] for s in active] == [12 // 2] * 2, active  # max_staleness 0
-    assert sum(r["stats"]["exchanges"] for r in rs) == 2 * 12 // 2 * 2
+    for part, done in ((0, 12 // 2), (1, 12 // 2 + 12 // 3)):  # max_staleness 0: exactly
+        final = np.array([r["parts"][part]["final"] for r in rs], dtype=np.float64)
+        np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+        assert np.abs(final - final.mean(0)).max() < np.abs(x0 - x0.mean(0)).max()
+        stats = [r["parts"][part]["stats"] for r in rs]
+        active = [s for k, s in enumerate(stats) if pairing.is_active(k)]
+        assert [s["exchanges"] for s in active] == [done] * 2, active
+        assert sum(s["exchanges"] for s in stats) == 2 * 2 * done

@@ -92,12 +92,6 @@ class AsyncGossip:
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.delay_by_one = delay_by_one
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"the gossip period must be a positive integer, got {period!r}")
-        #: local steps per exchange; the staleness bound in steps (``None``: no bound)
-        self.period = period
-        self.staleness_steps = (None if max_staleness is None
-                                else (max_staleness + 1) * period - 1)
         index, count = shard
         size = -(-flat.numel // count)
         lo = min(index * size, flat.numel)
@@ -109,6 +103,9 @@ class AsyncGossip:
         self._gathered = (torch.empty(size * count, device=flat.device)
                           if self._gather is not None else None)
         self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one, bounds), timeout)
+        #: local steps per exchange; the staleness bound in steps (``None``: no bound)
+        self.period, self.staleness_steps = 1, max_staleness
+        self.set_period(period)
         if heartbeat is not None and heartbeat.monitor:
             beat = heartbeat
             self._shared.liveness = lambda what: beat.check(f"rank {rank} {what}")
@@ -247,6 +244,17 @@ class AsyncGossip:
             shared.cv.notify_all()
         if handed:
             shared.handoff.to_thread()
+
+    def set_period(self, period: int) -> None:
+        """Leave a snapshot at most every ``period`` steps from now on, with the staleness
+        bound counted in the new period (the seam of a period picked while training,
+        ``gossip_every_n_steps="auto"``; ranks may differ)."""
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            raise ValueError(f"the gossip period must be a positive integer, got {period!r}")
+        with self._shared.cv:
+            self.period = period
+            self.staleness_steps = (None if self.max_staleness is None
+                                    else (self.max_staleness + 1) * period - 1)
 
     def idle(self) -> None:
         """While this rank waits without stepping, mid-phase (an elastic fit's wait at an

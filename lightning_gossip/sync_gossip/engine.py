@@ -17,7 +17,7 @@ from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.sync_gossip.rounds import Round, SyncStats
 from lightning_gossip.sync_gossip.schedule import RoundSchedule
 from lightning_gossip.sync_gossip.sharded import ShardedExchange
-from lightning_gossip.sync_gossip.stop import StopAgreement
+from lightning_gossip.sync_gossip.stop import NO_STOP, StopAgreement
 from lightning_gossip.topology import Topology
 
 #: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
@@ -140,6 +140,22 @@ class SyncGossip:
     def period(self) -> int:
         """Local optimizer steps per round (``gossip_every_n_steps``)."""
         return self.schedule.period
+
+    def set_period(self, period: int) -> None:
+        """Exchange every ``period`` steps from the next step on (the seam of a period picked
+        while training, ``gossip_every_n_steps="auto"``). Every rank must call it at the same
+        step boundary with the same ``period``, with no round in flight (after
+        :meth:`quiesce`) and no stop or requeue proposed (its step was agreed along the old
+        rounds); ``RuntimeError`` otherwise. The exchange steps stay counted from step 0."""
+        if self._pending:
+            raise RuntimeError("set_period needs no round in flight: call quiesce() first")
+        if self.agreement.values() != (NO_STOP, NO_STOP):
+            raise RuntimeError("set_period after a stop or requeue was proposed: its step was "
+                               "agreed along the rounds of the old period")
+        schedule = RoundSchedule(period, self.overlap, self.delay_by_one)
+        schedule.check_connects(self.topology)
+        self.schedule = schedule
+        self.agreement.reschedule(schedule)
 
     def started(self, step: int) -> bool:
         """Whether the round of exchange step ``step`` is in flight."""

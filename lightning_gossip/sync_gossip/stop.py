@@ -91,6 +91,10 @@ class StopAgreement:
         self.stop_at = NO_STOP
         self.requeue_at = NO_STOP
 
+    def reschedule(self, schedule: RoundSchedule) -> None:
+        """The rounds follow ``schedule`` from now on (a new gossip period; no proposal known)."""
+        self.schedule = schedule
+
     def reset(self) -> None:
         """Forget every proposal (a new fit)."""
         with self._lock:
