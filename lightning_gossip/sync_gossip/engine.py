@@ -156,6 +156,7 @@ class SyncGossip:
         schedule.check_connects(self.topology)
         self.schedule = schedule
         self.agreement.reschedule(schedule)
+        self._last_round = None  # the new period's rounds, even one of the same exchange step
 
     def started(self, step: int) -> bool:
         """Whether the round of exchange step ``step`` is in flight."""
