@@ -102,9 +102,9 @@ class StopAgreement:
 
     @property
     def lag(self) -> int:
-        """Steps from posting a round to the first step start after it was applied, minus
-        one: 2 with ``delay_by_one`` (a round received at step t+1 goes out again at t+2),
-        else 1."""
+        """With a round every step: steps from posting a round to the first step start after it
+        was applied, minus one: 2 with ``delay_by_one`` (a round received at step t+1 goes out
+        again at t+2), else 1. (A gossip period: :attr:`schedule` says when rounds go.)"""
         return 2 if self.delay_by_one else 1
 
     def values(self) -> tuple[int, int]:
