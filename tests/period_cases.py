@@ -34,6 +34,9 @@ PD_STOP = Case("pd_stop", strategy_kwargs=_DP, offset=1.0, batches=10, stop_at=7
 #: sharded rounds in bf16 (the mean-preserving compressed form), period 4
 PD_BF16 = Case("pd_bf16", offset=1.0, batches=12, strategy_kwargs={
     **DP_BASE, "topology": "ring", "wire_dtype": "bf16", "gossip_every_n_steps": 4})
+#: the smallest budget asked for: 1/32 of a bf16 replica per peer and step (2 rounds in 64 steps)
+PD_BF16_32 = Case("pd_bf16_32", offset=1.0, batches=64, strategy_kwargs={
+    **DP_BASE, "topology": "ring", "wire_dtype": "bf16", "gossip_every_n_steps": 32})
 #: hierarchical: 2 nodes of 2, the node matrix W2 at every second step
 PD_HIER = Case("pd_hier", num_nodes=2, offset=1.0, batches=7, strategy_kwargs={
     "final_average": False, "hierarchical": True, "topology": W2, "gossip_every_n_steps": 2})
@@ -49,7 +52,7 @@ AD_PERIOD_DELAY = Case("ad_period_delay", strategy="adpsgd", offset=1.0, epochs=
 AH_PERIOD = Case("ah_period", strategy="adpsgd", offset=1.0, epochs=3, log=True, num_nodes=2,
                  strategy_kwargs={**_AD, "hierarchical": True, "gossip_every_n_steps": PERIOD,
                                   "max_staleness": 0})
-DPSGD_CASES = [PD_OVERLAP, PD_BLOCKING, PD_DELAY, PD_STOP, PD_BF16]
+DPSGD_CASES = [PD_OVERLAP, PD_BLOCKING, PD_DELAY, PD_STOP, PD_BF16, PD_BF16_32]
 #: in launch order, on the launch's 2 nodes (the flat cases do not depend on them)
 CASES = [replace(c, num_nodes=2)
          for c in (*DPSGD_CASES, PD_HIER, AD_PERIOD, AD_PERIOD_DELAY, AH_PERIOD)]

@@ -64,22 +64,26 @@ def test_dpsgd_mixes_with_the_matrices_of_the_exchange_steps_only(world_run, cas
         assert stats["messages"] == sends and stats["sent_bytes"] == sends * numel * 4
 
 
-def test_bf16_rounds_every_4_steps_keep_the_mean_and_send_a_quarter(world_run):
-    case = P.PD_BF16
+@pytest.mark.parametrize("case", [P.PD_BF16, P.PD_BF16_32], ids=lambda c: c.name)
+def test_bf16_rounds_keep_the_mean_and_send_a_period_th_of_the_bytes(world_run, case):
     results = case.results(world_run(WORLD), WORLD)
+    period = case.strategy_kwargs["gossip_every_n_steps"]
     x0 = np.array([r["x0"] for r in results], dtype=np.float64)
     final = np.array([r["final"] for r in results], dtype=np.float64)
     np.testing.assert_allclose(final.mean(0), x0.mean(0), rtol=0, atol=1e-6)
     spread = [np.abs(x - x.mean(0)).max() for x in (x0, final)]
     assert spread[1] < 0.5 * spread[0], spread
     steps, numel = case.batches, x0.shape[1]
-    for r in results:  # a ring of 4: 2 peers; bf16: 2 bytes a value; 3 rounds in 12 steps
+    rounds = list(range(period - 1, steps, period))  # 3, 7, 11 (period 4); 31, 63 (32)
+    for r in results:  # a ring of 4: 2 peers; bf16: 2 bytes a value
         stats = r["gossip_stats"]
-        assert stats["exchanges"] == steps // 4 == 3
-        assert stats["sent_bytes"] == 3 * 2 * numel * 2  # per step: a bf16 replica / 4 x 2 peers
-        # the replica moves after the exchange steps 3, 7 and 11 only (lr = 0)
+        assert stats["exchanges"] == steps // period == len(rounds)
+        # per step and peer: 1/period of a bf16 replica
+        assert stats["sent_bytes"] == len(rounds) * 2 * numel * 2
+        assert stats["sent_bytes"] / steps / 2 == numel * 2 / period
+        # the replica moves after the exchange steps only (lr = 0)
         moved = [t for t in range(1, steps) if r["steps"][t] != r["steps"][t - 1]]
-        assert moved == [3, 7, 11] and r["steps"][0] == r["x0"], moved
+        assert moved == rounds and r["steps"][0] == r["x0"], moved
 
 
 def test_hierarchical_rounds_every_2_steps_follow_the_node_matrix(world_run):
