@@ -55,6 +55,7 @@ from torch import nn
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average, check_every
 from lightning_gossip.flat import FlatState
@@ -85,12 +86,17 @@ class Gossip:
         pairing: ``"adpsgd"``: ``"ring"`` or ``"random"``.
         seed: the seed of random topologies and pairings (the same on every rank).
         max_staleness: ``"adpsgd"``: the training thread waits while more than this many of its
-            steps are not yet gossiped (``None``: never).
+            steps (exchanges, with ``gossip_every_n_steps``) are not yet gossiped (``None``:
+            never).
         overlap: ``"dpsgd"``: post the round at the pre-step hook and add its change after the
             step (``False``: exchange the stepped weights, blocking).
         delay_by_one: apply each round's (exchange's) change one step later, so it hides behind
             a whole step.
         wire_dtype: what is sent: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        gossip_every_n_steps: optimizer steps per exchange (default 1): ``"dpsgd"`` exchanges
+            at every n-th step only (a round posted at the pre-step hook of a period's first
+            step hides behind all of its steps); an ``"adpsgd"`` active rank starts an exchange
+            at most once every n steps (``docs/strategies.md``, Communication budget).
         timeout: limit of every blocking wait (seconds or a ``timedelta``).
         backend: the backend of the engine's data group; default ``"nccl"`` for CUDA models,
             ``"gloo"`` otherwise.
@@ -112,8 +118,9 @@ class Gossip:
                  strategy: str = "adpsgd", *, topology: str | Topology = "ring",
                  pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
                  overlap: bool = True, delay_by_one: bool = False, wire_dtype: str = "fp32",
-                 timeout: timedelta | float = 60.0, backend: str | None = None,
-                 broadcast: bool = True, global_average_every_n_steps: int | None = None,
+                 gossip_every_n_steps: GossipPeriod = 1, timeout: timedelta | float = 60.0,
+                 backend: str | None = None, broadcast: bool = True,
+                 global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = None) -> None:
         if strategy not in STRATEGIES:
@@ -122,6 +129,7 @@ class Gossip:
         self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                                           outer_nesterov, heartbeat_timeout)
         self.global_average_every_n_steps = global_average_every_n_steps
+        period = resolve_gossip_every_n_steps(gossip_every_n_steps)  # ("auto": the seam)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("lightning_gossip.attach needs an initialised default process "
                                "group: call torch.distributed.init_process_group() first "
@@ -161,7 +169,7 @@ class Gossip:
             group = dist.new_group(backend=backend, timeout=self.timeout)
             self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
                                      overlap=overlap, delay_by_one=delay_by_one,
-                                     heartbeat=self.heartbeat, wire_dtype=wire)
+                                     heartbeat=self.heartbeat, wire_dtype=wire, period=period)
         elif self.world_size > 1:
             control = dist.new_group(backend="gloo", timeout=self.timeout)
             data = dist.new_group(backend=backend, timeout=self.timeout)
@@ -170,7 +178,7 @@ class Gossip:
                                       control_group=control, data_group=data,
                                       timeout=self.timeout, max_staleness=max_staleness,
                                       delay_by_one=delay_by_one, heartbeat=self.heartbeat,
-                                      wire_dtype=wire)
+                                      wire_dtype=wire, period=period)
         self._average_group = self._meet if device.type == "cpu" else None
         if self.engine is not None:
             self.engine.start()
@@ -307,9 +315,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "
     From then on every ``optimizer.step()`` is a gossip step; :meth:`Gossip.finish` at the end
     leaves the exact average of the replicas on every rank. ``options`` are
     :class:`Gossip`'s keywords (``topology``, ``pairing``, ``seed``, ``max_staleness``,
-    ``overlap``, ``delay_by_one``, ``wire_dtype``, ``timeout``, ``backend``, ``broadcast``,
-    ``global_average_every_n_steps``, ``outer_lr``, ``outer_momentum``, ``outer_nesterov``,
-    ``heartbeat_timeout``).
+    ``overlap``, ``delay_by_one``, ``wire_dtype``, ``gossip_every_n_steps``, ``timeout``,
+    ``backend``, ``broadcast``, ``global_average_every_n_steps``, ``outer_lr``,
+    ``outer_momentum``, ``outer_nesterov``, ``heartbeat_timeout``).
 
     >>> attach(None, None, strategy="ddp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):

@@ -22,6 +22,7 @@ from typing import Literal
 from testbed.launch import base_env, free_port, launch_processes, torchrun_command
 from tests import cases as C
 from tests import multinode as M
+from tests import period_cases as P
 from tests import remedies as R
 from tests.cases import Case, write_cases
 
@@ -74,7 +75,7 @@ LAYOUTS: dict[str, Layout] = {
     "world3": Layout(3, 1, "slurm", tuple(C.all_cases(3)), failing=AD_RAISES),
     # 2 torchrun nodes of 2: the flat 4-rank cases, the hierarchical ones of both strategies
     "world4": Layout(2, 2, "torchrun", (*_on_nodes(C.all_cases(4), 2), DP_NODES,
-                                        *M.TORCHRUN_CASES, *M.ADPSGD_2X2)),
+                                        *M.TORCHRUN_CASES, *M.ADPSGD_2X2, *P.CASES)),
     "world5": Layout(5, 1, "torchrun", tuple(C.all_cases(5)), failing=DP_MISMATCH),
     # 2 fake SLURM nodes of 2 tasks (SLURM_NNODES, SLURM_NODEID, SLURM_LOCALID as srun sets)
     "slurm2x2": Layout(2, 2, "slurm", tuple(M.SLURM_CASES)),

@@ -38,6 +38,7 @@ def test_fabric_classes_take_the_strategies_options() -> None:
                             global_average_every_n_steps=8, outer_lr=0.7, outer_momentum=0.9)
     assert d.gossip_options() == {"topology": "random_ring", "seed": 3, "overlap": False,
                                   "delay_by_one": False, "wire_dtype": "bf16",
+                                  "gossip_every_n_steps": 1,
                                   "global_average_every_n_steps": 8, "outer_lr": 0.7,
                                   "outer_momentum": 0.9, "outer_nesterov": True,
                                   "heartbeat_timeout": 60.0}
@@ -45,6 +46,7 @@ def test_fabric_classes_take_the_strategies_options() -> None:
                              heartbeat_timeout=None)
     assert a.gossip_options() == {"pairing": "random", "seed": 0, "max_staleness": None,
                                   "delay_by_one": True, "wire_dtype": "fp32",
+                                  "gossip_every_n_steps": 1,
                                   "global_average_every_n_steps": None, "outer_lr": None,
                                   "outer_momentum": 0.0, "outer_nesterov": True,
                                   "heartbeat_timeout": None}

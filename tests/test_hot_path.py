@@ -133,6 +133,9 @@ SIGTERM_CASES = [
     # (blocking rounds here, overlapped ones in the other case)
     ("ring-blocking", 4, {"topology": "ring", "overlap": False}, 1, 3, 5),
     ("random-ring-delay-by-one", 3, {"delay_by_one": True}, 2, 4, None),
+    # a round every 3rd step (rounds 2, 5, 8, 11): posted from step 4 on, the proposal leaves
+    # in round 8 (posted at step 6) for ranks 0 and 2, in round 11 (posted at 9) for rank 3
+    ("ring-period-3", 4, {"topology": "ring", "gossip_every_n_steps": 3}, 1, 4, 12),
 ]
 
 

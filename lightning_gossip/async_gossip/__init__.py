@@ -19,6 +19,10 @@ points. The protocol (see ``docs/adpsgd.md``):
   passive it may contact; a passive is quiet once it has a BYE from each of its actives.
 * Bounded staleness: the training thread waits while more than ``max_staleness`` of its steps
   are not yet in a snapshot that was exchanged.
+* Gossip period (``period``, the strategies' ``gossip_every_n_steps``): an active rank leaves a
+  fresh snapshot, so starts an exchange, at most once every ``period`` steps; ``max_staleness``
+  then counts exchanges (the training thread waits once more than
+  ``(max_staleness + 1) * period - 1`` of its steps are in no exchanged snapshot).
 * Every wait has a timeout; an exception in the thread is re-raised in the training thread.
 
 The parts, one module each:

@@ -44,7 +44,9 @@ class AsyncGossip:
         data_group: the group that carries snapshots (gloo, or nccl for CUDA models).
         timeout: limit for every blocking wait.
         max_staleness: the training thread waits while more than this many of its steps are
-            not yet gossiped. ``None`` never waits.
+            not yet gossiped. ``None`` never waits. With a ``period`` it counts exchanges: the
+            wait starts once more than ``(max_staleness + 1) * period - 1`` steps are in no
+            exchanged snapshot (``period`` 1: ``max_staleness`` steps, as before).
         delay_by_one: apply deltas one step boundary later than they arrive, so every
             exchange has a whole step to hide behind.
         heartbeat: this rank's :class:`~lightning_gossip.liveness.Heartbeat`; every wait of the
@@ -59,6 +61,10 @@ class AsyncGossip:
             gathered full delta to its weights, so the node's replicas stay bit-identical.
         node_gather: the node's all-gather (a collective of the training thread on the node's
             group).
+        period: local optimizer steps per exchange (``gossip_every_n_steps``, default 1): a
+            fresh snapshot is left for the gossip thread only once this many steps passed since
+            the last one on an active rank, so it starts at most one exchange per ``period``
+            steps (a passive rank answers with its newest snapshot, as before).
 
     The verbs are :class:`~lightning_gossip.sync_gossip.SyncGossip`'s: :meth:`start` (the
     gossip thread), :meth:`before_step` (opens a phase if none is open: all ranks together,
@@ -76,7 +82,7 @@ class AsyncGossip:
                  delay_by_one: bool = False, heartbeat: Heartbeat | None = None,
                  wire_dtype: torch.dtype = torch.float32,
                  shard: tuple[int, int] = (0, 1),
-                 node_gather: NodeGather | None = None) -> None:
+                 node_gather: NodeGather | None = None, period: int = 1) -> None:
         self.flat = flat
         self.rank = rank
         self.pairing = pairing
@@ -97,6 +103,9 @@ class AsyncGossip:
         self._gathered = (torch.empty(size * count, device=flat.device)
                           if self._gather is not None else None)
         self._shared = SharedState(rank, DeltaMailbox(flat, delay_by_one, bounds), timeout)
+        #: local steps per exchange; the staleness bound in steps (``None``: no bound)
+        self.period, self.staleness_steps = 1, max_staleness
+        self.set_period(period)
         if heartbeat is not None and heartbeat.monitor:
             beat = heartbeat
             self._shared.liveness = lambda what: beat.check(f"rank {rank} {what}")
@@ -202,8 +211,8 @@ class AsyncGossip:
             self._step_s = min(now - self._stepped_at, IDLE_EVERY_MAX_S)
         self._stepped_at = now
         self._hand_over()
-        if self.max_staleness is not None and clock.is_open:
-            bound = self.max_staleness
+        if self.staleness_steps is not None and clock.is_open:
+            bound = self.staleness_steps
 
             def caught_up() -> bool:
                 # the thread took and exchanged the last snapshot, left steps ago while it was
@@ -214,24 +223,38 @@ class AsyncGossip:
                 # a passive whose actives have all ended the phase gets no more gossip: go on
                 return self._steps - box.gossiped <= bound or clock.quiet
 
-            shared.wait_for(caught_up, f"waiting for gossip to catch up (max_staleness={bound})",
-                            count=True)
+            shared.wait_for(caught_up, "waiting for gossip to catch up (max_staleness="
+                            f"{self.max_staleness}, {bound} steps)", count=True)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, idle: bool = False) -> None:
         """(Under the lock) apply the due deltas (unsharded), and leave a fresh snapshot when
-        the gossip thread took the last one."""
+        the gossip thread took the last one and (an active rank, unless ``idle``) the period's
+        steps passed since the last snapshot. A passive rank's thread takes one per exchange,
+        so it packs one per exchange anyway, and the newest is the best to answer with."""
         shared, box = self._shared, self._shared.mailbox
         handed = False
         if self._gather is None and box.due_now():
             shared.handoff.wait_for_thread()
             box.apply_due()
             handed = True  # clean delta buffers: the thread overwrites what was read here
-        if not box.fresh_ready:  # the thread took the last snapshot: leave a new one
+        due = idle or not self.active or self._steps - box.fresh_step >= self.period
+        if not box.fresh_ready and due:  # the thread took the last snapshot: leave a new one
             box.leave_snapshot(self._steps)
             handed = True
             shared.cv.notify_all()
         if handed:
             shared.handoff.to_thread()
+
+    def set_period(self, period: int) -> None:
+        """Leave a snapshot at most every ``period`` steps from now on, with the staleness
+        bound counted in the new period (the seam of a period picked while training,
+        ``gossip_every_n_steps="auto"``; ranks may differ)."""
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            raise ValueError(f"the gossip period must be a positive integer, got {period!r}")
+        with self._shared.cv:
+            self.period = period
+            self.staleness_steps = (None if self.max_staleness is None
+                                    else (self.max_staleness + 1) * period - 1)
 
     def idle(self) -> None:
         """While this rank waits without stepping, mid-phase (an elastic fit's wait at an
@@ -252,7 +275,7 @@ class AsyncGossip:
             shared.raise_if_failed()
             if shared.clock.is_open and not shared.mailbox.fresh_ready:
                 self._idled_at = now
-                self._hand_over()
+                self._hand_over(idle=True)
 
     def quiesce(self) -> None:
         """End the current phase: finish in-flight gossip everywhere, apply every delta."""

@@ -35,6 +35,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gossip import _compat
+from lightning_gossip.budget import GossipPeriod, check_gossip_every_n_steps
 from lightning_gossip.plain_loop import Gossip, check_gossip_options
 from lightning_gossip.topology import Topology
 
@@ -189,6 +190,9 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
             (``False``: exchange the stepped weights, blocking).
         delay_by_one: add each round's change one step later (hides it behind a whole step).
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        gossip_every_n_steps: optimizer steps per exchange (default 1): only every n-th step
+            exchanges; its round is posted at the period's first step and hides behind all of
+            its steps (``docs/strategies.md``, Communication budget).
         global_average_every_n_steps: every n-th optimizer step ends with the exact average of
             all replicas (``None``: never).
         outer_lr, outer_momentum, outer_nesterov: an outer (Nesterov) momentum step at that
@@ -217,6 +221,7 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
                  checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
                  *, topology: str | Topology = "ring", seed: int = 0, overlap: bool = True,
                  delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 gossip_every_n_steps: GossipPeriod = 1,
                  global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
@@ -233,14 +238,16 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
         self.overlap = bool(overlap)
         self.delay_by_one = bool(delay_by_one)
         self.wire_dtype = wire_dtype
+        self.gossip_every_n_steps = check_gossip_every_n_steps(gossip_every_n_steps)
 
     @override
     def gossip_options(self) -> dict[str, Any]:
-        """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype`` and the
-        periodic average's, outer optimizer's and heartbeat's options."""
+        """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype``,
+        ``gossip_every_n_steps`` and the periodic average's, outer optimizer's and heartbeat's
+        options."""
         return {"topology": self.topology, "seed": self.seed, "overlap": self.overlap,
                 "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype,
-                **self._common_options()}
+                "gossip_every_n_steps": self.gossip_every_n_steps, **self._common_options()}
 
 
 class FabricADPSGDStrategy(FabricGossipStrategy):
@@ -254,6 +261,9 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
             not yet gossiped (``None``: never).
         delay_by_one: apply each exchange's delta one step later.
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        gossip_every_n_steps: optimizer steps per exchange (default 1): an active rank starts
+            an exchange at most once every n steps; ``max_staleness`` then counts exchanges
+            (``docs/strategies.md``, Communication budget).
         global_average_every_n_steps: every n-th optimizer step ends with the exact average of
             all replicas, a sync point (``None``: never); then every rank must take the same
             number of steps.
@@ -288,6 +298,7 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
                  checkpoint_io: CheckpointIO | None = None, precision: Precision | None = None,
                  *, pairing: str = "ring", seed: int = 0, max_staleness: int | None = 4,
                  delay_by_one: bool = False, wire_dtype: str = "fp32",
+                 gossip_every_n_steps: GossipPeriod = 1,
                  global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
@@ -304,11 +315,14 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
         self.max_staleness = max_staleness
         self.delay_by_one = bool(delay_by_one)
         self.wire_dtype = wire_dtype
+        self.gossip_every_n_steps = check_gossip_every_n_steps(gossip_every_n_steps)
 
     @override
     def gossip_options(self) -> dict[str, Any]:
-        """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype`` and the
-        periodic average's, outer optimizer's and heartbeat's options."""
+        """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype``,
+        ``gossip_every_n_steps`` and the periodic average's, outer optimizer's and heartbeat's
+        options."""
         return {"pairing": self.pairing, "seed": self.seed,
                 "max_staleness": self.max_staleness, "delay_by_one": self.delay_by_one,
-                "wire_dtype": self.wire_dtype, **self._common_options()}
+                "wire_dtype": self.wire_dtype,
+                "gossip_every_n_steps": self.gossip_every_n_steps, **self._common_options()}

@@ -21,12 +21,12 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
+from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, RankPairing
-from lightning_gossip.pairing import check_pairing_name as check_pairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.elastic import Survivors
@@ -34,9 +34,7 @@ from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import Backend, Evaluate, SharedCursor, check_elastic
-from lightning_gossip.strategies.options import check_max_staleness as check_staleness
-from lightning_gossip.strategies.options import check_shared_cursor as check_cursor
+from lightning_gossip.strategies.options import Backend, Evaluate, SharedCursor, check_adpsgd
 
 __all__ = ["ADPSGDStrategy"]
 
@@ -55,6 +53,9 @@ class ADPSGDStrategy(GossipStrategy):
             or ``"random"`` (any passive rank; ``"adpsgd_random"``): :class:`~.pairing.Pairing`.
         seed: seeds the random peer choice and the shared data permutation.
         max_staleness: wait when more than this many steps are not gossiped (``None``: never).
+        gossip_every_n_steps: local optimizer steps per exchange (default 1): an active rank
+            starts an exchange at most once every ``n`` steps, and ``max_staleness`` counts
+            exchanges (``docs/strategies.md``, Communication budget). Not with ``elastic``.
         delay_by_one: apply each exchange's result one step boundary later.
         shared_cursor: draw training batches through one shared counter, so faster ranks take
             more and every sample is used once per epoch (validation at epoch ends only);
@@ -86,7 +87,7 @@ class ADPSGDStrategy(GossipStrategy):
 
     strategy_name = "adpsgd"
     AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "pairing_name", "max_staleness",
-                      "shared_cursor", "elastic", "start_timeout")
+                      "shared_cursor", "elastic", "start_timeout", "gossip_every_n_steps")
 
     @classmethod
     @override
@@ -114,11 +115,9 @@ class ADPSGDStrategy(GossipStrategy):
         wire_dtype: WireDtype = "fp32", outer_lr: float | None = None, outer_momentum: float = 0.0,
         outer_nesterov: bool = True, node_allreduce: NodeAllreduce = "after_backward",
         elastic: bool = False, start_timeout: float | None = None,
-        process_group_backend: Backend | None = None,
+        process_group_backend: Backend | None = None, gossip_every_n_steps: GossipPeriod = 1,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
-                      node_allreduce)
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -127,12 +126,12 @@ class ADPSGDStrategy(GossipStrategy):
             final_average=final_average, evaluate=evaluate, node_allreduce=node_allreduce,
             consensus_every_n_steps=consensus_every_n_steps, timeout=timeout,
             process_group_backend=process_group_backend, heartbeat_timeout=heartbeat_timeout)
-        check_pairing(pairing)
-        check_staleness(max_staleness)
+        self.shared_cursor, self.gossip_every_n_steps = check_adpsgd(
+            pairing, max_staleness, shared_cursor, elastic, hierarchical, heartbeat_timeout,
+            start_timeout, node_allreduce, gossip_every_n_steps)
         #: the pairing's name as given; the :class:`~.pairing.Pairing` built at set-up: pairing
         self.pairing_name, self.pairing = pairing, None
-        self.max_staleness = max_staleness
-        self.shared_cursor, self.elastic = check_cursor(shared_cursor, elastic), bool(elastic)
+        self.max_staleness, self.elastic = max_staleness, bool(elastic)
         #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
         self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed),
                                           start_timeout)
@@ -208,6 +207,7 @@ class ADPSGDStrategy(GossipStrategy):
             self._flat, self.global_rank, pairing,
             control_group=control or self._groups.control, data_group=data or self._groups.column,
             timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+            period=resolve_gossip_every_n_steps(self.gossip_every_n_steps),
             heartbeat=self.heartbeat, wire_dtype=self._wire,
             shard=(layout.local, layout.devices) if layout else (0, 1),
             node_gather=self.node.all_gather if layout and self.node else None)

@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.precision import Precision
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
@@ -32,9 +33,9 @@ from lightning_gossip.strategies.elastic_nodes import NodeUnits
 from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
-from lightning_gossip.strategies.options import Backend, Evaluate, check_elastic
+from lightning_gossip.strategies.options import Backend, Evaluate, check_dpsgd
 from lightning_gossip.sync_gossip import SyncGossip, SyncStats
-from lightning_gossip.topology import Topology, check_name, resolve_learners
+from lightning_gossip.topology import Topology, resolve_learners
 
 __all__ = ["DPSGDStrategy"]
 
@@ -61,6 +62,10 @@ class DPSGDStrategy(GossipStrategy):
         delay_by_one: apply at step ``t`` the neighbours' contribution from the exchange
             started at step ``t - 1``: ``x_{t+1} = x_t' + (W_{t-1} x_{t-1} - x_{t-1})``. Every
             exchange gets a whole step to hide behind. Implies ``overlap``.
+        gossip_every_n_steps: local optimizer steps per exchange (default 1): only the last
+            step ``e`` of every ``n`` exchanges, with ``W_e`` (``1/n`` of the bytes per step);
+            overlapped, its round is posted at the period's first step and hides behind all
+            ``n`` steps (``docs/strategies.md``, Communication budget). Not with ``elastic``.
         hierarchical: treat the ranks of a node (same ``node_rank``) as one learner: average
             gradients inside the node every step (one all-reduce on the node's group), so its
             ranks hold bit-identical weights, and gossip only between nodes, following
@@ -110,7 +115,7 @@ class DPSGDStrategy(GossipStrategy):
     strategy_name = "dpsgd"
     resilience: AgreedStops
     AGREED_OPTIONS = (*GossipStrategy.AGREED_OPTIONS, "topology_spec", "overlap", "elastic",
-                      "start_timeout")
+                      "start_timeout", "gossip_every_n_steps")
 
     @classmethod
     @override
@@ -134,15 +139,10 @@ class DPSGDStrategy(GossipStrategy):
         outer_nesterov: bool = True, node_allreduce: NodeAllreduce = "after_backward",
         elastic: bool = False, start_timeout: float | None = None, final_average: bool = True,
         evaluate: Evaluate = "consensus", consensus_every_n_steps: int | None = 100,
-        global_average_every_n_steps: int | None = None,
+        global_average_every_n_steps: int | None = None, gossip_every_n_steps: GossipPeriod = 1,
         process_group_backend: Backend | None = None,
         timeout: timedelta | float = default_pg_timeout, heartbeat_timeout: float | None = 60.0,
     ) -> None:
-        check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
-                      node_allreduce)
-        if elastic and not isinstance(topology, str):
-            raise ValueError("DPSGDStrategy(elastic=True) rebuilds the topology over the "
-                             f"survivors by its name: give a name, not {type(topology).__name__}")
         super().__init__(
             accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             seed=seed, delay_by_one=delay_by_one, hierarchical=hierarchical,
@@ -151,8 +151,8 @@ class DPSGDStrategy(GossipStrategy):
             node_allreduce=node_allreduce, final_average=final_average, evaluate=evaluate,
             consensus_every_n_steps=consensus_every_n_steps, timeout=timeout,
             process_group_backend=process_group_backend, heartbeat_timeout=heartbeat_timeout)
-        if isinstance(topology, str):
-            check_name(topology)  # fail at construction, not on every rank at set-up
+        self.gossip_every_n_steps = check_dpsgd(topology, elastic, hierarchical, heartbeat_timeout,
+                                                start_timeout, node_allreduce, gossip_every_n_steps)
         self.topology_spec = topology
         self.overlap = bool(overlap) or self.delay_by_one
         #: the built topology: over nodes with ``hierarchical=True`` (after set-up)
@@ -186,7 +186,6 @@ class DPSGDStrategy(GossipStrategy):
         """The base's, with the engine and the gossip group (the agreed stops' all-reduce)."""
         super().begin_fit(replace(fit, engine=self.engine, group=self.gossip_group))
 
-    # ------------------------------------------------------------------------------------------
     @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Check the node layout (``hierarchical``), build :attr:`topology` (over ranks, or over
@@ -221,7 +220,8 @@ class DPSGDStrategy(GossipStrategy):
         engine = partial(SyncGossip, self._flat, self.global_rank, timeout=self.timeout,
                          overlap=self.overlap, delay_by_one=self.delay_by_one,
                          wire_dtype=self._wire, layout=self.layout, heartbeat=self.heartbeat,
-                         stats=self._stats)  # the survivors' too (an elastic fit)
+                         stats=self._stats,  # the survivors' too (an elastic fit)
+                         period=resolve_gossip_every_n_steps(self.gossip_every_n_steps))
         if exchanging and first is None:
             assert self.topology is not None
             self.engine = engine(self.topology, self.gossip_group,

@@ -7,11 +7,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
+from lightning_gossip.budget import GossipPeriod, check_gossip_every_n_steps
 from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.pairing import check_pairing_name
+from lightning_gossip.topology import check_name
 
 __all__ = ["EVALUATE_CHOICES", "NODE_ALLREDUCE_CHOICES", "Backend", "Evaluate", "SharedCursor",
-           "check_max_staleness", "check_options", "check_remedies", "check_shared_cursor"]
+           "check_adpsgd", "check_dpsgd", "check_max_staleness", "check_options", "check_remedies",
+           "check_shared_cursor"]
 
 #: ``evaluate=``: validation and test on the average of the replicas, or on each rank's own
 Evaluate = Literal["consensus", "local"]
@@ -55,6 +59,43 @@ def check_options(*, evaluate: Evaluate | str, consensus_every_n_steps: int | No
     if timeout.total_seconds() <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
     return timeout
+
+
+def check_dpsgd(topology: object, elastic: bool, hierarchical: bool,
+                heartbeat_timeout: float | None, start_timeout: float | None,
+                node_allreduce: str, gossip_every_n_steps: GossipPeriod) -> GossipPeriod:
+    """``DPSGDStrategy``'s own options (``ValueError`` naming the option): those of
+    :func:`check_elastic`; a topology name must be known, and an elastic fit needs one (the
+    survivors rebuild the topology by its name) and gossips every step
+    (:func:`~lightning_gossip.budget.check_gossip_every_n_steps`); returns
+    ``gossip_every_n_steps`` as given."""
+    check_elastic("DPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
+                  node_allreduce)
+    if elastic and not isinstance(topology, str):
+        raise ValueError("DPSGDStrategy(elastic=True) rebuilds the topology over the "
+                         f"survivors by its name: give a name, not {type(topology).__name__}")
+    if isinstance(topology, str):
+        check_name(topology)  # fail at construction, not on every rank at set-up
+    return check_gossip_every_n_steps(gossip_every_n_steps, elastic=elastic,
+                                      owner="DPSGDStrategy")
+
+
+def check_adpsgd(pairing: str, max_staleness: int | None, shared_cursor: SharedCursor | str,
+                 elastic: bool, hierarchical: bool, heartbeat_timeout: float | None,
+                 start_timeout: float | None, node_allreduce: str,
+                 gossip_every_n_steps: GossipPeriod) -> tuple[SharedCursor, GossipPeriod]:
+    """``ADPSGDStrategy``'s own options (``ValueError`` naming the option): those of
+    :func:`check_elastic`, the pairing's name, ``max_staleness``, ``shared_cursor``
+    (:func:`check_shared_cursor`) and ``gossip_every_n_steps`` (1 with ``elastic``:
+    :func:`~lightning_gossip.budget.check_gossip_every_n_steps`); returns ``shared_cursor``
+    and ``gossip_every_n_steps`` as given."""
+    check_elastic("ADPSGDStrategy", elastic, hierarchical, heartbeat_timeout, start_timeout,
+                  node_allreduce)
+    check_pairing_name(pairing)
+    check_max_staleness(max_staleness)
+    return (check_shared_cursor(shared_cursor, elastic),
+            check_gossip_every_n_steps(gossip_every_n_steps, elastic=elastic,
+                                       owner="ADPSGDStrategy"))
 
 
 def check_max_staleness(max_staleness: int | None) -> None:

@@ -19,6 +19,11 @@ the optimizer step, on every rank and for every step ``t`` (see ``docs/engines.m
   the same path (mean-preserving: ``x_i += sum_j W_ij (Q(x_j) - Q(x_i))``). The all-gather runs
   on the worker's own node group (:attr:`~lightning_gossip.hierarchy.NodeGroups.node_gossip`),
   or, without one (NCCL), on the training thread through ``node_gather``.
+* **Gossip period** (``period``, the strategies' ``gossip_every_n_steps``): only every
+  ``period``-th step exchanges (its last step ``e`` of a period, with ``W_e``); overlapped, its
+  round is posted at the period's first step and hides behind all of the period's steps
+  (:class:`~lightning_gossip.sync_gossip.schedule.RoundSchedule`). Bytes per step scale by
+  ``1 / period``.
 * **Agreed stop**: every round carries a two-value side message, the smallest "stop at step s"
   and "requeue at step s" this rank knows of (:class:`StopAgreement`), so every rank can stop at
   the same step without a collective.
@@ -29,6 +34,7 @@ The parts, one module each:
 * :mod:`~lightning_gossip.sync_gossip.rounds`: :class:`Round`, one round in flight;
   :class:`SyncStats`, what was sent.
 * :mod:`~lightning_gossip.sync_gossip.stop`: :class:`StopAgreement`, the agreed stop step.
+* :mod:`~lightning_gossip.sync_gossip.schedule`: :class:`RoundSchedule`, which steps exchange.
 * :mod:`~lightning_gossip.sync_gossip.sharded`: :class:`ShardedExchange`, a sharded round.
 
 Example (inside an initialised process group)::
@@ -49,8 +55,9 @@ from __future__ import annotations
 
 from lightning_gossip.sync_gossip.engine import SyncGossip
 from lightning_gossip.sync_gossip.rounds import Round, SyncStats
+from lightning_gossip.sync_gossip.schedule import RoundSchedule
 from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.sync_gossip.stop import NO_STOP, StopAgreement, StopMessages
 
-__all__ = ["NO_STOP", "Round", "ShardedExchange", "StopAgreement", "StopMessages", "SyncGossip",
-           "SyncStats"]
+__all__ = ["NO_STOP", "Round", "RoundSchedule", "ShardedExchange", "StopAgreement",
+           "StopMessages", "SyncGossip", "SyncStats"]

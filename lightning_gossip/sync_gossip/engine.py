@@ -15,8 +15,9 @@ from lightning_gossip.flat import FlatState
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.sync_gossip.rounds import Round, SyncStats
+from lightning_gossip.sync_gossip.schedule import RoundSchedule
 from lightning_gossip.sync_gossip.sharded import ShardedExchange
-from lightning_gossip.sync_gossip.stop import StopAgreement
+from lightning_gossip.sync_gossip.stop import NO_STOP, StopAgreement
 from lightning_gossip.topology import Topology
 
 #: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
@@ -55,12 +56,17 @@ class SyncGossip:
             ``None``: the process's running heartbeat, if any.
         stats: counters to add to (e.g. kept over several engines of one process); default
             new ones.
+        period: local optimizer steps per round (``gossip_every_n_steps``, default 1: a round
+            every step): only the last step ``e`` of every period exchanges, mixing with
+            ``W_e``; overlapped, that round is posted at the period's first step and hides
+            behind its ``period`` steps (:class:`~.schedule.RoundSchedule`).
 
     Call from the training thread, on every rank, for every step ``t`` (the same on every
-    rank): :meth:`before_step` before forward/backward, :meth:`after_step` after the
-    optimizer step. :meth:`quiesce` applies every round in flight (a sync point),
-    :meth:`close` stops the communication thread. :attr:`agreement` carries an agreed stop
-    step in every round's side message (:mod:`lightning_gossip.sync_gossip.stop`).
+    rank, also the steps that exchange nothing): :meth:`before_step` before forward/backward,
+    :meth:`after_step` after the optimizer step. :meth:`quiesce` applies every round in
+    flight (a sync point), :meth:`close` stops the communication thread. :attr:`agreement`
+    carries an agreed stop step in every round's side message
+    (:mod:`lightning_gossip.sync_gossip.stop`).
     """
 
     def __init__(self, flat: FlatState, rank: int, topology: Topology,
@@ -68,7 +74,8 @@ class SyncGossip:
                  delay_by_one: bool = False, wire_dtype: torch.dtype = torch.float32,
                  layout: NodeLayout | None = None, groups: NodeGroups | None = None,
                  node_gather: NodeGather | None = None,
-                 heartbeat: Heartbeat | None = None, stats: SyncStats | None = None) -> None:
+                 heartbeat: Heartbeat | None = None, stats: SyncStats | None = None,
+                 period: int = 1) -> None:
         self.flat = flat
         self.rank = rank
         self.topology = topology
@@ -87,7 +94,10 @@ class SyncGossip:
                              "thread's all-gather on the node group)")
         self.node_gather = node_gather
         self.heartbeat = heartbeat
-        self.agreement = StopAgreement(topology, self.layout, self.delay_by_one)
+        #: which steps exchange (the gossip period), when rounds are posted and applied
+        self.schedule = RoundSchedule(period, self.overlap, self.delay_by_one)
+        self.schedule.check_connects(topology)
+        self.agreement = StopAgreement(topology, self.layout, self.delay_by_one, self.schedule)
         #: rounds sharded over the node (and compressed rounds, also flat)
         self.sharded = self.layout.devices > 1 or wire_dtype != torch.float32
         #: flat rounds: with NCCL the training thread posts (the send must be ordered on its
@@ -97,6 +107,8 @@ class SyncGossip:
         self._post_on_training_thread = dist.get_backend(group) == "nccl"
         self._stats = stats if stats is not None else SyncStats()
         self._pending: list[Round] = []  # started, not yet applied (oldest first)
+        self._last_round: int | None = None  # the exchange step of the last round started
+        self._posted_at: int | None = None  # the step at which it was posted
         self._spare: list[list[Tensor]] = []  # recycled buffer sets
         self._worker: CommWorker | None = None  # finishes the rounds off the training thread
 
@@ -124,32 +136,55 @@ class SyncGossip:
         """Start the communication thread (idempotent; also restarts a stopped one)."""
         self._comm()
 
+    @property
+    def period(self) -> int:
+        """Local optimizer steps per round (``gossip_every_n_steps``)."""
+        return self.schedule.period
+
+    def set_period(self, period: int) -> None:
+        """Exchange every ``period`` steps from the next step on (the seam of a period picked
+        while training, ``gossip_every_n_steps="auto"``). Every rank must call it at the same
+        step boundary with the same ``period``, with no round in flight (after
+        :meth:`quiesce`) and no stop or requeue proposed (its step was agreed along the old
+        rounds); ``RuntimeError`` otherwise. The exchange steps stay counted from step 0."""
+        if self._pending:
+            raise RuntimeError("set_period needs no round in flight: call quiesce() first")
+        if self.agreement.values() != (NO_STOP, NO_STOP):
+            raise RuntimeError("set_period after a stop or requeue was proposed: its step was "
+                               "agreed along the rounds of the old period")
+        schedule = RoundSchedule(period, self.overlap, self.delay_by_one)
+        schedule.check_connects(self.topology)
+        self.schedule = schedule
+        self.agreement.reschedule(schedule)
+        self._last_round = None  # the new period's rounds, even one of the same exchange step
+
     def started(self, step: int) -> bool:
-        """Whether the round of ``step`` is in flight."""
+        """Whether the round of exchange step ``step`` is in flight."""
         return any(r.step == step for r in self._pending)
 
     def before_step(self, step: int) -> None:
-        """Before forward/backward of step ``step`` (``overlap``): snapshot the replica and
-        start the round, once (under gradient accumulation ``x_t`` does not change)."""
-        if self.overlap and not self.started(step):
-            self._start(step)
+        """Before forward/backward of step ``step`` (``overlap``): at a period's first step,
+        snapshot the replica and start the period's round, once (under gradient accumulation
+        ``x_t`` does not change)."""
+        round_step = self.schedule.started_at(step)
+        if round_step is not None and self._last_round != round_step:
+            self._start(round_step, step)
 
     def after_step(self, step: int) -> None:
-        """After the optimizer step of ``step``: mix as ``W_step`` says.
+        """After the optimizer step of ``step``: mix as ``W_step`` says at an exchange step.
 
         Blocking: exchange now and replace the replica by the mixed one. ``overlap``: add the
-        change of this step's round. ``delay_by_one``: add that of the previous step's round
-        (the first step adds nothing).
+        change of this period's round. ``delay_by_one``: add that of the round of the previous
+        step, if it was an exchange step (the first adds nothing). Other steps exchange nothing.
         """
+        schedule = self.schedule
         if not self.overlap:
-            self._finish_blocking(self._start(step))
+            if schedule.is_round(step):
+                self._finish_blocking(self._start(step, step))
             return
-        if not self.started(step):  # before_step was not called: start it now
-            self._start(step)
-        if self.delay_by_one:
-            if len(self._pending) > 1:  # the exchange from step t-1
-                self._apply_delta(self._pending.pop(0))
-        else:
+        if schedule.is_round(step) and self._last_round != step:
+            self._start(step, step)  # before_step was not called: start it now
+        while self._pending and schedule.apply_step(self._pending[0].step) <= step:
             self._apply_delta(self._pending.pop(0))
 
     def quiesce(self) -> None:
@@ -161,7 +196,7 @@ class SyncGossip:
         """Propose an agreed stop (``"stop"``) or requeue at the first step every rank can
         know of it, from the next round this rank sends (the current step's, if not yet
         started); returns that step."""
-        first = step + (1 if self.overlap and self.started(step) else 0)
+        first = step + (1 if self._posted_at == step else 0)
         return self.agreement.propose(kind, self.rank, first)
 
     def abandon(self) -> None:
@@ -175,6 +210,7 @@ class SyncGossip:
         :meth:`start` makes the engine usable again)."""
         self._pending.clear()
         self._spare.clear()
+        self._last_round = self._posted_at = None
         if self._worker is not None:
             self._worker.close(timeout=0.5)
             if self._worker.alive and self.groups.node_gossip is not None:
@@ -185,7 +221,9 @@ class SyncGossip:
     # ------------------------------------------------------------------------------------------
     # Starting a round (training thread): the snapshot copy, then post
     # ------------------------------------------------------------------------------------------
-    def _start(self, step: int) -> Round:
+    def _start(self, step: int, now: int) -> Round:
+        """Post the round of exchange step ``step`` at step ``now``."""
+        self._last_round, self._posted_at = step, now
         if self.sharded:
             rnd = self._start_sharded(step)
         else:

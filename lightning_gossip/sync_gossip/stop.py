@@ -27,6 +27,7 @@ from torch import Tensor
 
 from lightning_gossip.exchange import post, wait_all
 from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.sync_gossip.schedule import RoundSchedule
 from lightning_gossip.topology import Topology
 
 __all__ = ["NO_STOP", "STOP_TAG", "StopAgreement", "StopMessages"]
@@ -64,16 +65,21 @@ class StopAgreement:
         layout: the ranks' layout: ``NodeLayout(world, 1, rank, 0)`` when flat.
         delay_by_one: the rounds apply their change one step later (a proposal spreads
             half as fast).
+        schedule: when the rounds are posted and applied (a gossip period); default: a round
+            every step, overlapped (blocking rounds spread a proposal alike at period 1), with
+            ``delay_by_one``.
 
     ``stop_at`` and ``requeue_at`` are read and written under one lock: the training thread
     proposes, the communication thread merges what the peers sent.
     """
 
     def __init__(self, topology: Topology, layout: NodeLayout,
-                 delay_by_one: bool = False) -> None:
+                 delay_by_one: bool = False, schedule: RoundSchedule | None = None) -> None:
         self.topology = topology
         self.layout = layout
-        self.delay_by_one = bool(delay_by_one)
+        self.schedule = (schedule if schedule is not None
+                         else RoundSchedule(1, overlap=True, delay_by_one=bool(delay_by_one)))
+        self.delay_by_one = self.schedule.delay_by_one
         self.world_size = layout.num_nodes * layout.devices
         #: the ranks the rounds connect (an elastic fit's survivors: a
         #: :class:`~lightning_gossip.topology.MemberTopology`'s members, or their nodes' ranks;
@@ -85,6 +91,10 @@ class StopAgreement:
         self.stop_at = NO_STOP
         self.requeue_at = NO_STOP
 
+    def reschedule(self, schedule: RoundSchedule) -> None:
+        """The rounds follow ``schedule`` from now on (a new gossip period; no proposal known)."""
+        self.schedule = schedule
+
     def reset(self) -> None:
         """Forget every proposal (a new fit)."""
         with self._lock:
@@ -92,9 +102,9 @@ class StopAgreement:
 
     @property
     def lag(self) -> int:
-        """Steps from posting a round to the first step start after it was applied, minus
-        one: 2 with ``delay_by_one`` (a round received at step t+1 goes out again at t+2),
-        else 1."""
+        """With a round every step: steps from posting a round to the first step start after it
+        was applied, minus one: 2 with ``delay_by_one`` (a round received at step t+1 goes out
+        again at t+2), else 1. (A gossip period: :attr:`schedule` says when rounds go.)"""
         return 2 if self.delay_by_one else 1
 
     def values(self) -> tuple[int, int]:
@@ -110,7 +120,8 @@ class StopAgreement:
 
     def propose(self, kind: str, rank: int, first_round: int) -> int:
         """``rank`` proposes to stop (``kind="stop"``) or requeue, putting it into its stop
-        messages from round ``first_round`` on; returns the proposed step."""
+        messages of the rounds posted from step ``first_round`` on; returns the proposed
+        step."""
         if kind not in ("stop", "requeue"):
             raise ValueError(f"kind must be 'stop' or 'requeue', got {kind!r}")
         proposal = self.stop_step_for(rank, first_round)
@@ -143,34 +154,37 @@ class StopAgreement:
 
     def stop_step_for(self, rank: int, first_round: int) -> int:
         """The first step at which every rank knows a stop that ``rank`` puts into its stop
-        messages from round ``first_round`` on.
+        messages of the rounds posted from step ``first_round`` on.
 
-        Simulates the spreading along the actual rounds (the topology at every step, which
-        every rank can compute), so it is exact for static and time-varying topologies alike:
-        at most ``(world_size - 1)`` rounds when every step's graph is connected (twice that
-        with ``delay_by_one``). Raises ``RuntimeError`` when the rounds do not connect the
-        ranks within ``100 * world_size`` steps.
+        Simulates the spreading along the actual rounds (the topology at every exchange step,
+        which every rank can compute), so it is exact for static and time-varying topologies
+        and any gossip period alike: a rank forwards what it knew when it posted a round, and
+        knows what a round brought from the step after the one that applied it. At most
+        ``(world_size - 1)`` rounds when every round's graph is connected (twice that with
+        ``delay_by_one``). Raises ``RuntimeError`` when the rounds do not connect the ranks
+        within ``200 * world_size`` rounds.
         """
-        ranks, lag = self.ranks, self.lag
-        known = {rank: first_round - lag}  # rank -> the round after which it knows the stop
-        t = first_round
-        limit = first_round + 100 * len(ranks) * lag
+        ranks, schedule = self.ranks, self.schedule
+        known = {rank: first_round}  # rank -> the first step whose posts carry the stop
+        e = schedule.first_round_posted_from(first_round)
+        limit = e + 200 * len(ranks) * schedule.period
         while len(known) < len(ranks):
-            if t > limit:
+            if e > limit:
                 raise RuntimeError(
-                    f"the stop proposed by rank {rank} at round {first_round} does not reach "
+                    f"the stop proposed by rank {rank} at step {first_round} does not reach "
                     f"ranks {sorted(set(ranks) - set(known))} within {limit - first_round} "
-                    "rounds: the topology does not connect the ranks")
+                    "steps: the rounds do not connect the ranks")
+            posted, known_from = schedule.post_step(e), schedule.apply_step(e) + 1
             heard = {}
             for j in ranks:
                 if j in known:
                     continue
-                _, recv_from = self.peers(j, t)
-                if any(i in known and known[i] + lag <= t for i in recv_from):
-                    heard[j] = t
+                _, recv_from = self.peers(j, e)
+                if any(i in known and known[i] <= posted for i in recv_from):
+                    heard[j] = known_from
             known.update(heard)
-            t += 1
-        return max(known.values()) + lag
+            e += schedule.period
+        return max(known.values())
 
     # ------------------------------------------------------------------------------------------
     # The side messages of every round

@@ -96,6 +96,8 @@ class Disturb(Callback):
         fail = c.raise_at
         if fail and fail["rank"] == self.rank and trainer.global_step >= fail["step"]:
             raise RuntimeError(f"injected failure on rank {self.rank}")
+        if c.stop_at is not None and trainer.global_step >= c.stop_at:
+            trainer.should_stop = True  # on every rank, as EarlyStopping's reduced decision
         nan = c.nan_at
         if nan and nan["rank"] == self.rank and trainer.global_step == nan["step"]:
             flat = FlatState(module)

@@ -1,0 +1,317 @@
+"""The communication budget, ``gossip_every_n_steps``: D-PSGD mixes with the matrices of the
+exchange steps only (overlapped, blocking, delay-by-one, a stop mid-period, bf16, hierarchical),
+AD-PSGD conserves the sum of the replicas with one exchange per period, the counters count what
+was sent, and bad input fails at construction.
+
+The fits run in the shared 2x2 launch (``world4``, ``tests/period_cases.py``); the pure
+schedule and agreement checks need no process.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from lightning_gossip import topology as T
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.pairing import ColumnPairing, Pairing
+from lightning_gossip.sync_gossip import RoundSchedule, StopAgreement
+from tests import period_cases as P
+from tests.cases import FP32, assert_conserved_and_contracting, expected_mixing
+
+WORLD = 4
+
+
+def _exchange_steps(steps: int, period: int, overlap: bool) -> list[int]:
+    """The exchange steps of the rounds a rank posts in ``steps`` steps."""
+    if overlap:
+        return [t + period - 1 for t in range(steps) if t % period == 0]
+    return [t for t in range(steps) if (t + 1) % period == 0]
+
+
+@pytest.mark.parametrize("case", [P.PD_OVERLAP, P.PD_BLOCKING, P.PD_DELAY, P.PD_STOP],
+                         ids=lambda c: c.name)
+def test_dpsgd_mixes_with_the_matrices_of_the_exchange_steps_only(world_run, case):
+    results = case.results(world_run(WORLD), WORLD)
+    kw = case.strategy_kwargs
+    delay = kw.get("delay_by_one", False)
+    overlap = kw.get("overlap", True) or delay
+    topo = T.build(kw["topology"], WORLD, kw["seed"])
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)
+    steps = len(results[0]["steps"])
+    assert steps == (case.stop_at or case.batches) and all(len(r["steps"]) == steps
+                                                         for r in results)
+    assert all(r["global_step"] == r["gossip_step"] == steps for r in results)
+    want = P.expected_rounds(x0, topo.mixing_matrix, steps, P.PERIOD, overlap, delay)
+    for t in range(steps):
+        got = np.array([r["steps"][t] for r in results])
+        np.testing.assert_allclose(got, want[t], **FP32, err_msg=f"{case.name} step {t}")
+    np.testing.assert_allclose(np.array([r["final"] for r in results]), want[-1], **FP32)
+    # the replicas disagreed, mixed, and not as a round every step would have mixed them
+    every_step = expected_mixing(x0, kw["topology"], steps, seed=kw["seed"],
+                                 delay_by_one=delay)
+    assert np.abs(x0 - x0.mean(0)).max() > 0.1 and np.abs(want[-1] - x0).max() > 1e-3
+    assert max(np.abs(w - e).max() for w, e in zip(want, every_step)) > 1e-3
+    # the counters: one round per period begun (overlapped) or ended (blocking)
+    rounds = _exchange_steps(steps, P.PERIOD, overlap)
+    numel = x0.shape[1]
+    for r in results:
+        stats = r["gossip_stats"]
+        sends = sum(len(topo.peers(r["rank"], e).send_to) for e in rounds)
+        assert stats["exchanges"] == len(rounds), (case.name, stats)
+        assert stats["messages"] == sends and stats["sent_bytes"] == sends * numel * 4
+
+
+@pytest.mark.parametrize("case", [P.PD_BF16, P.PD_BF16_32], ids=lambda c: c.name)
+def test_bf16_rounds_keep_the_mean_and_send_a_period_th_of_the_bytes(world_run, case):
+    results = case.results(world_run(WORLD), WORLD)
+    period = case.strategy_kwargs["gossip_every_n_steps"]
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)
+    final = np.array([r["final"] for r in results], dtype=np.float64)
+    np.testing.assert_allclose(final.mean(0), x0.mean(0), rtol=0, atol=1e-6)
+    spread = [np.abs(x - x.mean(0)).max() for x in (x0, final)]
+    assert spread[1] < 0.5 * spread[0], spread
+    steps, numel = case.batches, x0.shape[1]
+    rounds = list(range(period - 1, steps, period))  # 3, 7, 11 (period 4); 31, 63 (32)
+    for r in results:  # a ring of 4: 2 peers; bf16: 2 bytes a value
+        stats = r["gossip_stats"]
+        assert stats["exchanges"] == steps // period == len(rounds)
+        # per step and peer: 1/period of a bf16 replica
+        assert stats["sent_bytes"] == len(rounds) * 2 * numel * 2
+        assert stats["sent_bytes"] / steps / 2 == numel * 2 / period
+        # the replica moves after the exchange steps only (lr = 0)
+        moved = [t for t in range(1, steps) if r["steps"][t] != r["steps"][t - 1]]
+        assert moved == rounds and r["steps"][0] == r["x0"], moved
+
+
+def test_hierarchical_rounds_every_2_steps_follow_the_node_matrix(world_run):
+    case = P.PD_HIER
+    results = case.results(world_run(WORLD), WORLD)
+    for node in (0, 1):  # the node's ranks hold one replica
+        assert results[2 * node]["steps"] == results[2 * node + 1]["steps"]
+    rows = slice(None, None, 2)
+    x0 = np.array([r["x0"] for r in results], dtype=np.float64)[rows]
+    steps = len(results[0]["steps"])
+    assert steps == case.batches == 7
+    want = P.expected_rounds(x0, lambda t: np.array(P.W2), steps, period=2)
+    for t in range(steps):
+        got = np.array([r["steps"][t] for r in results])[rows]
+        np.testing.assert_allclose(got, want[t], **FP32, err_msg=f"step {t}")
+    np.testing.assert_allclose(np.array([r["final"] for r in results])[rows], want[-1], **FP32)
+    assert np.abs(x0[0] - x0[1]).max() > 0.1
+    for r in results:  # rounds 1, 3, 5 and 7 (posted at step 6, applied at the end)
+        assert r["gossip_stats"]["exchanges"] == 4
+
+
+@pytest.mark.parametrize("case", [P.AD_PERIOD, P.AD_PERIOD_DELAY], ids=lambda c: c.name)
+def test_adpsgd_conserves_the_sum_with_one_exchange_per_period(world_run, case):
+    run = world_run(WORLD) / case.name
+    assert_conserved_and_contracting(run, WORLD)
+    results = case.results(world_run(WORLD), WORLD)
+    kw = case.strategy_kwargs
+    period = kw["gossip_every_n_steps"]
+    pairing = Pairing(kw.get("pairing", "ring"), WORLD, kw.get("seed", 0))
+    numel = len(results[0]["x0"])
+    active = [r["gossip_stats"] for r in results if pairing.is_active(r["rank"])]
+    passive = [r["gossip_stats"] for r in results if not pairing.is_active(r["rank"])]
+    assert len(active) == len(passive) == 2
+    for s in active:  # one snapshot, so at most one exchange, per period of its own steps
+        assert s["steps"] >= 3 * period
+        if kw.get("max_staleness", 4) == 0:  # it waited for every one: exactly one per period
+            assert s["exchanges"] == s["steps"] // period, s
+        else:
+            assert 1 <= s["exchanges"] <= s["steps"] // period, s
+    for s in active + passive:
+        assert s["sent_bytes"] == s["exchanges"] * numel * 4
+    assert sum(s["exchanges"] for s in passive) == sum(s["exchanges"] for s in active)
+
+
+def test_hierarchical_adpsgd_keeps_nodes_identical_and_the_sum_with_a_period(world_run):
+    case = P.AH_PERIOD
+    results = case.results(world_run(WORLD), WORLD)
+    for node in (0, 1):  # the node's ranks hold one replica, after every step
+        assert results[2 * node]["steps"] == results[2 * node + 1]["steps"]
+        assert results[2 * node]["final"] == results[2 * node + 1]["final"]
+    assert_conserved_and_contracting(world_run(WORLD) / case.name, WORLD)
+    active = {r: ColumnPairing(Pairing("ring", 2, 0), NodeLayout(2, 2, r // 2, r % 2))
+              .is_active(r) for r in range(WORLD)}
+    assert sorted(active.values()) == [False, False, True, True]
+    for r in results:  # every local rank gossips its slice: an active one once per period
+        s = r["gossip_stats"]
+        if active[r["rank"]]:
+            assert s["steps"] >= 3 * P.PERIOD and s["exchanges"] == s["steps"] // P.PERIOD, s
+    by_role = [sum(r["gossip_stats"]["exchanges"] for r in results if active[r["rank"]] == a)
+               for a in (True, False)]
+    assert by_role[0] == by_role[1] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure: the schedule, the agreed stop along the rounds, bad input
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap,delay", [(True, False), (False, False), (True, True)])
+def test_a_period_of_one_is_the_schedule_of_every_step(overlap, delay):
+    s = RoundSchedule(1, overlap, delay)
+    for t in range(6):
+        assert s.is_round(t) and s.post_step(t) == t and s.apply_step(t) == t + delay
+        assert s.started_at(t) == (t if overlap else None)
+        assert s.first_round_posted_from(t) == t
+
+
+def _replay(agreement: StopAgreement, schedule: RoundSchedule, rank: int, first: int) -> int:
+    """Message-level replay of the side messages: every rank's first step whose posts carry the
+    stop; the step at whose batch start every rank knows it."""
+    n = agreement.world_size
+    carries = {rank: first}
+    for e in range(first, first + 10 * n * schedule.period):
+        if not schedule.is_round(e) or schedule.post_step(e) < first:
+            continue
+        senders = [i for i, k in carries.items() if k <= schedule.post_step(e)]
+        for i in senders:
+            for j in agreement.peers(i, e)[0]:
+                carries.setdefault(j, schedule.apply_step(e) + 1)
+        if len(carries) == n:
+            break
+    assert len(carries) == n
+    return max(carries.values())
+
+
+@pytest.mark.parametrize("topology,period,overlap,delay", [
+    ("ring", 3, True, False), ("ring", 4, False, False), ("random_ring", 4, True, True),
+    ("random_ring", 32, True, False), ("one_peer_exponential", 3, True, False),
+])
+def test_the_agreed_stop_spreads_along_the_exchange_steps(topology, period, overlap, delay):
+    n = 4 if topology == "one_peer_exponential" else 6
+    schedule = RoundSchedule(period, overlap, delay)
+    agreement = StopAgreement(T.build(topology, n, 0), NodeLayout(n, 1, 0, 0), delay, schedule)
+    for rank in range(n):
+        for first in (0, 5, 17):
+            stop = agreement.stop_step_for(rank, first)
+            assert stop == _replay(agreement, schedule, rank, first)
+            assert first < stop <= first + (2 if delay else 1) * (n + 1) * period
+
+
+def test_a_period_that_aliases_a_periodic_topology_is_refused():
+    topo = T.build("one_peer_exponential", 4)  # hops 1, 2, 1, 2, ...: period 2
+    RoundSchedule(3).check_connects(topo)
+    with pytest.raises(ValueError, match="never connect the ranks"):
+        RoundSchedule(4).check_connects(topo)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, True, "3", None])
+def test_bad_periods_are_rejected_at_construction(value):
+    from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+    from lightning_gossip.plain_loop import Gossip
+
+    for make in (DPSGDStrategy, ADPSGDStrategy, FabricDPSGDStrategy, FabricADPSGDStrategy):
+        with pytest.raises(ValueError, match="gossip_every_n_steps must be a positive integer"):
+            make(gossip_every_n_steps=value)
+    with pytest.raises(ValueError, match="gossip_every_n_steps must be a positive integer"):
+        Gossip(None, None, "dpsgd", gossip_every_n_steps=value)  # before any process group
+
+
+def test_auto_and_elastic_with_a_period_are_refused_clearly():
+    from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+
+    for make in (DPSGDStrategy, ADPSGDStrategy):
+        with pytest.raises(ValueError, match="'auto' is not available yet"):
+            make(gossip_every_n_steps="auto")
+        with pytest.raises(ValueError, match=r"\(elastic=True, gossip_every_n_steps=4\) is not"):
+            make(gossip_every_n_steps=4, elastic=True)
+        make(gossip_every_n_steps=1, elastic=True)  # the default goes with elastic
+        assert make().gossip_every_n_steps == 1
+    assert DPSGDStrategy(gossip_every_n_steps=32, wire_dtype="bf16").gossip_every_n_steps == 32
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+
+    for fabric in (FabricDPSGDStrategy, FabricADPSGDStrategy):  # handed to Gossip at setup
+        assert fabric(gossip_every_n_steps=8).gossip_options()["gossip_every_n_steps"] == 8
+        assert fabric().gossip_options()["gossip_every_n_steps"] == 1
+
+
+def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
+    from recipes.imagenet.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["recipes.imagenet"])  # only ``args`` count
+    cli = main(["--config", "recipes/imagenet/configs/digits.yaml",
+                "--trainer.strategy=lightning_gossip.DPSGDStrategy",
+                "--trainer.strategy.gossip_every_n_steps=4", "--trainer.devices=1",
+                "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
+               run=False)
+    assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
+    assert cli.trainer.strategy.gossip_every_n_steps == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# attach() (a plain PyTorch loop, no Lightning): the optimizer hooks drive the same engines
+# ----------------------------------------------------------------------------------------------
+def _attached_ranks(rank: int, world: int) -> dict:
+    """On every rank: three loops with ``attach`` (lr = 0, rank-dependent weights, no initial
+    broadcast): dpsgd overlapped and blocking every 3 steps for 10 steps, then (``set_period``)
+    every 2 steps for 4 more; adpsgd every 2 steps for 12, then every 3 for 12 more."""
+    import torch
+
+    from lightning_gossip import FlatState, attach
+
+    out: dict = {}
+    for name, kw in (("overlap", {"strategy": "dpsgd"}),
+                     ("blocking", {"strategy": "dpsgd", "overlap": False}),
+                     ("adpsgd", {"strategy": "adpsgd", "max_staleness": 0})):
+        torch.manual_seed(100 + rank)
+        model = torch.nn.Linear(5, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        period = 2 if name == "adpsgd" else P.PERIOD
+        gossip = attach(model, opt, topology="random_ring", seed=5, broadcast=False,
+                        gossip_every_n_steps=period, timeout=120, **kw)
+        flat = FlatState(model)
+        steps, x0, parts = [], flat.pack().tolist(), []
+        for count, new_period in ((10, 2), (4, None)) if name != "adpsgd" else ((12, 3),
+                                                                                (12, None)):
+            for _ in range(count):
+                opt.zero_grad()
+                model(torch.ones(3, 5)).sum().backward()
+                opt.step()
+                steps.append(flat.pack().tolist())
+            gossip.quiesce()
+            parts.append({"final": flat.pack().tolist(), "stats": dict(vars(gossip.stats))})
+            if new_period is not None:
+                gossip.engine.set_period(new_period)
+        out[name] = {"x0": x0, "steps": steps, "parts": parts}
+        gossip.close()
+    return out
+
+
+@pytest.mark.multiprocess
+def test_attach_takes_the_period_for_both_engines(tmp_path):
+    from tests.scripts.engine_ranks import spawn_ranks
+
+    results = spawn_ranks(_attached_ranks, WORLD, tmp_path, timeout=300)
+    topo = T.build("random_ring", WORLD, 5)
+    for name, overlap in (("overlap", True), ("blocking", False)):
+        rs = [r[name] for r in results]
+        x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+        first = P.expected_rounds(x0, topo.mixing_matrix, 10, P.PERIOD, overlap)
+        # set_period(2) after the quiesce at step 10: rounds at steps 11 and 13
+        then = P.expected_rounds(first[-1], topo.mixing_matrix, 4, 2, overlap, start=10)
+        want = first[:-1] + then[:-1]
+        for t in range(14):
+            np.testing.assert_allclose(np.array([r["steps"][t] for r in rs]), want[t], **FP32,
+                                       err_msg=f"{name} step {t}")
+        for part, final in ((0, first[-1]), (1, then[-1])):
+            np.testing.assert_allclose(np.array([r["parts"][part]["final"] for r in rs]),
+                                       final, **FP32)
+        rounds = len(_exchange_steps(10, P.PERIOD, overlap)) + 2
+        assert all(r["parts"][1]["stats"]["exchanges"] == rounds for r in rs)
+        assert np.abs(x0 - x0.mean(0)).max() > 0.1
+    rs = [r["adpsgd"] for r in results]
+    x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+    pairing = Pairing("ring", WORLD, 5)  # attach's seed
+    for part, done in ((0, 12 // 2), (1, 12 // 2 + 12 // 3)):  # max_staleness 0: exactly
+        final = np.array([r["parts"][part]["final"] for r in rs], dtype=np.float64)
+        np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+        assert np.abs(final - final.mean(0)).max() < np.abs(x0 - x0.mean(0)).max()
+        stats = [r["parts"][part]["stats"] for r in rs]
+        active = [s for k, s in enumerate(stats) if pairing.is_active(k)]
+        assert [s["exchanges"] for s in active] == [done] * 2, active
+        assert sum(s["exchanges"] for s in stats) == 2 * 2 * done
