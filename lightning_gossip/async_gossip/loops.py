@@ -27,9 +27,14 @@ from lightning_gossip.pairing import Pairing
 if TYPE_CHECKING:
     from lightning_gossip.pairing import ColumnPairing
 
-__all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
+__all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop", "Stopped"]
 
 log = logging.getLogger("lightning_gossip.async_gossip")
+
+
+class Stopped(Exception):  # noqa: N818 - not an error: the gossip thread was asked to stop
+    """Raised in the gossip thread when it is asked to stop in the middle of an exchange or a
+    control message (:meth:`AsyncGossip.close`, or the interpreter's exit): the thread ends."""
 
 
 class MessageKind(IntEnum):
@@ -96,8 +101,9 @@ class GossipLoop:
         mine = box.view[box.lo:box.hi]  # only this thread swaps the view
         send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
-        pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout, self.rank,
-                          heartbeat=self.heartbeat)
+        if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
+                                 self.rank, heartbeat=self.heartbeat, should_stop=self._stopping):
+            raise Stopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
         shared.waiting_on = "nothing (idle)"
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
         pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
@@ -118,8 +124,14 @@ class GossipLoop:
         what = "request" if kind == MessageKind.REQUEST else "end-of-phase message (BYE)"
         what = f"rank {self.rank} sending a gossip {what} for phase {phase} to rank {dst}"
         self.shared.waiting_on = what
-        wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,))
+        if not wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,),
+                        should_stop=self._stopping):
+            raise Stopped(f"{what}: stopped")
         self.shared.waiting_on = "nothing (idle)"
+
+    def _stopping(self) -> bool:
+        """Whether the training thread asked this thread to stop (a wait on a peer returns)."""
+        return self.shared.stop_requested
 
     def receive_control(self, phase: int = 0, missing: tuple[int, ...] = ()
                         ) -> tuple[MessageKind, int, int] | None:
@@ -134,7 +146,7 @@ class GossipLoop:
                 f"end-of-phase message (BYE) of rank(s) {', '.join(map(str, missing))}")
         self.shared.waiting_on = f"a request or BYE from rank(s) {', '.join(map(str, missing))}"
         done = wait_for_peers([work], missing, self.heartbeat, self.timeout, what,
-                              should_stop=lambda: self.shared.stop_requested)
+                              should_stop=self._stopping)
         self.shared.waiting_on = "nothing (idle)"
         if not done:
             return None
