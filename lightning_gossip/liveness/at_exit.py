@@ -197,13 +197,21 @@ def _at_exit() -> None:
     if not running():
         EXITING.set()
         return
-    if join_threads():
-        _leave()
+    stuck = join_threads()
+    if stuck:
+        _leave(stuck)
 
 
-def _leave() -> None:
-    """The last resort: flush what the process wrote, then leave with its true status before
-    the interpreter finalizes."""
+def _leave(stuck: list[threading.Thread]) -> None:
+    """The last resort: say so, flush what the process wrote, then leave with its true status
+    before the interpreter finalizes."""
+    try:
+        names = ", ".join(t.name for t in stuck)
+        print(f"lightning_gossip: thread(s) {names} still waiting at exit; leaving with status "
+              f"{exit_status()} without the interpreter's finalization (liveness.at_exit)",
+              file=sys.stderr)
+    except Exception:  # noqa: BLE001 - a closed stream: leave anyway
+        pass
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if stream is not None:
