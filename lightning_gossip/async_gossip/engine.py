@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveLoop, Stopped
+from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveLoop
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
 from lightning_gossip.async_gossip.state import GossipStats, SharedState
+from lightning_gossip.errors import GossipStopped
 from lightning_gossip.flat import FlatState
 from lightning_gossip.liveness import Heartbeat, track
 from lightning_gossip.pairing import Pairing
@@ -312,7 +313,7 @@ class AsyncGossip:
         try:
             with self._shared.handoff.on_side_stream():
                 self._loop.run()
-        except Stopped:  # asked to stop in an exchange: nobody waits for it any more
+        except GossipStopped:  # asked to stop in an exchange: nobody waits for it any more
             return
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             self._shared.fail(e)

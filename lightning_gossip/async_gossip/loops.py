@@ -20,6 +20,7 @@ import torch.distributed as dist
 from lightning_gossip._compat import work_source_rank
 from lightning_gossip.async_gossip.state import SharedState
 from lightning_gossip.compression import pairwise_delta, quantize
+from lightning_gossip.errors import GossipStopped
 from lightning_gossip.exchange import pairwise_exchange, post, wait_all
 from lightning_gossip.liveness import Heartbeat, wait_for_peers
 from lightning_gossip.pairing import Pairing
@@ -27,14 +28,9 @@ from lightning_gossip.pairing import Pairing
 if TYPE_CHECKING:
     from lightning_gossip.pairing import ColumnPairing
 
-__all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop", "Stopped"]
+__all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
 
 log = logging.getLogger("lightning_gossip.async_gossip")
-
-
-class Stopped(Exception):  # noqa: N818 - not an error: the gossip thread was asked to stop
-    """Raised in the gossip thread when it is asked to stop in the middle of an exchange or a
-    control message (:meth:`AsyncGossip.close`, or the interpreter's exit): the thread ends."""
 
 
 class MessageKind(IntEnum):
@@ -103,7 +99,7 @@ class GossipLoop:
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
         if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
                                  self.rank, heartbeat=self.heartbeat, should_stop=self._stopping):
-            raise Stopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
+            raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
         shared.waiting_on = "nothing (idle)"
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
         pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
@@ -126,7 +122,7 @@ class GossipLoop:
         self.shared.waiting_on = what
         if not wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,),
                         should_stop=self._stopping):
-            raise Stopped(f"{what}: stopped")
+            raise GossipStopped(f"{what}: stopped")
         self.shared.waiting_on = "nothing (idle)"
 
     def _stopping(self) -> bool:

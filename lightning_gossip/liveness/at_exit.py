@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["EXITING", "JOIN_S", "STOP_S", "exit_status", "join_threads", "record_exit", "release",
-           "track"]
+           "keep", "spawn", "track"]
 
 #: set when the interpreter exits (this module's ``atexit`` handler): every library wait returns
 EXITING = threading.Event()
@@ -69,6 +69,7 @@ _tracked: weakref.WeakKeyDictionary[threading.Thread, tuple[Callable[[], None] |
                                                            tuple[Any, ...]]]
 _tracked = weakref.WeakKeyDictionary()
 _recorded: list[int] = []
+_kept: list[Any] = []  # groups whose work was abandoned (:func:`keep`)
 
 
 def track(thread: threading.Thread, stop: Callable[[], None] | None = None,
@@ -79,6 +80,16 @@ def track(thread: threading.Thread, stop: Callable[[], None] | None = None,
     group registered with torch.distributed is released anyway). Returns ``thread``."""
     with _lock:
         _tracked[thread] = (stop, tuple(g for g in groups if g is not None))
+    return thread
+
+
+def spawn(target: Callable[..., object], name: str, stop: Callable[[], None] | None = None,
+          groups: Iterable[Any] = (), args: tuple[Any, ...] = ()) -> threading.Thread:
+    r"""Start ``target(*args)`` in a daemon thread called ``name``, :func:`track`\ ed with
+    ``stop`` and ``groups``; returns the thread."""
+    thread = track(threading.Thread(target=target, args=args, daemon=True, name=name), stop,
+                   groups)
+    thread.start()
     return thread
 
 
@@ -115,15 +126,24 @@ def _backend_name(group: Any) -> str:
         return str(dist.get_backend(group))
 
 
+def keep(group: Any) -> bool:
+    """Remember ``group``, one whose work was abandoned (released at exit when a thread still
+    waits; :func:`~lightning_gossip.liveness.keep_alive_at_exit` also keeps it from being
+    destroyed); ``False`` when it is remembered already."""
+    with _lock:
+        if any(g is group for g in _kept):
+            return False
+        _kept.append(group)
+        return True
+
+
 def _all_groups() -> list[Any]:
     """The groups of the tracked threads, those kept alive at exit and those torch knows."""
-    from lightning_gossip.liveness.collectives import kept_groups
-
     groups: list[Any] = []
     with _lock:
         for _stop, own in list(_tracked.values()):
             groups += own
-    groups += kept_groups()
+        groups += _kept
     try:
         groups += list(dist.distributed_c10d._world.pg_map.keys())
     except Exception:  # noqa: BLE001 - not initialised, or torch moved it

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lightning_gossip.liveness import at_exit
 from lightning_gossip.liveness.heartbeat import Heartbeat, current
 from lightning_gossip.liveness.waits import wait_for_peers
 
-__all__ = ["keep_alive_at_exit", "kept_groups", "watched_collective"]
+__all__ = ["keep_alive_at_exit", "watched_collective"]
 
 
 def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
@@ -50,8 +51,6 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
         raise
 
 
-_kept: list[Any] = []
-
 
 def keep_alive_at_exit(group: Any) -> None:
     """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned
@@ -68,13 +67,6 @@ def keep_alive_at_exit(group: Any) -> None:
     import ctypes
 
     pg = group if group is not None else dist.group.WORLD
-    if pg is None or any(k is pg for k in _kept):
+    if pg is None or not at_exit.keep(pg):  # (released at exit when a thread still waits)
         return
-    _kept.append(pg)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-
-
-def kept_groups() -> list[Any]:
-    """The groups :func:`keep_alive_at_exit` keeps (released at exit when a thread still waits
-    on one: :mod:`lightning_gossip.liveness.at_exit`)."""
-    return list(_kept)

@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_gossip.errors import PeerSilent, RankExcluded
-from lightning_gossip.liveness.at_exit import track
+from lightning_gossip.liveness.at_exit import spawn
 from lightning_gossip.liveness.store import bounded, store_clients
 from lightning_gossip.liveness.waits import _ranks
 
@@ -85,7 +85,6 @@ class Heartbeat:
         self._seen_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._monitor: threading.Thread | None = None  # the liveness monitor's (``monitor``)
         self._store_error: BaseException | None = None
         self._unreachable = False  # a bounded store call failed: the host is gone or frozen
         self._down: set[int] = set()
@@ -126,19 +125,14 @@ class Heartbeat:
         self._stop.clear()
         self._found, self.excluded = None, False
         self._generation += 1
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"lightning-gossip-heartbeat-{self.rank}")
-        track(self._thread, stop=self._stop.set)  # joined before the interpreter finalizes
-        self._thread.start()
+        self._thread = spawn(self._run, f"lightning-gossip-heartbeat-{self.rank}",
+                             stop=self._stop.set)  # joined before the interpreter finalizes
         self._start_monitor()
 
     def _start_monitor(self) -> None:
         if self.monitor and self.world_size > 1:
-            self._monitor = threading.Thread(
-                target=self._watch, args=(self._generation,), daemon=True,
-                name=f"lightning-gossip-monitor-{self.rank}")
-            track(self._monitor, stop=self._stop.set)
-            self._monitor.start()
+            spawn(self._watch, f"lightning-gossip-monitor-{self.rank}", stop=self._stop.set,
+                  args=(self._generation,))
 
     def forget(self, ranks: Iterable[int], mark: bool = True) -> None:
         """Stop watching ``ranks`` (lost from an elastic fit, or ``mark`` false: slots free when
@@ -160,11 +154,10 @@ class Heartbeat:
             _current = None
         self._stop.set()
         self._generation += 1  # the monitor thread ends, and records nothing more
-        for thread in (self._thread, self._monitor):
-            if thread is not None and thread is not threading.current_thread():
-                # a beat stuck on an unreachable store host never returns in time: do not wait
-                thread.join(timeout=0.1 if self._unreachable else self.interval + 1.0)
-        self._thread = self._monitor = None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            # a beat stuck on an unreachable store host never returns in time: do not wait
+            self._thread.join(timeout=0.1 if self._unreachable else self.interval + 1.0)
+        self._thread = None
 
     def leave(self, failed: bool, linger_s: float = LINGER_S) -> None:
         """Stop beating; with ``failed`` also tell every reader at once that this rank is gone
