@@ -144,7 +144,8 @@ def _commit() -> str:
         return "unknown"
 
 
-def summary(fits: list[dict[str, Any]], started: str, seed: int) -> dict[str, Any]:
+def summary(fits: list[dict[str, Any]], started: str, seed: int,
+            commit: str) -> dict[str, Any]:
     """The record: commit, date, machine and counts (per kind), with the failing fits."""
     per_kind: dict[str, dict[str, int]] = {}
     for f in fits:
@@ -155,7 +156,7 @@ def summary(fits: list[dict[str, Any]], started: str, seed: int) -> dict[str, An
         k["statuses_ok"] += bool(f["statuses_ok"])
     return {
         "what": "testbed.exit_soak: every process's exit status against the expected one",
-        "commit": _commit(), "started": started,
+        "commit": commit, "started": started,
         "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(),
                     "python": platform.python_version(),
@@ -180,6 +181,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    commit = _commit()
     fits: list[dict[str, Any]] = []
     with open(args.out / "fits.jsonl", "a") as log:
         for i in range(args.fits):
@@ -191,9 +193,9 @@ def main() -> None:
             log.flush()
             if args.record is not None:
                 args.record.parent.mkdir(parents=True, exist_ok=True)
-                args.record.write_text(json.dumps(summary(fits, started, args.seed),
+                args.record.write_text(json.dumps(summary(fits, started, args.seed, commit),
                                                   indent=1) + "\n")
-    print(json.dumps({k: v for k, v in summary(fits, started, args.seed).items()
+    print(json.dumps({k: v for k, v in summary(fits, started, args.seed, commit).items()
                       if k != "failing"}), flush=True)
 
 
