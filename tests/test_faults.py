@@ -63,6 +63,7 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
     launched = launch_processes([(cmd, env)], timeout)
     text = launched.stdout
     (out / "output.txt").write_text(text)
+    (out / "returncodes.json").write_text(json.dumps(launched.returncodes))
     if launched.timed_out:  # a frozen (SIGSTOP) rank may be outside the killed process group
         for r in range(nprocs):
             if (out / f"pid{r}").exists():

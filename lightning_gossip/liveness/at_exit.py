@@ -202,11 +202,25 @@ def record_exit(error: BaseException) -> None:
         _recorded[:] = [code if isinstance(code, int) else (0 if code is None else 1)]
 
 
+def _recording_exit(status: object = None) -> None:
+    """``sys.exit`` that records the status it gives the process (called from the main thread)
+    first: the interpreter does not show it to an ``atexit`` handler, which the last resort
+    needs (:func:`exit_status`)."""
+    if threading.current_thread() is threading.main_thread():
+        record_exit(SystemExit(status))
+    _system_exit(status)
+
+
+_system_exit = sys.exit
+
+
 def exit_status() -> int:
     """The status the interpreter would give this process now that its main program ended:
-    1 after an uncaught exception (it printed it: ``sys.last_value``), the code of a
-    ``SystemExit`` recorded by :func:`record_exit`, else 0. (``Ctrl-C`` outside a fit is
-    -2: :func:`_leave` ends the process with ``SIGINT`` then, as Python does.)"""
+    1 after an uncaught exception (it printed it: ``sys.last_value``), the code of the last
+    ``SystemExit`` recorded (:func:`record_exit`: the one that ended a fit, and every
+    ``sys.exit(code)`` of the main thread, which this module makes record its code), else 0.
+    (``Ctrl-C`` outside a fit is -2: :func:`_leave` ends the process with ``SIGINT`` then, as
+    Python does.) A ``raise SystemExit(code)`` outside a fit is not seen: 0."""
     last = getattr(sys, "last_value", None)
     if last is not None and not isinstance(last, SystemExit):
         return 1
@@ -246,3 +260,4 @@ def _leave(stuck: list[threading.Thread]) -> None:
 
 
 atexit.register(_at_exit)  # at import: after the handlers of everything imported later
+sys.exit = _recording_exit

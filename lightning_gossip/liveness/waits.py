@@ -163,17 +163,19 @@ class _Waiter:
 
 
 def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: Heartbeat | None,
-              timeout: timedelta, what: str) -> None:
+              timeout: timedelta, what: str,
+              should_stop: Callable[[], bool] | None = None) -> bool:
     """Wait for ``done`` (set by a thread that waits on the network), failing fast if a peer
-    goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`).
+    goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`);
+    ``False`` when ``should_stop`` returned ``True`` first (as :func:`wait_for_peers`).
 
     An event already set costs nothing (no store read): the common case when the
     communication thread finished while the training thread computed.
     """
     if done.is_set():
-        return
-    _watch(done, sorted(set(peers)), heartbeat, time.monotonic() + timeout.total_seconds(),
-           timeout, what)
+        return True
+    return _watch(done, sorted(set(peers)), heartbeat,
+                  time.monotonic() + timeout.total_seconds(), timeout, what, should_stop)
 
 
 def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: Heartbeat | None,
