@@ -74,3 +74,21 @@ def test_a_finished_fit_is_not_restarted_by_torchrun(tmp_path: Path, strategy: s
     assert starts == [(0, 0), (1, 0)] and done == [(0, 0), (1, 0)], text[-8000:]
     assert launched.returncodes == [0], text[-8000:]
     assert "terminate called" not in text, text[-8000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1800)
+def test_the_exit_soak_short_form(tmp_path: Path) -> None:
+    """``make test-slow``: one fit of each kind of ``testbed.exit_soak`` (elastic losses flat
+    and hierarchical, plain fits under ``srun``, ``torchrun --max-restarts 2`` and Lightning's
+    launcher, a rank that raises), seeded: every process ends with the status its outcome
+    gives it, no abort at exit, no hang, no orphan."""
+    import random
+
+    from testbed.exit_soak import KINDS, one_fit
+
+    rng = random.Random(48)
+    fits = [one_fit(tmp_path / f"fit{i}", kind, rng) for i, kind in enumerate(KINDS)]
+    failing = [f for f in fits if not f["statuses_ok"]]
+    assert not failing, failing
