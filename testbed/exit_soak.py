@@ -71,6 +71,17 @@ def _spec(out: Path, rng: random.Random, **extra: Any) -> Path:
     return path
 
 
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The ``EVENT {json}`` records of ``text`` (two processes' lines may share a line)."""
+    decoder, out = json.JSONDecoder(), []
+    for piece in text.split("EVENT ")[1:]:
+        try:
+            out.append(decoder.raw_decode(piece)[0])
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
 def plain_case(out: Path, kind: str, rng: random.Random) -> dict[str, Any]:
     """Launch a plain fit (``kind``: see the module docstring); what happened."""
     out.mkdir(parents=True, exist_ok=True)
@@ -105,8 +116,7 @@ def plain_case(out: Path, kind: str, rng: random.Random) -> dict[str, Any]:
     launched = launch_processes(commands, TIMEOUT_S)
     text = launched.stdout
     (out / "log.txt").write_text(text)
-    events = [json.loads(line.split("EVENT ", 1)[1]) for line in text.splitlines()
-              if line.startswith("EVENT ")]
+    events = parse_events(text)
     ok = launched.returncodes == expected and not launched.timed_out
     if kind == "plain-torchrun":  # trained once per rank, in round 0
         starts = sorted((e["rank"], e["restart"]) for e in events if e["event"] == "start")
