@@ -20,11 +20,12 @@ runs:
    1 ms on it makes gloo close that group's connections, which fails every send and receive
    waiting on it from a given peer, at once);
 3. joins them again, at most :data:`JOIN_S` seconds in all;
-4. if one still runs (a receive from any source, which gloo does not fail when connections
-   close, or a store operation on a frozen store host), the last resort: standard output and
-   error are flushed, logging is shut down (every handler flushed and closed), and the process
-   leaves with :func:`os._exit` and the status the interpreter would have given it
-   (:func:`exit_status`). Files already written and closed (checkpoints, a logger's files,
+4. if one still runs (a store operation on a frozen store host; a receive from any source,
+   which gloo does not fail when connections close: the library posts none), the last resort:
+   one line on standard error says so, standard output and error are flushed, logging is shut
+   down (every handler flushed and closed), and the process leaves with :func:`os._exit` and
+   the status the interpreter would have given it (:func:`exit_status`; for it ``sys.exit``
+   records its status once this module is imported). Files already written and closed (checkpoints, a logger's files,
    which Lightning finalizes when the fit ends) are complete; the ``atexit`` handlers
    registered before this module's import (``logging``'s own, ``multiprocessing``'s) and the
    interpreter's finalization are skipped.
