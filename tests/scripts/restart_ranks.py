@@ -111,7 +111,8 @@ def main() -> None:
     checkpoint = ModelCheckpoint(dirpath=spec["checkpoint_dir"], save_last=True,
                                  every_n_train_steps=every, every_n_epochs=None if every else 1)
     trainer = L.Trainer(
-        strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 2)),
+        strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE",
+                                                       os.environ.get("SLURM_NTASKS_PER_NODE", 2))),
         num_nodes=int(spec.get("nodes", 1)),
         max_epochs=spec.get("epochs", 4), callbacks=[kill, checkpoint], logger=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
