@@ -25,10 +25,10 @@ runs:
    one line on standard error says so, standard output and error are flushed, logging is shut
    down (every handler flushed and closed), and the process leaves with :func:`os._exit` and
    the status the interpreter would have given it (:func:`exit_status`; for it ``sys.exit``
-   records its status once this module is imported). Files already written and closed (checkpoints, a logger's files,
-   which Lightning finalizes when the fit ends) are complete; the ``atexit`` handlers
-   registered before this module's import (``logging``'s own, ``multiprocessing``'s) and the
-   interpreter's finalization are skipped.
+   records its status once this module is imported). Files already written and closed
+   (checkpoints, a logger's files, which Lightning finalizes when the fit ends) are complete;
+   the ``atexit`` handlers registered before this module's import (``logging``'s own,
+   ``multiprocessing``'s) and the interpreter's finalization are skipped.
 
 Nothing happens at exit when every tracked thread has ended (the usual case): the interpreter
 finalizes as always.
@@ -107,17 +107,24 @@ def release(group: Any) -> bool:
     on which gloo closes the group's connections ("Application timeout caused pair closure";
     torch 2.9.1 binds no ``Work.abort()``, and ``ProcessGroupGloo.abort()`` does not end a
     wait). The group cannot be used afterwards; its peers see closed connections, as when this
-    process exits. A receive from any source is not ended so. Returns whether the group was
-    released (not: one member, not gloo, or already unusable); never raises."""
+    process exits. A receive from any source is not ended so. The receive is tried from each
+    peer in turn: one whose connection is closed already (it exited) fails at once and closes
+    nothing. Returns whether the group was released (not: one member, not gloo, or unusable);
+    never raises."""
     try:
         if group.size() < 2 or "gloo" not in _backend_name(group):
             return False
-        peer = (group.rank() + 1) % group.size()
-        work = group.recv([torch.empty(1)], peer, RELEASE_TAG)
-        work.wait(timedelta(milliseconds=1))
-    except Exception:  # noqa: BLE001 - the expected timeout, or a group already closed
-        return True
-    return True  # (a message came: nobody sends with this tag)
+        me, size = group.rank(), group.size()
+    except Exception:  # noqa: BLE001 - a group already unusable
+        return False
+    for peer in (r for r in range(size) if r != me):
+        try:
+            group.recv([torch.empty(1)], peer, RELEASE_TAG).wait(timedelta(milliseconds=1))
+        except Exception as e:  # noqa: BLE001
+            if "timed out" in str(e).lower():
+                return True  # gloo closed every connection of the group
+            # this peer's connection is closed already (it exited): it closes nothing; the next
+    return True
 
 
 def _backend_name(group: Any) -> str:
