@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from testbed.launch import ROOT, base_env, free_port, launch_processes
-from tests.test_faults import restart_command
+from tests.test_faults import parse_events, restart_command
 
 SCRIPT = ROOT / "tests/scripts/exit_abort.py"
 
@@ -67,8 +67,7 @@ def test_a_finished_fit_is_not_restarted_by_torchrun(tmp_path: Path, strategy: s
                                                  max_restarts=2)], 600)
     text = launched.stdout
     assert not launched.timed_out, text[-8000:]
-    events = [json.loads(line.split("EVENT ", 1)[1]) for line in text.splitlines()
-              if "EVENT " in line]
+    events = parse_events(text)  # (two workers' lines may share a line of torchrun's output)
     starts = sorted((e["rank"], e["restart"]) for e in events if e["event"] == "start")
     done = sorted((e["rank"], e["restart"]) for e in events if e["event"] == "done")
     assert starts == [(0, 0), (1, 0)] and done == [(0, 0), (1, 0)], text[-8000:]
