@@ -81,6 +81,12 @@ class NewcomersAdmitted(BaseException):  # noqa: N818 - a signal, not an error
     is not exported)."""
 
 
+class GossipStopped(Exception):  # noqa: N818 - a signal, not an error
+    """Raised in an ``adpsgd`` gossip thread asked to stop in the middle of an exchange or a
+    control message (the engine's ``close``, or the interpreter's exit): the thread ends
+    quietly (never leaves the engine, so it is not exported)."""
+
+
 class NonFiniteFromPeer(GossipError):
     """A peer sent NaN or Inf values; they were not mixed in.
 

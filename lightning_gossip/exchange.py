@@ -59,18 +59,21 @@ def check_finite(t: Tensor, peer: int, rank: int, what: str = "replica") -> None
 
 
 def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | None = None,
-             peers: Sequence[int] = ()) -> None:
+             peers: Sequence[int] = (), should_stop: Callable[[], bool] | None = None) -> bool:
     """Wait for every ``dist.Work``; raise :class:`GossipTimeout` naming ``what`` on timeout.
 
     With ``peers``, the wait fails as soon as one of them goes silent
     (:func:`lightning_gossip.liveness.wait_for_peers`, which raises ``PeerSilent``), watching
-    ``heartbeat`` or else the process's running one (:func:`lightning_gossip.liveness.current`).
+    ``heartbeat`` or else the process's running one (:func:`lightning_gossip.liveness.current`);
+    then ``should_stop`` is polled too: when it returns ``True`` the wait is abandoned and
+    ``False`` returned (the works are left pending; they end when the process exits, see
+    :mod:`~lightning_gossip.liveness.at_exit`). Returns ``True`` when every work completed.
     """
     if peers:
         heartbeat = heartbeat if heartbeat is not None else liveness.current()
         if heartbeat is not None:
-            liveness.wait_for_peers(works, peers, heartbeat, timeout, what)
-            return
+            return liveness.wait_for_peers(works, peers, heartbeat, timeout, what,
+                                           should_stop=should_stop)
     for w in works:
         try:
             ok = w.wait(timeout)
@@ -79,6 +82,7 @@ def wait_all(works: list, timeout: timedelta, what: str, heartbeat: Heartbeat | 
                                 peers) from e
         if ok is False:
             raise GossipTimeout(f"{what} did not complete within {timeout}", peers)
+    return True
 
 
 def post(send: Tensor, send_to: Sequence[int], recv: Sequence[tuple[int, Tensor]],
@@ -192,13 +196,17 @@ class NeighborExchange:
 
 
 def pairwise_exchange(mine: Tensor, theirs: Tensor, peer: int, group: dist.ProcessGroup,
-                      timeout: timedelta, rank: int, heartbeat: Heartbeat | None = None) -> None:
+                      timeout: timedelta, rank: int, heartbeat: Heartbeat | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> bool:
     """Swap ``mine`` for the peer's snapshot (into ``theirs``), blocking with a timeout (and
-    failing fast when the peer goes silent, given a ``heartbeat``)."""
+    failing fast when the peer goes silent, given a ``heartbeat``). ``False``: abandoned when
+    ``should_stop`` returned ``True`` (see :func:`wait_all`; ``theirs`` is not complete)."""
     works = post(mine, (peer,), [(peer, theirs)], group)
-    wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}",
-             heartbeat=heartbeat, peers=(peer,))
+    if not wait_all(works, timeout, f"pairwise gossip between rank {rank} and rank {peer}",
+                    heartbeat=heartbeat, peers=(peer,), should_stop=should_stop):
+        return False
     check_finite(theirs, peer=peer, rank=rank)
+    return True
 
 
 class Job:
@@ -240,7 +248,9 @@ class CommWorker:
 
     Gossip uses it to wait on a round's messages, check them and mix them while the training
     thread computes (the tensor arithmetic releases the GIL). A job blocked on a peer that
-    never answers ends at its own timeout; :meth:`close` does not wait for it.
+    never answers ends at its own timeout, or at the interpreter's exit (``groups``, the
+    process groups its jobs wait on, are then released: :mod:`~lightning_gossip.liveness.
+    at_exit`); :meth:`close` does not wait for it.
 
     >>> worker = CommWorker()
     >>> out = []
@@ -251,9 +261,12 @@ class CommWorker:
     >>> worker.close()
     """
 
-    def __init__(self, name: str = "lightning-gossip-comm") -> None:
+    def __init__(self, name: str = "lightning-gossip-comm",
+                 groups: Sequence[dist.ProcessGroup] = ()) -> None:
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        # a job stuck on a peer at exit: its groups are released then (liveness.at_exit)
+        liveness.track(self._thread, stop=lambda q=self._queue: q.put(None), groups=groups)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None], peers: Sequence[int], what: str) -> Job:
@@ -264,12 +277,11 @@ class CommWorker:
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop after the queued jobs (waits at most ``timeout`` seconds; idempotent). A
-        thread still in a job then (stuck on a peer) is waited for at the interpreter's exit
-        (:func:`~lightning_gossip.liveness.wait_at_exit`)."""
+        thread still in a job then (stuck on a peer) is ended before the interpreter finalizes
+        (:mod:`~lightning_gossip.liveness.at_exit`: its groups are released)."""
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
-            liveness.wait_at_exit(self._thread)
 
     @property
     def alive(self) -> bool:

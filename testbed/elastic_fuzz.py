@@ -10,9 +10,10 @@ cases kills two of 4 ranks at the same batch instead (a node's tasks); ``--nodes
 hierarchical fits (of the ``--strategies``) on ``N`` nodes of 2 ranks, the victim off node 0,
 its node leaving with it (its node-mate must exit, RankExcluded; it is not checked as a
 survivor). Recorded per run: the
-exit codes, whether every survivor ended with 0, every sample was trained once per epoch, the
-survivors hold the same replica, the survivors that aborted at exit after writing their results
-(the known abort of docs/faults.md: counted as finished, listed), the detection, recovery and
+exit codes, whether every survivor ended with 0 after writing its results, whether every
+process ended with the status it must have (:func:`expected_statuses`: a survivor 0, a killed
+victim -9, a woken one and its node-mates 1; ``statuses_ok``) and the number of aborts at exit
+seen in the output (``aborts``: must be 0), the detection, recovery and
 stall seconds (:func:`testbed.elastic_fit.outcome`), the wall time, and the processes of the
 run still alive after the launch (orphans); the output is kept in ``RUN/log.txt``. Usage::
 
@@ -40,15 +41,26 @@ from testbed.elastic_fit import BATCH_SIZE, SAMPLES, outcome
 from testbed.launch import fake_slurm_commands, launch_processes
 
 EXIT_ABORT = "terminate called without an active exception"
-"""What gloo prints when a process aborts at exit (docs/faults.md, "An abort at exit")."""
+"""What a process that dies of ``SIGABRT`` at exit prints (issue 48: never accepted)."""
 
 
-def aborted_at_exit(launched: Any, done: dict[int, Path]) -> list[int]:
-    """The processes ``i`` of ``done`` (launch index -> its results file) that ended with the
-    known abort at exit (-6 and gloo's message) after writing their results: the fit itself
-    finished (docs/faults.md), so they are listed, not counted as failures."""
-    return [i for i, path in done.items() if launched.returncodes[i] == -6
-            and EXIT_ABORT in launched.stdout and path.exists()]
+def expected_statuses(case: dict[str, Any], lost: bool) -> list[int]:
+    """The exit status each process of ``case`` must end with: 0 for a survivor (and for every
+    rank when the victim never reached its batch, ``lost`` false); a victim killed (``kill``,
+    or ``stop``: frozen, then killed by the lowest survivor) -9; a victim woken up after the
+    recovery (``cont``) 1 (``RankExcluded``), as its node-mates that left with it (a
+    hierarchical fit)."""
+    victims = case["victim"] if isinstance(case["victim"], list) else [case["victim"]]
+    nodes = case.get("nodes", 1)
+    codes = [0] * case["ranks"]
+    if not lost:
+        return codes
+    units = NodeUnits(case["ranks"] // nodes if nodes > 1 else 1)
+    for r in units.whole(victims):
+        codes[r] = 1  # a node-mate: RankExcluded
+    for r in victims:
+        codes[r] = 1 if case["kind"] == "cont" else -9
+    return codes
 
 
 def orphans(out: Path) -> list[int]:
@@ -100,12 +112,13 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     units = NodeUnits(case["ranks"] // nodes if nodes > 1 else 1)  # node-mates leave too
     left = tuple(r for r in units.whole(victims) if r not in victims)
     survivors = [r for r in range(case["ranks"]) if r not in victims and r not in left]
-    result["aborted_at_exit"] = aborted_at_exit(launched, {r: out / f"done{r}.json"
-                                                           for r in survivors})
     result["finished"] = not launched.timed_out and all(
-        launched.returncodes[r] == 0 or r in result["aborted_at_exit"] for r in survivors)
+        launched.returncodes[r] == 0 and (out / f"done{r}.json").exists() for r in survivors)
     (out / "log.txt").write_text(launched.stdout)
     result["lost"] = (out / "victim.json").exists()  # (the victim reached its batch)
+    result["expected"] = expected_statuses(case, result["lost"])
+    result["statuses_ok"] = launched.returncodes == result["expected"]
+    result["aborts"] = launched.stdout.count(EXIT_ABORT)
     if result["finished"] and result["lost"]:
         result.update(outcome(out, case["ranks"], case["victim"], left))
     return result
@@ -141,7 +154,8 @@ def main() -> None:
         "runs": len(results), "finished": len(good), "lost": sum(r["lost"] for r in results),
         "hangs": sum(r["hang"] for r in results),
         "orphans": sum(len(r["orphans"]) for r in results),
-        "aborted_at_exit": sum(bool(r["aborted_at_exit"]) for r in results),
+        "statuses_ok": sum(r["statuses_ok"] for r in results),
+        "aborts": sum(r["aborts"] for r in results),
         "once": sum(bool(r.get("once")) for r in good),
         "same_replica": sum(bool(r.get("same_replica")) for r in good),
         "stall_s_max": max((r["stall_s"] for r in good), default=None),

@@ -37,7 +37,8 @@ def launch_lost_rank(out: Path, strategy: str, victim: int, kind: str, step: int
                      delay: float = 0.0, heartbeat_timeout: float = 3.0, n: int = N,
                      timeout: float = 300) -> tuple[list[dict | None], dict, str, float]:
     """Run the script once (``n`` tasks as ``srun`` starts them): ``(per-rank results, the
-    victim's record, output, wall seconds)``; ``None`` for a rank that wrote nothing."""
+    victim's record, output, wall seconds)``; ``None`` for a rank that wrote nothing. The
+    processes' exit statuses go to ``OUT/returncodes.json``."""
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"out": str(out), "devices": n, "strategy": strategy,
@@ -57,6 +58,7 @@ def launch_lost_rank(out: Path, strategy: str, victim: int, kind: str, step: int
     assert not launched.timed_out, launched.stdout[-12000:]
     results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
                for r in range(n)]
+    (out / "returncodes.json").write_text(json.dumps(launched.returncodes))
     victim_file = out / "victim.json"
     lost = json.loads(victim_file.read_text()) if victim_file.exists() else {}
     return results, lost, launched.stdout, wall

@@ -12,6 +12,7 @@ The fuzzed campaign (random rank, time and kind) is ``testbed/emergency_fuzz.py`
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -99,4 +100,6 @@ def test_survivors_of_a_killed_dpsgd_rank_write_an_emergency_checkpoint(tmp_path
     tests/test_preemption.py)."""
     results, lost, text, _ = launch_lost_rank(tmp_path, "dpsgd", 1, "kill", step=4)
     assert lost, text[-8000:]
+    # the survivors failed (PeerSilent) after writing it: the script's 3, never a signal
+    assert json.loads((tmp_path / "returncodes.json").read_text()) == [3, -9, 3], text[-8000:]
     check_emergency(tmp_path, results, 1, text)

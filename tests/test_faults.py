@@ -63,6 +63,7 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
     launched = launch_processes([(cmd, env)], timeout)
     text = launched.stdout
     (out / "output.txt").write_text(text)
+    (out / "returncodes.json").write_text(json.dumps(launched.returncodes))
     if launched.timed_out:  # a frozen (SIGSTOP) rank may be outside the killed process group
         for r in range(nprocs):
             if (out / f"pid{r}").exists():
@@ -87,6 +88,11 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
         except ProcessLookupError:
             pass
     return events, survivors, text
+
+
+def launcher_status(tmp_path: Path, name: str) -> list[int]:
+    """The exit status of each process :func:`run_case` started for ``name`` (one launcher)."""
+    return json.loads((tmp_path / name / "returncodes.json").read_text())
 
 
 def _exit_times(events: dict, fault_time: float, ranks) -> str:
@@ -120,6 +126,8 @@ def test_clean_exit(tmp_path, name, strategy, launcher, kind, rank):
         spec["await_peer_errors_s"] = 180
     events, survivors, text = run_case(tmp_path, name, spec, launcher, nprocs=2)
     assert ("fault", rank) in events, text[-8000:]
+    # the launcher's status (torchrun's agent, or Lightning's rank 0): 1, never a signal
+    assert launcher_status(tmp_path, name) == [1], text[-8000:]
     assert not survivors, f"ranks {survivors} outlived the launcher:\n{text[-8000:]}"
     assert not any(k == "done" for k, _ in events), text[-8000:]
     other = 1 - rank
@@ -141,6 +149,7 @@ def test_frozen_rank_is_named(tmp_path, strategy, launcher):
     events, survivors, text = run_case(tmp_path, f"freeze-{strategy}-{launcher}", spec,
                                        launcher, nprocs=3, frozen=2)
     assert not survivors, text[-8000:]
+    assert launcher_status(tmp_path, f"freeze-{strategy}-{launcher}") == [1], text[-8000:]
     fault = events[("fault", 2)]["time"]
     named = []
     for r in (0, 1):
@@ -170,6 +179,7 @@ def test_rank_frozen_before_a_sync_point_is_named(tmp_path, strategy, launcher, 
     events, survivors, text = run_case(tmp_path, f"sync-{strategy}-{hook}", spec, launcher,
                                        nprocs=2, frozen=1)
     assert not survivors, text[-8000:]
+    assert launcher_status(tmp_path, f"sync-{strategy}-{hook}") == [1], text[-8000:]
     assert ("fault", 1) in events and ("error", 0) in events, text[-8000:]
     message = events[("error", 0)]["message"]
     assert "rank(s) 1 sent no heartbeat" in message, message

@@ -15,8 +15,9 @@ from torch import Tensor
 from lightning_gossip.async_gossip.loops import ActiveLoop, GossipLoop, PassiveLoop
 from lightning_gossip.async_gossip.mailbox import DeltaMailbox
 from lightning_gossip.async_gossip.state import GossipStats, SharedState
+from lightning_gossip.errors import GossipStopped
 from lightning_gossip.flat import FlatState
-from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness import Heartbeat, track
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
@@ -143,6 +144,8 @@ class AsyncGossip:
         """Start the gossip thread (it idles until the first :meth:`before_step`)."""
         self._thread = threading.Thread(target=self._run_thread, daemon=True,
                                         name=f"lightning-gossip-{self.rank}")
+        # stopped and joined before the interpreter finalizes (liveness.at_exit)
+        track(self._thread, stop=self._shared.request_stop, groups=self.process_groups)
         self._thread.start()
 
     def before_step(self, step: int) -> None:
@@ -333,5 +336,7 @@ class AsyncGossip:
         try:
             with self._shared.handoff.on_side_stream():
                 self._loop.run()
+        except GossipStopped:  # asked to stop in an exchange: nobody waits for it any more
+            return
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             self._shared.fail(e)

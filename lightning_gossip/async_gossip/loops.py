@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from lightning_gossip._compat import work_source_rank
+from lightning_gossip.async_gossip.inbox import ControlInbox
 from lightning_gossip.async_gossip.state import SharedState
 from lightning_gossip.compression import pairwise_delta, quantize
+from lightning_gossip.errors import GossipStopped
 from lightning_gossip.exchange import pairwise_exchange, post, wait_all
-from lightning_gossip.liveness import Heartbeat, wait_for_peers
+from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness.waits import blame, wait_done
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
@@ -78,7 +80,7 @@ class GossipLoop:
                       else torch.empty(n, dtype=wire_dtype, device=device))
         self._theirs = torch.empty(n, dtype=wire_dtype, device=device)
         self._delta = torch.empty(n, dtype=torch.float32, device=device)
-        self._ctrl = torch.zeros(2, dtype=torch.int64)
+        self._inbox = ControlInbox(control_group, timeout, rank)  # (a passive's)
 
     def run(self) -> None:
         """The loop body; returns when the training thread asks to stop."""
@@ -96,8 +98,9 @@ class GossipLoop:
         mine = box.view[box.lo:box.hi]  # only this thread swaps the view
         send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
-        pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout, self.rank,
-                          heartbeat=self.heartbeat)
+        if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
+                                 self.rank, heartbeat=self.heartbeat, should_stop=self._stopping):
+            raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
         shared.waiting_on = "nothing (idle)"
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
         pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
@@ -118,28 +121,43 @@ class GossipLoop:
         what = "request" if kind == MessageKind.REQUEST else "end-of-phase message (BYE)"
         what = f"rank {self.rank} sending a gossip {what} for phase {phase} to rank {dst}"
         self.shared.waiting_on = what
-        wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,))
+        if not wait_all(works, self.timeout, what, heartbeat=self.heartbeat, peers=(dst,),
+                        should_stop=self._stopping):
+            raise GossipStopped(f"{what}: stopped")
         self.shared.waiting_on = "nothing (idle)"
+
+    def _stopping(self) -> bool:
+        """Whether the training thread asked this thread to stop (a wait on a peer returns)."""
+        return self.shared.stop_requested
 
     def receive_control(self, phase: int = 0, missing: tuple[int, ...] = ()
                         ) -> tuple[MessageKind, int, int] | None:
-        """Receive the next control message from any rank: ``(kind, phase, sender)``.
+        """Receive the next control message of the actives ``missing``: ``(kind, phase,
+        sender)``.
 
         ``missing``: the actives whose BYE for ``phase`` has not come yet; the only ranks that
-        may still send, so their heartbeats are watched and they are named on failure.
-        Returns ``None`` when asked to stop meanwhile (the receive is left pending).
+        may still send: a receive from each is posted (:class:`~.inbox.ControlInbox`), their
+        heartbeats are watched and they are named on failure. Returns ``None`` when asked to
+        stop meanwhile (the receives are left pending; they end at the interpreter's exit).
         """
-        work = dist.irecv(self._ctrl, group=self.control_group)
+        inbox = self._inbox
+        for active in missing:
+            inbox.post(active)
         what = (f"passive rank {self.rank} waiting in phase {phase} for a gossip request or the "
                 f"end-of-phase message (BYE) of rank(s) {', '.join(map(str, missing))}")
         self.shared.waiting_on = f"a request or BYE from rank(s) {', '.join(map(str, missing))}"
-        done = wait_for_peers([work], missing, self.heartbeat, self.timeout, what,
-                              should_stop=lambda: self.shared.stop_requested)
+        came = inbox.take()
+        if came is None:
+            if not wait_done(inbox.arrived, missing, self.heartbeat, self.timeout, what,
+                             should_stop=self._stopping):
+                return None
+            came = inbox.take()
+            assert came is not None
         self.shared.waiting_on = "nothing (idle)"
-        if not done:
-            return None
-        sender = dist.get_global_rank(self.control_group, work_source_rank(work))
-        raw, phase = int(self._ctrl[0]), int(self._ctrl[1])
+        sender, msg, error = came
+        if error is not None:  # a closed connection names no culprit but its rank: look
+            raise blame(error, [sender], self.heartbeat, what)
+        raw, phase = int(msg[0]), int(msg[1])
         try:
             kind = MessageKind(raw)
         except ValueError:

@@ -33,14 +33,11 @@ Example (inside an initialised process group)::
 
 from __future__ import annotations
 
-from lightning_gossip.liveness.collectives import (
-    keep_alive_at_exit,
-    wait_at_exit,
-    watched_collective,
-)
+from lightning_gossip.liveness.at_exit import track
+from lightning_gossip.liveness.collectives import keep_alive_at_exit, watched_collective
 from lightning_gossip.liveness.heartbeat import DOWN, Heartbeat, current
 from lightning_gossip.liveness.waits import GRACE_S as GRACE_S  # used by the strategies
 from lightning_gossip.liveness.waits import wait_for_peers
 
-__all__ = ["DOWN", "Heartbeat", "current", "keep_alive_at_exit", "wait_at_exit", "wait_for_peers",
+__all__ = ["DOWN", "Heartbeat", "current", "keep_alive_at_exit", "track", "wait_for_peers",
            "watched_collective"]

@@ -1,22 +1,20 @@
-"""Collectives that watch the heartbeats (:func:`watched_collective`), groups kept alive after
-an abandoned collective (:func:`keep_alive_at_exit`) and the threads still waiting in one, waited
-for before the interpreter finalizes (:func:`wait_at_exit`)."""
+"""Collectives that watch the heartbeats (:func:`watched_collective`), and groups kept alive after
+an abandoned collective (:func:`keep_alive_at_exit`; a thread still waiting in one at exit is
+dealt with by :mod:`lightning_gossip.liveness.at_exit`)."""
 
 from __future__ import annotations
 
-import atexit
-import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from lightning_gossip.liveness import at_exit
 from lightning_gossip.liveness.heartbeat import Heartbeat, current
 from lightning_gossip.liveness.waits import wait_for_peers
 
-__all__ = ["AT_EXIT_WAIT_S", "keep_alive_at_exit", "wait_at_exit", "watched_collective"]
+__all__ = ["keep_alive_at_exit", "watched_collective"]
 
 
 def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
@@ -53,8 +51,6 @@ def watched_collective(collective: Callable[..., Any], *args: Any, what: str,
         raise
 
 
-_kept: list[Any] = []
-
 
 def keep_alive_at_exit(group: Any) -> None:
     """Never destroy ``group`` (``None``: the default group): a collective on it was abandoned
@@ -71,38 +67,6 @@ def keep_alive_at_exit(group: Any) -> None:
     import ctypes
 
     pg = group if group is not None else dist.group.WORLD
-    if pg is None or any(k is pg for k in _kept):
+    if pg is None or not at_exit.keep(pg):  # (released at exit when a thread still waits)
         return
-    _kept.append(pg)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-
-
-#: how long the interpreter's exit waits, in all, for the threads of :func:`wait_at_exit`
-AT_EXIT_WAIT_S = 30.0
-_waiting: list[threading.Thread] = []
-
-
-def wait_at_exit(thread: threading.Thread | None) -> None:
-    """Wait for ``thread`` before the interpreter finalizes, at most :data:`AT_EXIT_WAIT_S`
-    seconds for all such threads together (an ``atexit`` handler).
-
-    ``thread`` is a gossip thread that could not be stopped: it waits in gloo on a group kept by
-    :func:`keep_alive_at_exit` (an abandoned round or exchange, a peer that went on without it).
-    Its wait ends when that peer's connection closes, typically when the peer's process exits;
-    if that happens while this interpreter finalizes, the thread's return into Python aborts the
-    process (``terminate called without an active exception``, exit status -6) after everything
-    else was done. Waited for at exit, the thread ends first (measured: an elastic ``dpsgd``
-    survivor aborted so in 2 of 5 fits before).
-    """
-    if thread is None or not thread.is_alive() or thread is threading.current_thread():
-        return
-    if not _waiting:
-        atexit.register(_join_waiting)
-    if all(t is not thread for t in _waiting):
-        _waiting.append(thread)
-
-
-def _join_waiting() -> None:
-    deadline = time.monotonic() + AT_EXIT_WAIT_S
-    for thread in _waiting:
-        thread.join(max(0.0, deadline - time.monotonic()))

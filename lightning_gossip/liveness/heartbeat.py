@@ -14,6 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_gossip.errors import PeerSilent, RankExcluded
+from lightning_gossip.liveness.at_exit import spawn
 from lightning_gossip.liveness.store import bounded, store_clients
 from lightning_gossip.liveness.waits import _ranks
 
@@ -124,15 +125,14 @@ class Heartbeat:
         self._stop.clear()
         self._found, self.excluded = None, False
         self._generation += 1
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"lightning-gossip-heartbeat-{self.rank}")
-        self._thread.start()
+        self._thread = spawn(self._run, f"lightning-gossip-heartbeat-{self.rank}",
+                             stop=self._stop.set)  # joined before the interpreter finalizes
         self._start_monitor()
 
     def _start_monitor(self) -> None:
         if self.monitor and self.world_size > 1:
-            threading.Thread(target=self._watch, args=(self._generation,), daemon=True,
-                             name=f"lightning-gossip-monitor-{self.rank}").start()
+            spawn(self._watch, f"lightning-gossip-monitor-{self.rank}", stop=self._stop.set,
+                  args=(self._generation,))
 
     def forget(self, ranks: Iterable[int], mark: bool = True) -> None:
         """Stop watching ``ranks`` (lost from an elastic fit, or ``mark`` false: slots free when

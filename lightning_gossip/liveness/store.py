@@ -12,6 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lightning_gossip.liveness.at_exit import track
+
 __all__ = ["bounded", "store_clients"]
 
 
@@ -31,6 +33,9 @@ def bounded(operation: Callable[[], Any], limit_s: float, what: str) -> Any:
         if _store_thread is None or not _store_thread.is_alive():  # first use, or after fork
             _store_thread = threading.Thread(target=_serve_store_jobs, daemon=True,
                                              name="lightning-gossip-store")
+            # ended before the interpreter finalizes (liveness.at_exit): in a store operation
+            # then, its return into Python would abort the process
+            track(_store_thread, stop=lambda: _store_jobs.put(None))
             _store_thread.start()
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -49,7 +54,10 @@ _store_thread: threading.Thread | None = None
 
 def _serve_store_jobs() -> None:
     while True:
-        operation, box, done = _store_jobs.get()
+        job = _store_jobs.get()
+        if job is None:  # the interpreter exits
+            return
+        operation, box, done = job
         try:
             box["value"] = operation()
         except BaseException as e:  # noqa: BLE001 - handed to the caller

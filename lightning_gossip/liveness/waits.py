@@ -19,6 +19,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from lightning_gossip.errors import GossipTimeout, NonFiniteFromPeer, PeerSilent
+from lightning_gossip.liveness.at_exit import EXITING, track
 
 
 class PeerWatch(Protocol):
@@ -170,8 +171,8 @@ class _Waiter:
         self.done = threading.Event()
         self.error: BaseException | None = None
         args = (list(works), timeout, what, list(peers))
-        threading.Thread(target=self._run, args=args, daemon=True,
-                         name="lightning-gossip-wait").start()
+        track(threading.Thread(target=self._run, args=args, daemon=True,
+                               name="lightning-gossip-wait")).start()
 
     def _run(self, works: list, timeout: timedelta, what: str, peers: list[int]) -> None:
         try:
@@ -183,17 +184,19 @@ class _Waiter:
 
 
 def wait_done(done: threading.Event, peers: Iterable[int], heartbeat: PeerWatch | None,
-              timeout: timedelta, what: str) -> None:
+              timeout: timedelta, what: str,
+              should_stop: Callable[[], bool] | None = None) -> bool:
     """Wait for ``done`` (set by a thread that waits on the network), failing fast if a peer
-    goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`).
+    goes silent (:class:`PeerSilent`) and after ``timeout`` (:class:`GossipTimeout`);
+    ``False`` when ``should_stop`` returned ``True`` first (as :func:`wait_for_peers`).
 
     An event already set costs nothing (no store read): the common case when the
     communication thread finished while the training thread computed.
     """
     if done.is_set():
-        return
-    _watch(done, sorted(set(peers)), heartbeat, time.monotonic() + timeout.total_seconds(),
-           timeout, what)
+        return True
+    return _watch(done, sorted(set(peers)), heartbeat,
+                  time.monotonic() + timeout.total_seconds(), timeout, what, should_stop)
 
 
 def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: PeerWatch | None,
@@ -201,7 +204,9 @@ def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: Pee
            should_stop: Callable[[], bool] | None = None) -> bool:
     """The one deadline-and-heartbeat wait: wait for ``done`` until the monotonic ``deadline``
     (then :class:`GossipTimeout` naming ``what`` and ``peers``, after ``timeout``), polling
-    ``should_stop`` (``True``: return ``False`` at once) and, about once a second, the
+    ``should_stop`` (``True``: return ``False`` at once), :data:`~lightning_gossip.liveness.
+    at_exit.EXITING` (the interpreter exits: return ``False`` at once, or without
+    ``should_stop`` raise :class:`GossipTimeout`) and, about once a second, the
     heartbeats of ``peers`` (a silent one: :class:`PeerSilent`, unless ``done`` is set within
     :data:`GRACE_S`) and the liveness monitor's finding (any silent rank: :class:`PeerSilent`
     naming it, the same way; a peer may be waiting for the others in its emergency
@@ -216,6 +221,10 @@ def _watch(done: threading.Event | _Polled, peers: Sequence[int], heartbeat: Pee
                                 f"(waiting on rank(s) {_ranks(peers)})", peers)
         if should_stop is not None and should_stop():
             return False
+        if EXITING.is_set():  # the interpreter exits: nobody is left to wait for the result
+            if should_stop is not None:
+                return False
+            raise GossipTimeout(f"{what}: abandoned, the process is exiting", peers)
         if heartbeat is not None and now >= next_check:
             next_check = now + min(1.0, heartbeat.interval)
             silent = heartbeat.silent(peers)

@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import GossipTimeout, RankExcluded
+from lightning_gossip.liveness.at_exit import record_exit
 from lightning_gossip.strategies.collectives import Watched, broadcast_object
 from lightning_gossip.strategies.sigterm import make_sigterm_check_local
 
@@ -198,7 +199,9 @@ class Resilience:
         and leave quietly (the peers stop at the same point), as after an elastic fit went on
         without this rank (``RankExcluded``); after a lost peer, write the
         emergency checkpoint with the other survivors first; else stop gossip and tell the
-        peers at once (heartbeat ``leave``)."""
+        peers at once (heartbeat ``leave``). The exit status a ``SystemExit`` gives the
+        process is recorded (:func:`~lightning_gossip.liveness.at_exit.record_exit`)."""
+        record_exit(exception)
         if (isinstance(exception, SIGTERMException) and self.stopping_together
                 or isinstance(exception, RankExcluded)):  # (the others went on without it:
             self.stop_gossip()  # no checkpoint to meet them for, and no mark that could

@@ -270,7 +270,8 @@ class SyncGossip:
 
     def _comm(self) -> CommWorker:
         if self._worker is None or not self._worker.alive:
-            self._worker = CommWorker(name=f"lightning-gossip-comm-{self.rank}")
+            self._worker = CommWorker(name=f"lightning-gossip-comm-{self.rank}",
+                                      groups=self.process_groups)
         return self._worker
 
     # ------------------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ SPEC.json``. ``SPEC.json`` holds a dict:
   (``every`` from ``every_n_train_steps``; ``0`` or absent: at epoch ends) and
   ``fit(ckpt_path="last")``;
 * ``kill``: ``{"rank", "step"}``: that rank SIGKILLs itself after optimizer step ``step`` of
-  restart round 0 (``TORCHELASTIC_RESTART_COUNT``).
+  restart round 0 (``TORCHELASTIC_RESTART_COUNT``);
+* ``raise``: ``{"rank", "step"}``: that rank raises a ``RuntimeError`` after step ``step``;
+* ``hierarchical``: the strategy's ``hierarchical`` (a node of several processes); ``nodes``:
+  the trainer's ``num_nodes`` (default 1).
 
 Every rank prints ``EVENT {json}`` lines: ``start`` (the global step and epoch training starts
 from: non-zero after a resume), ``fault`` and ``done`` (``steps``, ``epochs``, held-out
@@ -35,7 +38,8 @@ import lightning_gossip
 
 
 def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    env = os.environ
+    return int(env.get("RANK", env.get("SLURM_PROCID", env.get("LOCAL_RANK", "0"))))
 
 
 def _restart() -> int:
@@ -67,8 +71,9 @@ class Classifier(L.LightningModule):
 class Kill(Callback):
     """Reports where training starts; SIGKILLs its rank at the planned step of round 0."""
 
-    def __init__(self, kill: dict | None) -> None:
+    def __init__(self, kill: dict | None, raises: dict | None = None) -> None:
         self.kill = kill or {}
+        self.raises = raises or {}
         self.start: tuple[int, int] = (0, 0)
 
     def on_train_start(self, trainer, module) -> None:
@@ -76,6 +81,9 @@ class Kill(Callback):
         event("start", step=trainer.global_step, epoch=trainer.current_epoch)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        r = self.raises
+        if r and r["rank"] == trainer.global_rank and trainer.global_step == r["step"]:
+            raise RuntimeError(f"injected failure on rank {r['rank']} at step {r['step']}")
         k = self.kill
         if (k and _restart() == 0 and k["rank"] == trainer.global_rank
                 and trainer.global_step == k["step"]):
@@ -96,13 +104,16 @@ def main() -> None:
     cls = (lightning_gossip.ADPSGDStrategy if spec.get("strategy") == "adpsgd"
            else lightning_gossip.DPSGDStrategy)
     strategy = cls(timeout=spec.get("timeout", 300.0),
-                   heartbeat_timeout=spec.get("heartbeat_timeout", 60.0))
+                   heartbeat_timeout=spec.get("heartbeat_timeout", 60.0),
+                   **({"hierarchical": True} if spec.get("hierarchical") else {}))
     every = spec.get("every_n_train_steps", 0) or None
-    kill = Kill(spec.get("kill"))
+    kill = Kill(spec.get("kill"), spec.get("raise"))
     checkpoint = ModelCheckpoint(dirpath=spec["checkpoint_dir"], save_last=True,
                                  every_n_train_steps=every, every_n_epochs=None if every else 1)
     trainer = L.Trainer(
-        strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 2)),
+        strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE",
+                                                       os.environ.get("SLURM_NTASKS_PER_NODE", 2))),
+        num_nodes=int(spec.get("nodes", 1)),
         max_epochs=spec.get("epochs", 4), callbacks=[kill, checkpoint], logger=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
     )
