@@ -51,9 +51,10 @@ from lightning_gossip.gossip_period.policy import (
     comm_compute_ratio,
     period_hides,
 )
-from lightning_gossip.gossip_period.tuner import PeriodDecision, PeriodTuner
+from lightning_gossip.gossip_period.tuner import AutoPeriod, PeriodDecision, PeriodTuner
 
 __all__ = [
+    "AutoPeriod",
     "DEFAULT_MARGIN",
     "DEFAULT_MAX_PERIOD",
     "PeriodDecision",
