@@ -189,15 +189,19 @@ def _exchange_steps_with_switches(steps: int, switches: list[dict]) -> list[int]
     return out
 
 
-def _assert_mixed_at(results: list[dict], steps_: list[int], matrix, rows=slice(None)) -> None:
+def _assert_mixed_at(results: list[dict], steps_: list[int], matrix, rows=slice(None),
+                     in_flight: tuple[int, ...] = ()) -> None:
     """lr = 0: the replicas after every step are the product of the matrices of the exchange
-    steps ``steps_`` so far (whatever step posted each round, nothing else moves them)."""
+    steps ``steps_`` so far (whatever step posted each round, nothing else moves them); the
+    final ones also of the rounds ``in_flight`` at the end (posted, applied by the quiesce)."""
     x = np.array([r["x0"] for r in results], dtype=np.float64)[rows]
     for t in range(len(results[0]["steps"])):
         if t in steps_:
             x = matrix(t) @ x
         got = np.array([r["steps"][t] for r in results])[rows]
         np.testing.assert_allclose(got, x, **FP32, err_msg=f"step {t}")
+    for e in in_flight:
+        x = matrix(e) @ x
     np.testing.assert_allclose(np.array([r["final"] for r in results])[rows], x, **FP32)
 
 
@@ -388,6 +392,7 @@ def _attached_ranks(rank: int, world: int) -> dict:
     import torch
 
     from lightning_gossip import FlatState, attach
+    from lightning_gossip.gossip_period import AutoPeriod
 
     out: dict = {}
     for name, kw in (("overlap", {"strategy": "dpsgd"}),
@@ -414,7 +419,32 @@ def _attached_ranks(rank: int, world: int) -> dict:
                 gossip.engine.set_period(new_period)
         out[name] = {"x0": x0, "steps": steps, "parts": parts}
         gossip.close()
+    for name, kw in (("auto_dpsgd", {"strategy": "dpsgd"}),  # "auto", its settings injected
+                     ("auto_adpsgd", {"strategy": "adpsgd", "max_staleness": 0})):
+        torch.manual_seed(100 + rank)
+        model = torch.nn.Linear(5, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        gossip = attach(model, opt, topology="random_ring", seed=5, broadcast=False,
+                        gossip_every_n_steps=AutoPeriod(**ATTACH_AUTO), timeout=120, **kw)
+        flat = FlatState(model)
+        steps, x0 = [], flat.pack().tolist()
+        for _ in range(10):
+            opt.zero_grad()
+            model(torch.ones(3, 5)).sum().backward()
+            opt.step()
+            steps.append(flat.pack().tolist())
+        gossip.quiesce()
+        out[name] = {"x0": x0, "steps": steps, "final": flat.pack().tolist(),
+                     "stats": dict(vars(gossip.stats)),
+                     "switches": [sw.as_dict() for sw in gossip.auto.switches]}
+        gossip.close()
     return out
+
+
+#: attach(gossip_every_n_steps=AutoPeriod(...)): due after 4 steps, never re-checked; a margin
+#: of 1e6 picks max_period
+ATTACH_AUTO = {"warmup_steps": 1, "measure_steps": 3, "recheck_every": None, "max_period": 3,
+               "margin": 1e6}
 
 
 @pytest.mark.multiprocess
@@ -450,3 +480,21 @@ def test_attach_takes_the_period_for_both_engines(tmp_path):
         active = [s for k, s in enumerate(stats) if pairing.is_active(k)]
         assert [s["exchanges"] for s in active] == [done] * 2, active
         assert sum(s["exchanges"] for s in stats) == 2 * 2 * done
+    # "auto": dpsgd ranks agree (one all-reduce on attach's meeting group) and mix exactly
+    rs = [r["auto_dpsgd"] for r in results]
+    first = _assert_agreed([{"period_switches": r["switches"]} for r in rs], ATTACH_AUTO)
+    assert [(s["step"], s["decision"]["period"]) for s in first] == [(4, 3)]
+    used = _exchange_steps_with_switches(10, first)
+    assert used == [0, 1, 2, 3, 5, 8]  # and round 11, posted at step 9, quiesced at the end
+    _assert_mixed_at(rs, used, topo.mixing_matrix, in_flight=(11,))
+    assert all(r["stats"]["exchanges"] == r["stats"]["exchanges_timed"] == 7 for r in rs)
+    # adpsgd: every rank decided for itself; the sum is kept
+    rs = [r["auto_adpsgd"] for r in results]
+    x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+    final = np.array([r["final"] for r in rs], dtype=np.float64)
+    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+    for r in rs:
+        assert [s["decision"]["period"] for s in r["switches"]] == [3], r["switches"]
+        s = r["switches"][0]
+        assert (s["decision"]["compute_s"], s["decision"]["exchange_s"]) == (
+            s["local_compute_s"], s["local_exchange_s"])
