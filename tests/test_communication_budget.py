@@ -369,17 +369,18 @@ def test_elastic_with_a_period_or_auto_is_refused_clearly():
         assert auto == "auto"
 
 
-def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("given", "period"), [("4", 4), ("auto", "auto")])
+def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch, given, period):
     from recipes.imagenet.cli import main
 
     monkeypatch.setattr(sys, "argv", ["recipes.imagenet"])  # only ``args`` count
     cli = main(["--config", "recipes/imagenet/configs/digits.yaml",
                 "--trainer.strategy=lightning_gossip.DPSGDStrategy",
-                "--trainer.strategy.gossip_every_n_steps=4", "--trainer.devices=1",
+                f"--trainer.strategy.gossip_every_n_steps={given}", "--trainer.devices=1",
                 "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
                run=False)
     assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
-    assert cli.trainer.strategy.gossip_every_n_steps == 4
+    assert cli.trainer.strategy.gossip_every_n_steps == period
 
 
 # ----------------------------------------------------------------------------------------------
