@@ -71,7 +71,10 @@ class PeriodTuner:
     ``recheck_every``, the steps between later decisions (``None``: never again);
     ``max_samples``, the most recent samples of each kind a window keeps.
 
-    **How a strategy drives it**, on every rank, once per optimizer step (also a step whose
+    **How a strategy drives it** (what :class:`~lightning_gossip.gossip_period.auto.PeriodDriver`
+    does for both engines; it times ``compute_s`` as the training thread's time between the
+    engine's calls, which is this step's compute whether the loop posts before forward or at
+    ``optimizer.step()``), on every rank, once per optimizer step (also a step whose
     optimizer step AMP skipped, as long as every rank records it):
 
     1. Before the first decision the period is 1 (:attr:`period`): exchange every step.
