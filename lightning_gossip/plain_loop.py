@@ -55,10 +55,11 @@ from torch import nn
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
-from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
+from lightning_gossip.budget import GossipPeriod, auto_period, resolve_gossip_every_n_steps
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average, check_every
 from lightning_gossip.flat import FlatState
+from lightning_gossip.gossip_period.auto import PeriodDriver
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.pairing import Pairing
@@ -97,6 +98,9 @@ class Gossip:
             at every n-th step only (a round posted at the pre-step hook of a period's first
             step hides behind all of its steps); an ``"adpsgd"`` active rank starts an exchange
             at most once every n steps (``docs/strategies.md``, Communication budget).
+            ``"auto"`` (or its settings, an :class:`~lightning_gossip.gossip_period.AutoPeriod`)
+            starts at 1 and picks the period from the measured compute and exchange times
+            (:attr:`auto`; ``"dpsgd"`` agrees on it with one all-reduce on the meeting group).
         timeout: limit of every blocking wait (seconds or a ``timedelta``).
         backend: the backend of the engine's data group; default ``"nccl"`` for CUDA models,
             ``"gloo"`` otherwise.
@@ -129,7 +133,7 @@ class Gossip:
         self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                                           outer_nesterov, heartbeat_timeout)
         self.global_average_every_n_steps = global_average_every_n_steps
-        period = resolve_gossip_every_n_steps(gossip_every_n_steps)  # ("auto": the seam)
+        period = resolve_gossip_every_n_steps(gossip_every_n_steps)  # ("auto": 1 at first)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("lightning_gossip.attach needs an initialised default process "
                                "group: call torch.distributed.init_process_group() first "
@@ -161,6 +165,14 @@ class Gossip:
         # The engine's groups, created on every rank in the same order. ``meet`` (gloo) is the
         # training thread's: the meeting before an AD-PSGD phase and the exact averages.
         self._meet = dist.new_group(backend="gloo", timeout=self.timeout)
+        settings = auto_period(gossip_every_n_steps)
+        #: ``gossip_every_n_steps="auto"``: the period's driver (``None``: a fixed period, or a
+        #: single process); its ``switches`` are the decisions and where they took effect
+        self.auto: PeriodDriver | None = None
+        if settings is not None and self.world_size > 1:  # dpsgd: all-reduce on ``meet``
+            self.auto = PeriodDriver(settings, agree=strategy == "dpsgd", rank=self.rank,
+                                     timeout=self.timeout, group=self._meet,
+                                     heartbeat=self.heartbeat)
         #: the engine (``None`` with a single process: the loop then trains locally)
         self.engine: SyncGossip | AsyncGossip | None = None
         if self.world_size > 1 and strategy == "dpsgd":
@@ -169,7 +181,8 @@ class Gossip:
             group = dist.new_group(backend=backend, timeout=self.timeout)
             self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
                                      overlap=overlap, delay_by_one=delay_by_one,
-                                     heartbeat=self.heartbeat, wire_dtype=wire, period=period)
+                                     heartbeat=self.heartbeat, wire_dtype=wire, period=period,
+                                     auto=self.auto)
         elif self.world_size > 1:
             control = dist.new_group(backend="gloo", timeout=self.timeout)
             data = dist.new_group(backend=backend, timeout=self.timeout)
@@ -178,7 +191,7 @@ class Gossip:
                                       control_group=control, data_group=data,
                                       timeout=self.timeout, max_staleness=max_staleness,
                                       delay_by_one=delay_by_one, heartbeat=self.heartbeat,
-                                      wire_dtype=wire, period=period)
+                                      wire_dtype=wire, period=period, auto=self.auto)
         self._average_group = self._meet if device.type == "cpu" else None
         if self.engine is not None:
             self.engine.start()

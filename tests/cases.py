@@ -65,6 +65,8 @@ class Case:
     raise_at: dict[str, int] | None = None  # {"rank", "step"}: that rank raises from that step
     nan_at: dict[str, int] | None = None  # {"rank", "step"}: that rank's weights become NaN
     stop_at: int | None = None  # every rank sets trainer.should_stop after this many steps
+    #: ``gossip_every_n_steps=AutoPeriod(**auto_period)`` (the settings of "auto")
+    auto_period: dict[str, Any] | None = None
     # what the test expects (not read by the ranks)
     exact_topology: str | None = None  # weights follow this topology's mixing (lr = 0)
     exact_delay_by_one: bool = False  # ... with the exchange applied one step late

@@ -16,6 +16,7 @@ from tests.cases import DP_BASE, Case
 from tests.multinode import W2
 
 PERIOD = 3
+_AD = {"final_average": False, "consensus_every_n_steps": 1, "timeout": 60}
 _DP = {**DP_BASE, "gossip_every_n_steps": PERIOD}
 #: overlapped rounds (the default): 10 steps, rounds at 2, 5, 8; round 11 is posted at step 9
 #: and applied when the fit ends
@@ -40,7 +41,6 @@ PD_BF16_32 = Case("pd_bf16_32", offset=1.0, batches=64, strategy_kwargs={
 #: hierarchical: 2 nodes of 2, the node matrix W2 at every second step
 PD_HIER = Case("pd_hier", num_nodes=2, offset=1.0, batches=7, strategy_kwargs={
     "final_average": False, "hierarchical": True, "topology": W2, "gossip_every_n_steps": 2})
-_AD = {"final_average": False, "consensus_every_n_steps": 1, "timeout": 60}
 #: max_staleness 0: an active rank waits for each exchange, so it exchanges exactly once
 #: every PERIOD steps
 AD_PERIOD = Case("ad_period", strategy="adpsgd", offset=1.0, epochs=3, log=True,
@@ -52,10 +52,33 @@ AD_PERIOD_DELAY = Case("ad_period_delay", strategy="adpsgd", offset=1.0, epochs=
 AH_PERIOD = Case("ah_period", strategy="adpsgd", offset=1.0, epochs=3, log=True, num_nodes=2,
                  strategy_kwargs={**_AD, "hierarchical": True, "gossip_every_n_steps": PERIOD,
                                   "max_staleness": 0})
+#: gossip_every_n_steps="auto" with its settings injected (AutoPeriod): a decision after 4
+#: steps (1 of warm-up, 3 measured), re-checked every 4; a margin of 1e6 asks for more than
+#: max_period steps whatever is measured (max_period 3), one of 1e-6 for 1 step: the periods
+#: are the policy's for the recorded values, without a timing assumption
+AUTO = {"warmup_steps": 1, "measure_steps": 3, "recheck_every": 4, "max_period": 3}
+PD_AUTO = Case("pd_auto", strategy_kwargs=DP_BASE, offset=1.0, batches=12, log=True,
+               auto_period={**AUTO, "margin": 1e6})
+PD_AUTO_FAST = Case("pd_auto_fast", strategy_kwargs=DP_BASE, offset=1.0, batches=8,
+                    auto_period={**AUTO, "margin": 1e-6})
+#: the plain string: the default settings (a decision after 10 steps), whatever period it picks
+PD_AUTO_DEFAULT = Case("pd_auto_default", offset=1.0, batches=12,
+                       strategy_kwargs={**DP_BASE, "gossip_every_n_steps": "auto"})
+#: hierarchical over the 2 nodes: the column exchange and the node's all-gather, max_period 2
+PH_AUTO = Case("ph_auto", num_nodes=2, offset=1.0, batches=8,
+               auto_period={**AUTO, "margin": 1e6, "max_period": 2},
+               strategy_kwargs={"final_average": False, "hierarchical": True, "topology": W2})
+#: adpsgd: each rank decides for itself; without the shared cursor every rank takes its 6
+#: batches an epoch (18 steps: a rank that the shared cursor starves under load could take too
+#: few to decide)
+AD_AUTO = Case("ad_auto", strategy="adpsgd", offset=1.0, epochs=3, log=True,
+               auto_period={**AUTO, "margin": 1e6},
+               strategy_kwargs={**_AD, "shared_cursor": False})
+AUTO_CASES = [PD_AUTO, PD_AUTO_FAST, PD_AUTO_DEFAULT, PH_AUTO, AD_AUTO]
 DPSGD_CASES = [PD_OVERLAP, PD_BLOCKING, PD_DELAY, PD_STOP, PD_BF16, PD_BF16_32]
 #: in launch order, on the launch's 2 nodes (the flat cases do not depend on them)
 CASES = [replace(c, num_nodes=2)
-         for c in (*DPSGD_CASES, PD_HIER, AD_PERIOD, AD_PERIOD_DELAY, AH_PERIOD)]
+         for c in (*DPSGD_CASES, PD_HIER, AD_PERIOD, AD_PERIOD_DELAY, AH_PERIOD, *AUTO_CASES)]
 
 
 def expected_rounds(x0: np.ndarray, matrix: Callable[[int], np.ndarray], steps: int,

@@ -9,12 +9,14 @@ schedule and agreement checks need no process.
 
 from __future__ import annotations
 
+import csv
 import sys
 
 import numpy as np
 import pytest
 
 from lightning_gossip import topology as T
+from lightning_gossip.gossip_period import DEFAULT_MARGIN, DEFAULT_MAX_PERIOD, choose_period
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.pairing import ColumnPairing, Pairing
 from lightning_gossip.sync_gossip import RoundSchedule, StopAgreement
@@ -148,6 +150,140 @@ def test_hierarchical_adpsgd_keeps_nodes_identical_and_the_sum_with_a_period(wor
 
 
 # ----------------------------------------------------------------------------------------------
+# gossip_every_n_steps="auto": the period picked from the fit's first steps (PeriodDriver)
+# ----------------------------------------------------------------------------------------------
+def _switches(results: list[dict]) -> list[list[dict]]:
+    return [r["period_switches"] for r in results]
+
+
+def _assert_agreed(results: list[dict], settings: dict) -> list[dict]:
+    """Every rank switched at the same steps to the same periods, from the same values: the
+    maxima over the ranks of the medians each rank reported, and the period is the policy's
+    for them. Returns rank 0's switches."""
+    switches = _switches(results)
+    first = switches[0]
+    assert first, "no decision"
+    agreed = ("period", "compute_s", "exchange_s", "ratio", "hidden", "margin", "step")
+    for mine in switches[1:]:  # (the sample counts are each rank's own)
+        assert [(s["step"], [s["decision"][k] for k in agreed]) for s in mine] == [
+            (s["step"], [s["decision"][k] for k in agreed]) for s in first]
+    for k, s in enumerate(first):
+        d = s["decision"]
+        assert d["compute_s"] == max(sw[k]["local_compute_s"] for sw in switches) > 0
+        assert d["exchange_s"] == max(sw[k]["local_exchange_s"] for sw in switches) > 0
+        assert d["period"] == choose_period(d["compute_s"], d["exchange_s"],
+                                             margin=settings.get("margin", DEFAULT_MARGIN),
+                                             max_period=settings.get("max_period",
+                                                                     DEFAULT_MAX_PERIOD))
+    return first
+
+
+def _exchange_steps_with_switches(steps: int, switches: list[dict]) -> list[int]:
+    """The exchange steps of a fit that started at period 1 and switched as ``switches`` say."""
+    period, out, pending = 1, [], list(switches)
+    for t in range(steps):
+        while pending and pending[0]["step"] <= t:
+            period = pending.pop(0)["decision"]["period"]
+        if (t + 1) % period == 0:
+            out.append(t)
+    return out
+
+
+def _assert_mixed_at(results: list[dict], steps_: list[int], matrix, rows=slice(None),
+                     in_flight: tuple[int, ...] = ()) -> None:
+    """lr = 0: the replicas after every step are the product of the matrices of the exchange
+    steps ``steps_`` so far (whatever step posted each round, nothing else moves them); the
+    final ones also of the rounds ``in_flight`` at the end (posted, applied by the quiesce)."""
+    x = np.array([r["x0"] for r in results], dtype=np.float64)[rows]
+    for t in range(len(results[0]["steps"])):
+        if t in steps_:
+            x = matrix(t) @ x
+        got = np.array([r["steps"][t] for r in results])[rows]
+        np.testing.assert_allclose(got, x, **FP32, err_msg=f"step {t}")
+    for e in in_flight:
+        x = matrix(e) @ x
+    np.testing.assert_allclose(np.array([r["final"] for r in results])[rows], x, **FP32)
+
+
+def test_auto_dpsgd_agrees_on_the_policys_period_and_mixes_exactly(world_run):
+    case = P.PD_AUTO
+    results = case.results(world_run(WORLD), WORLD)
+    first = _assert_agreed(results, case.auto_period)
+    # due after 4 steps (1 of warm-up, 3 measured), then 4 later, taken where a period ends:
+    # after step 3 (period 1), after step 8 (step 7 is mid-period at period 3); switched from
+    # the next step on
+    assert [s["step"] for s in first] == [4, 9]
+    assert [s["decision"]["period"] for s in first] == [3, 3]  # margin 1e6: max_period
+    steps = case.batches
+    used = _exchange_steps_with_switches(steps, first)
+    assert used == [0, 1, 2, 3, 5, 8, 11]
+    topo = T.build("random_ring", WORLD, 5)
+    _assert_mixed_at(results, used, topo.mixing_matrix)
+    for r in results:
+        assert r["gossip_stats"]["exchanges"] == len(used)
+        assert r["gossip_stats"]["exchanges_timed"] == len(used)
+    # the metrics: rank 0 logged every decision
+    rows = list(csv.DictReader(open(world_run(WORLD) / case.name / "logs" / "version_0"
+                                    / "metrics.csv")))
+    logged = [r for r in rows if r.get("gossip/period")]
+    assert [float(r["gossip/period"]) for r in logged] == [3.0] * 2
+    for row, s in zip(logged, first):
+        d = s["decision"]
+        assert float(row["gossip/comm_compute_ratio"]) == pytest.approx(d["ratio"])
+        assert float(row["gossip/compute_ms"]) == pytest.approx(d["compute_s"] * 1e3)
+        assert float(row["gossip/exchange_ms"]) == pytest.approx(d["exchange_s"] * 1e3)
+
+
+def test_auto_periods_follow_the_policy_not_a_fixed_choice(world_run):
+    fast = P.PD_AUTO_FAST  # margin 1e-6: any exchange hides behind one step
+    results = fast.results(world_run(WORLD), WORLD)
+    first = _assert_agreed(results, fast.auto_period)
+    assert [s["decision"]["period"] for s in first] == [1, 1]
+    slow = _switches(P.PD_AUTO.results(world_run(WORLD), WORLD))[0]
+    assert slow[0]["decision"]["period"] != first[0]["decision"]["period"]
+    topo = T.build("random_ring", WORLD, 5)
+    _assert_mixed_at(results, list(range(fast.batches)), topo.mixing_matrix)
+    default = P.PD_AUTO_DEFAULT  # "auto": after 2 steps of warm-up and 8 measured
+    results = default.results(world_run(WORLD), WORLD)
+    first = _assert_agreed(results, {})
+    assert [s["step"] for s in first] == [10]
+    used = _exchange_steps_with_switches(default.batches, first)
+    _assert_mixed_at(results, used, topo.mixing_matrix)
+
+
+def test_auto_hierarchical_nodes_agree_and_mix_with_the_node_matrix(world_run):
+    case = P.PH_AUTO
+    results = case.results(world_run(WORLD), WORLD)
+    first = _assert_agreed(results, case.auto_period)
+    assert [(s["step"], s["decision"]["period"]) for s in first] == [(4, 2), (8, 2)]
+    for node in (0, 1):  # the node's ranks hold one replica
+        assert results[2 * node]["steps"] == results[2 * node + 1]["steps"]
+    used = _exchange_steps_with_switches(case.batches, first)
+    assert used == [0, 1, 2, 3, 5, 7]
+    _assert_mixed_at(results, used, lambda t: np.array(P.W2), rows=slice(None, None, 2))
+
+
+def test_auto_adpsgd_decides_per_rank_and_conserves_the_sum(world_run):
+    case = P.AD_AUTO
+    assert_conserved_and_contracting(world_run(WORLD) / case.name, WORLD)
+    results = case.results(world_run(WORLD), WORLD)
+    settings = case.auto_period
+    for r in results:  # every rank decided for itself, from its own medians
+        switches = r["period_switches"]
+        assert r["gossip_stats"]["steps"] == 18
+        # due after 4 steps; a passive rank that has no exchange by then decides later
+        assert switches and switches[0]["step"] >= 4, r["rank"]
+        for s in switches:
+            d = s["decision"]
+            assert (d["compute_s"], d["exchange_s"]) == (s["local_compute_s"],
+                                                         s["local_exchange_s"])
+            assert d["period"] == choose_period(d["compute_s"], d["exchange_s"],
+                                                margin=settings["margin"],
+                                                max_period=settings["max_period"]) == 3
+        assert r["gossip_stats"]["exchange_s"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
 # Pure: the schedule, the agreed stop along the rounds, bad input
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overlap,delay", [(True, False), (False, False), (True, True)])
@@ -212,14 +348,17 @@ def test_bad_periods_are_rejected_at_construction(value):
         Gossip(None, None, "dpsgd", gossip_every_n_steps=value)  # before any process group
 
 
-def test_auto_and_elastic_with_a_period_are_refused_clearly():
+def test_elastic_with_a_period_or_auto_is_refused_clearly():
     from lightning_gossip import ADPSGDStrategy, DPSGDStrategy
+    from lightning_gossip.gossip_period import AutoPeriod
 
     for make in (DPSGDStrategy, ADPSGDStrategy):
-        with pytest.raises(ValueError, match="'auto' is not available yet"):
-            make(gossip_every_n_steps="auto")
+        assert make(gossip_every_n_steps="auto").gossip_every_n_steps == "auto"
         with pytest.raises(ValueError, match=r"\(elastic=True, gossip_every_n_steps=4\) is not"):
             make(gossip_every_n_steps=4, elastic=True)
+        for auto in ("auto", AutoPeriod(max_period=4)):
+            with pytest.raises(ValueError, match=r"elastic=True, gossip_every_n_steps=.*\) is not"):
+                make(gossip_every_n_steps=auto, elastic=True)
         make(gossip_every_n_steps=1, elastic=True)  # the default goes with elastic
         assert make().gossip_every_n_steps == 1
     assert DPSGDStrategy(gossip_every_n_steps=32, wire_dtype="bf16").gossip_every_n_steps == 32
@@ -228,19 +367,22 @@ def test_auto_and_elastic_with_a_period_are_refused_clearly():
     for fabric in (FabricDPSGDStrategy, FabricADPSGDStrategy):  # handed to Gossip at setup
         assert fabric(gossip_every_n_steps=8).gossip_options()["gossip_every_n_steps"] == 8
         assert fabric().gossip_options()["gossip_every_n_steps"] == 1
+        auto = fabric(gossip_every_n_steps="auto").gossip_options()["gossip_every_n_steps"]
+        assert auto == "auto"
 
 
-def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("given", "period"), [("4", 4), ("auto", "auto")])
+def test_lightning_cli_takes_the_period_by_class_path(tmp_path, monkeypatch, given, period):
     from recipes.imagenet.cli import main
 
     monkeypatch.setattr(sys, "argv", ["recipes.imagenet"])  # only ``args`` count
     cli = main(["--config", "recipes/imagenet/configs/digits.yaml",
                 "--trainer.strategy=lightning_gossip.DPSGDStrategy",
-                "--trainer.strategy.gossip_every_n_steps=4", "--trainer.devices=1",
+                f"--trainer.strategy.gossip_every_n_steps={given}", "--trainer.devices=1",
                 "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
                run=False)
     assert type(cli.trainer.strategy).__name__ == "DPSGDStrategy"
-    assert cli.trainer.strategy.gossip_every_n_steps == 4
+    assert cli.trainer.strategy.gossip_every_n_steps == period
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,6 +395,7 @@ def _attached_ranks(rank: int, world: int) -> dict:
     import torch
 
     from lightning_gossip import FlatState, attach
+    from lightning_gossip.gossip_period import AutoPeriod
 
     out: dict = {}
     for name, kw in (("overlap", {"strategy": "dpsgd"}),
@@ -279,7 +422,32 @@ def _attached_ranks(rank: int, world: int) -> dict:
                 gossip.engine.set_period(new_period)
         out[name] = {"x0": x0, "steps": steps, "parts": parts}
         gossip.close()
+    for name, kw in (("auto_dpsgd", {"strategy": "dpsgd"}),  # "auto", its settings injected
+                     ("auto_adpsgd", {"strategy": "adpsgd", "max_staleness": 0})):
+        torch.manual_seed(100 + rank)
+        model = torch.nn.Linear(5, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        gossip = attach(model, opt, topology="random_ring", seed=5, broadcast=False,
+                        gossip_every_n_steps=AutoPeriod(**ATTACH_AUTO), timeout=120, **kw)
+        flat = FlatState(model)
+        steps, x0 = [], flat.pack().tolist()
+        for _ in range(10):
+            opt.zero_grad()
+            model(torch.ones(3, 5)).sum().backward()
+            opt.step()
+            steps.append(flat.pack().tolist())
+        gossip.quiesce()
+        out[name] = {"x0": x0, "steps": steps, "final": flat.pack().tolist(),
+                     "stats": dict(vars(gossip.stats)),
+                     "switches": [sw.as_dict() for sw in gossip.auto.switches]}
+        gossip.close()
     return out
+
+
+#: attach(gossip_every_n_steps=AutoPeriod(...)): due after 4 steps, never re-checked; a margin
+#: of 1e6 picks max_period
+ATTACH_AUTO = {"warmup_steps": 1, "measure_steps": 3, "recheck_every": None, "max_period": 3,
+               "margin": 1e6}
 
 
 @pytest.mark.multiprocess
@@ -315,3 +483,21 @@ def test_attach_takes_the_period_for_both_engines(tmp_path):
         active = [s for k, s in enumerate(stats) if pairing.is_active(k)]
         assert [s["exchanges"] for s in active] == [done] * 2, active
         assert sum(s["exchanges"] for s in stats) == 2 * 2 * done
+    # "auto": dpsgd ranks agree (one all-reduce on attach's meeting group) and mix exactly
+    rs = [r["auto_dpsgd"] for r in results]
+    first = _assert_agreed([{"period_switches": r["switches"]} for r in rs], ATTACH_AUTO)
+    assert [(s["step"], s["decision"]["period"]) for s in first] == [(4, 3)]
+    used = _exchange_steps_with_switches(10, first)
+    assert used == [0, 1, 2, 3, 5, 8]  # and round 11, posted at step 9, quiesced at the end
+    _assert_mixed_at(rs, used, topo.mixing_matrix, in_flight=(11,))
+    assert all(r["stats"]["exchanges"] == r["stats"]["exchanges_timed"] == 7 for r in rs)
+    # adpsgd: every rank decided for itself; the sum is kept
+    rs = [r["auto_adpsgd"] for r in results]
+    x0 = np.array([r["x0"] for r in rs], dtype=np.float64)
+    final = np.array([r["final"] for r in rs], dtype=np.float64)
+    np.testing.assert_allclose(final.sum(0), x0.sum(0), rtol=0, atol=1e-5)
+    for r in rs:
+        assert [s["decision"]["period"] for s in r["switches"]] == [3], r["switches"]
+        s = r["switches"][0]
+        assert (s["decision"]["compute_s"], s["decision"]["exchange_s"]) == (
+            s["local_compute_s"], s["local_exchange_s"])

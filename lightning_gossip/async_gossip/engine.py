@@ -21,6 +21,7 @@ from lightning_gossip.liveness import Heartbeat, track
 from lightning_gossip.pairing import Pairing
 
 if TYPE_CHECKING:
+    from lightning_gossip.gossip_period.auto import PeriodDriver
     from lightning_gossip.pairing import ColumnPairing
 
 #: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
@@ -66,6 +67,12 @@ class AsyncGossip:
             fresh snapshot is left for the gossip thread only once this many steps passed since
             the last one on an active rank, so it starts at most one exchange per ``period``
             steps (a passive rank answers with its newest snapshot, as before).
+        auto: ``gossip_every_n_steps="auto"``: this rank's
+            :class:`~lightning_gossip.gossip_period.auto.PeriodDriver` (``agree=False``), told
+            the steps, the gossip thread's exchange times (:attr:`GossipStats.exchange_s
+            <lightning_gossip.async_gossip.state.GossipStats>`) and the sync points; a due
+            decision calls :meth:`set_period` at the end of :meth:`after_step` (no
+            collective). Start with ``period=1``.
 
     The verbs are :class:`~lightning_gossip.sync_gossip.SyncGossip`'s: :meth:`start` (the
     gossip thread), :meth:`before_step` (opens a phase if none is open: all ranks together,
@@ -83,7 +90,8 @@ class AsyncGossip:
                  delay_by_one: bool = False, heartbeat: Heartbeat | None = None,
                  wire_dtype: torch.dtype = torch.float32,
                  shard: tuple[int, int] = (0, 1),
-                 node_gather: NodeGather | None = None, period: int = 1) -> None:
+                 node_gather: NodeGather | None = None, period: int = 1,
+                 auto: PeriodDriver | None = None) -> None:
         self.flat = flat
         self.rank = rank
         self.pairing = pairing
@@ -123,6 +131,18 @@ class AsyncGossip:
         #: sharded: an error of the work after the node's all-gather, raised before the next
         #: node collective of this engine instead (see :meth:`after_step`)
         self._deferred: BaseException | None = None
+        #: ``gossip_every_n_steps="auto"``: this rank's period driver (``None``: fixed)
+        self.auto = auto
+
+    @property
+    def stop_proposed(self) -> bool:
+        """``False``: AD-PSGD agrees on stops at its meetings, not along the exchanges."""
+        return False
+
+    def period_ends(self, step: int) -> bool:
+        """``True``: an asynchronous rank may switch its period at any step
+        (:meth:`set_period`)."""
+        return True
 
     @property
     def stats(self) -> GossipStats:
@@ -178,7 +198,20 @@ class AsyncGossip:
         all-gather (the gossip thread's, a staleness wait's) is raised at the next call, before
         the next all-gather: every rank of the node then leaves at the same collective (an
         elastic fit re-issues the one a loss interrupted, on the survivors' group).
+
+        With :attr:`auto` the step is then recorded and a due decision taken.
         """
+        auto = self.auto
+        if auto is not None:
+            auto.compute_ends()
+        self._after(step)
+        if auto is not None:
+            with self._shared.cv:
+                exchanges, seconds = self.stats.exchanges, self.stats.exchange_s
+            auto.step_done(self, step, exchanges, seconds)
+
+    def _after(self, step: int) -> None:
+        """:meth:`after_step`'s work."""
         del step
         shared = self._shared
         if self._gather is not None:
@@ -301,6 +334,8 @@ class AsyncGossip:
             clock.close()
         if self._gather is not None:
             self._apply_gathered()
+        if self.auto is not None:
+            self.auto.sync_point()
 
     def _apply_gathered(self) -> None:
         """The node's all-gather of the taken slice deltas; add the full delta to the weights

@@ -10,6 +10,7 @@ waiting ranks can form.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -98,12 +99,14 @@ class GossipLoop:
         mine = box.view[box.lo:box.hi]  # only this thread swaps the view
         send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
+        started = time.perf_counter()
         if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
                                  self.rank, heartbeat=self.heartbeat, should_stop=self._stopping):
             raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
         shared.waiting_on = "nothing (idle)"
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
         pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
+        seconds = time.perf_counter() - started  # on the wire, and mixed
         mine.add_(self._delta)
         with shared.cv:
             # order after the training thread's latest reads of acc / writes of fresh (CUDA)
@@ -112,6 +115,7 @@ class GossipLoop:
             shared.handoff.to_training()
             shared.stats.exchanges += 1
             shared.stats.sent_bytes += send.numel() * send.element_size()
+            shared.stats.exchange_s += seconds
             shared.cv.notify_all()
 
     def send_control(self, kind: MessageKind, phase: int, dst: int) -> None:

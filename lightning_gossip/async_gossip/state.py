@@ -38,6 +38,8 @@ class GossipStats:
         staleness_wait_s: seconds spent in those waits (training thread).
         sent_bytes: snapshot payload this rank sent (its shard, in the wire dtype; without the
             control messages and the node's all-gather) (gossip thread, under the lock).
+        exchange_s: seconds of those exchanges on the wire, summed (each from sending this
+            rank's snapshot to holding the partner's, mixed) (gossip thread, under the lock).
     """
 
     exchanges: int = 0
@@ -45,6 +47,7 @@ class GossipStats:
     staleness_waits: int = 0
     staleness_wait_s: float = 0.0
     sent_bytes: int = 0
+    exchange_s: float = 0.0
 
 
 class SharedState:

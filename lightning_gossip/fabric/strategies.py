@@ -192,7 +192,9 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         gossip_every_n_steps: optimizer steps per exchange (default 1): only every n-th step
             exchanges; its round is posted at the period's first step and hides behind all of
-            its steps (``docs/strategies.md``, Communication budget).
+            its steps (``docs/strategies.md``, Communication budget);
+            ``"auto"`` (or an :class:`~lightning_gossip.gossip_period.AutoPeriod`): picked from
+            the measured compute and exchange times, the same on every rank.
         global_average_every_n_steps: every n-th optimizer step ends with the exact average of
             all replicas (``None``: never).
         outer_lr, outer_momentum, outer_nesterov: an outer (Nesterov) momentum step at that
@@ -263,7 +265,9 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
         wire_dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         gossip_every_n_steps: optimizer steps per exchange (default 1): an active rank starts
             an exchange at most once every n steps; ``max_staleness`` then counts exchanges
-            (``docs/strategies.md``, Communication budget).
+            (``docs/strategies.md``, Communication budget);
+            ``"auto"`` (or an :class:`~lightning_gossip.gossip_period.AutoPeriod`): each rank
+            picks it from its measured compute and exchange times.
         global_average_every_n_steps: every n-th optimizer step ends with the exact average of
             all replicas, a sync point (``None``: never); then every rank must take the same
             number of steps.

@@ -14,9 +14,10 @@ hides behind one step; ``R = 4`` needs 4 steps of compute between exchanges.
 ``n * compute_s >= margin * exchange_s``, or ``max_period`` when none qualifies. These are the
 terms of the cost model (:mod:`lightning_gossip.plan`, :func:`~lightning_gossip.plan.step_time`):
 with a period ``n`` an exchange is posted at the first step of its period and has the ``n``
-steps up to the next exchange to complete (``overlap``), or is applied at the next exchange
-(``delay_by_one``), so a period of ``n`` steps takes ``max(n compute, exchange)`` (plus the
-blocking part) with ``overlap=1``, and the exchange is hidden exactly when
+steps up to its exchange step ``e`` to complete (``overlap``; with ``delay_by_one`` its change
+is applied one step later, after the step ``e + 1``, where the next one is posted), so in the
+steady state a period of ``n`` steps takes ``max(n compute, exchange)`` (plus the blocking
+part) with ``overlap=1``, and the exchange is hidden exactly when
 ``n compute >= exchange``. The margin (default :data:`DEFAULT_MARGIN`, 10 %) asks for
 headroom: the measurements are medians of steps that vary, and an exchange that runs next to
 compute is slower than one measured alone (shared cores with gloo, shared memory bandwidth on
@@ -32,7 +33,9 @@ strategy then (for ``dpsgd``, whose ranks must agree on one period) takes the cr
 maximum of :meth:`PeriodTuner.local_values` with one all-reduce and hands it to
 :meth:`PeriodTuner.decide`. When a decision is due is a function of the number of steps
 recorded only, so ranks that step in lockstep reach it at the same step. How to drive it:
-:class:`PeriodTuner`.
+:class:`PeriodTuner`; the driver both engines use (``gossip_every_n_steps="auto"`` in the
+strategies, Fabric and ``attach``) is :class:`~lightning_gossip.gossip_period.auto.PeriodDriver`
+(not imported here: it needs torch), its settings an :class:`AutoPeriod`.
 
 >>> choose_period(0.1, 0.05)  # R = 0.5: every step
 1
@@ -51,9 +54,10 @@ from lightning_gossip.gossip_period.policy import (
     comm_compute_ratio,
     period_hides,
 )
-from lightning_gossip.gossip_period.tuner import PeriodDecision, PeriodTuner
+from lightning_gossip.gossip_period.tuner import AutoPeriod, PeriodDecision, PeriodTuner
 
 __all__ = [
+    "AutoPeriod",
     "DEFAULT_MARGIN",
     "DEFAULT_MAX_PERIOD",
     "PeriodDecision",

@@ -17,7 +17,7 @@ from lightning_gossip.gossip_period.policy import (
     period_hides,
 )
 
-__all__ = ["PeriodDecision", "PeriodTuner"]
+__all__ = ["AutoPeriod", "PeriodDecision", "PeriodTuner"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,10 @@ class PeriodTuner:
     ``recheck_every``, the steps between later decisions (``None``: never again);
     ``max_samples``, the most recent samples of each kind a window keeps.
 
-    **How a strategy drives it**, on every rank, once per optimizer step (also a step whose
+    **How a strategy drives it** (what :class:`~lightning_gossip.gossip_period.auto.PeriodDriver`
+    does for both engines; it times ``compute_s`` as the training thread's time between the
+    engine's calls, which is this step's compute whether the loop posts before forward or at
+    ``optimizer.step()``), on every rank, once per optimizer step (also a step whose
     optimizer step AMP skipped, as long as every rank records it):
 
     1. Before the first decision the period is 1 (:attr:`period`): exchange every step.
@@ -235,3 +238,35 @@ class PeriodTuner:
         self._exchange.clear()
         self._next = None if self.recheck_every is None else self._steps + self.recheck_every
         return d
+
+
+@dataclass(frozen=True)
+class AutoPeriod:
+    """The settings of ``gossip_every_n_steps="auto"``: :class:`PeriodTuner`'s arguments, as a
+    value the strategies, Fabric's strategies and :func:`~lightning_gossip.attach` take in
+    place of ``"auto"`` (which is ``AutoPeriod()``: the defaults). Every fit builds a new tuner
+    from it (:meth:`tuner`).
+
+    >>> AutoPeriod(max_period=8).tuner().max_period
+    8
+    >>> AutoPeriod(margin=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: margin must be a finite number > 0, got 0
+    """
+
+    margin: float = DEFAULT_MARGIN
+    max_period: int = DEFAULT_MAX_PERIOD
+    warmup_steps: int = 2
+    measure_steps: int = 8
+    recheck_every: int | None = 200
+    max_samples: int = 256
+
+    def __post_init__(self) -> None:
+        self.tuner()  # checks every value (ValueError naming it)
+
+    def tuner(self) -> PeriodTuner:
+        """A new :class:`PeriodTuner` with these settings."""
+        return PeriodTuner(margin=self.margin, max_period=self.max_period,
+                           warmup_steps=self.warmup_steps, measure_steps=self.measure_steps,
+                           recheck_every=self.recheck_every, max_samples=self.max_samples)

@@ -95,9 +95,12 @@ def predict_dpsgd(cluster: Cluster, workload: Workload, topology: str = "random_
     the topology's gap (:func:`consensus_steps`; skipped with ``tolerance=None``).
 
     ``period`` (``gossip_every_n_steps``): one exchange every ``period`` steps, posted at the
-    first step of its period with the steps up to the next exchange to complete in
-    (``overlap``) or applied at the next exchange (``delay_by_one``), so a period of ``n``
-    steps takes :func:`step_time` of ``n`` steps' compute and one exchange. Per step that is
+    first step of its period with the steps up to its exchange step ``e`` (the period's last)
+    to complete in (``overlap``); with ``delay_by_one`` its change is applied one step later,
+    after the step ``e + 1`` (:class:`~lightning_gossip.sync_gossip.schedule.RoundSchedule`),
+    while the next period's exchange is posted at that step's start. Either way one exchange
+    runs per ``n`` steps in the steady state, so a period of ``n`` steps takes
+    :func:`step_time` of ``n`` steps' compute and one exchange. Per step that is
     the exchange's link time, its host work, its all-gather in the node and its bytes divided
     by ``n`` (exactly, whatever ``cluster.overlap``); the gradient all-reduce in the node stays
     every step, and the consensus steps are ``n`` times the mixing steps.

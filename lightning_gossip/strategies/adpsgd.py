@@ -182,6 +182,7 @@ class ADPSGDStrategy(GossipStrategy):
         else:
             self.pairing = Pairing(self.pairing_name, nodes if self._sharded else self.world_size,
                                    self.seed)
+            self.auto_period = self._period_driver(agree=False)
             self.engine = self._make_engine(self.elastic_parts.first_pairing(self.pairing))
             self.engine.start()
             self.survivors = self._make_survivors(trainer) if self.elastic else None
@@ -210,7 +211,8 @@ class ADPSGDStrategy(GossipStrategy):
             period=resolve_gossip_every_n_steps(self.gossip_every_n_steps),
             heartbeat=self.heartbeat, wire_dtype=self._wire,
             shard=(layout.local, layout.devices) if layout else (0, 1),
-            node_gather=self.node.all_gather if layout and self.node else None)
+            node_gather=self.node.all_gather if layout and self.node else None,
+            auto=self.auto_period)  # (None when elastic: "auto" is refused there)
 
     def _make_survivors(self, trainer: pl.Trainer) -> Survivors:
         """The fit's recovery from lost ranks and admission of newcomers (``elastic``)."""
@@ -282,6 +284,7 @@ class ADPSGDStrategy(GossipStrategy):
             self.node.average_buffers()
         self.step += 1
         self.phases.survive(lambda: self.engine.after_step(self.step - 1) if self.engine else None)
+        self.log_period_switches()
         return out
 
     @override

@@ -222,11 +222,13 @@ class DPSGDStrategy(GossipStrategy):
                          wire_dtype=self._wire, layout=self.layout, heartbeat=self.heartbeat,
                          stats=self._stats,  # the survivors' too (an elastic fit)
                          period=resolve_gossip_every_n_steps(self.gossip_every_n_steps))
+        self.auto_period = self._period_driver(agree=True) if exchanging else None
         if exchanging and first is None:
             assert self.topology is not None
             self.engine = engine(self.topology, self.gossip_group,
                                  groups=self._groups if hierarchical else None,
-                                 node_gather=self.node.all_gather if self.node else None)
+                                 node_gather=self.node.all_gather if self.node else None,
+                                 auto=self.auto_period)
             self.engine.start()
         if self.elastic and (self.engine is not None or first):
             assert self._flat is not None
@@ -322,6 +324,7 @@ class DPSGDStrategy(GossipStrategy):
             if engine is not None:
                 engine.after_step(t)
             self._end_round(t)
+            self.log_period_switches()
         return out
 
     def _end_round(self, t: int) -> None:

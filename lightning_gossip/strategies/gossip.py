@@ -27,9 +27,11 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.agreement import check_agreement, plain_repr
+from lightning_gossip.budget import auto_period
 from lightning_gossip.compression import WireDtype, check_wire_dtype
 from lightning_gossip.consensus import check_every
 from lightning_gossip.flat import FlatState, flatten_module_
+from lightning_gossip.gossip_period.auto import PeriodDriver
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.strategies.fit import Fit
@@ -42,6 +44,9 @@ from lightning_gossip.strategies.replicas import Replicas
 from lightning_gossip.strategies.resilience import Resilience
 
 log = logging.getLogger(__name__)
+
+#: the metric of the period ``gossip_every_n_steps="auto"`` picked (logged at each decision)
+PERIOD_METRIC = "gossip/period"
 
 
 class GossipStrategy(ProcessGroupStrategy):
@@ -134,6 +139,10 @@ class GossipStrategy(ProcessGroupStrategy):
         self.step = 0
         #: the last measured consensus distance (``None`` before the first measurement)
         self.last_consensus_distance: float | None = None
+        #: ``gossip_every_n_steps="auto"``: this fit's period driver (after set-up; ``None``
+        #: with a fixed period); its ``switches`` are the decisions and where they took effect
+        self.auto_period: PeriodDriver | None = None
+        self._switches_logged = 0
 
     def gossip_config(self) -> dict[str, Any]:
         """This rank's gossip configuration, compared between ranks at set-up
@@ -329,6 +338,39 @@ class GossipStrategy(ProcessGroupStrategy):
             return state  # held: evaluation, or Replicas.weights_as_is, already swapped them in
         self.quiesce()
         return replicas.consensus_state_dict(module, state)
+
+    # -- gossip_every_n_steps="auto" --
+    def _period_driver(self, agree: bool) -> PeriodDriver | None:
+        """This fit's :class:`~lightning_gossip.gossip_period.auto.PeriodDriver` for
+        ``gossip_every_n_steps="auto"`` (``None`` for a fixed period): its all-reduce
+        (``agree``, dpsgd) runs on the training thread's group of Lightning's collectives,
+        never on the engine's own."""
+        settings = auto_period(getattr(self, "gossip_every_n_steps", 1))
+        self._switches_logged = 0
+        if settings is None:
+            return None
+        return PeriodDriver(settings, agree=agree, rank=self.global_rank, timeout=self.timeout,
+                            group=self.live_group, device=self.root_device,
+                            heartbeat=self.heartbeat)
+
+    def log_period_switches(self) -> None:
+        """Log the period decisions taken since the last call as metrics (rank 0, at step =
+        optimizer steps done): ``gossip/period``, ``gossip/comm_compute_ratio`` (R),
+        ``gossip/compute_ms`` and ``gossip/exchange_ms`` (the values the policy was given).
+        Each rank's driver logs the decision's line on Python's ``logging`` too."""
+        driver = self.auto_period
+        if driver is None or len(driver.switches) <= self._switches_logged:
+            return
+        new, self._switches_logged = driver.switches[self._switches_logged:], len(driver.switches)
+        if not self.is_global_zero:
+            return
+        for switch in new:
+            d = switch.decision
+            metrics = {PERIOD_METRIC: float(d.period), "gossip/comm_compute_ratio": d.ratio,
+                       "gossip/compute_ms": d.compute_s * 1e3,
+                       "gossip/exchange_ms": d.exchange_s * 1e3}
+            for logger in self.lightning_module.trainer.loggers:
+                logger.log_metrics(metrics, step=self.step)
 
     # -- the consensus distance --
     def maybe_log_consensus(self) -> None:

@@ -3,8 +3,10 @@ rounds of synchronous gossip."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,9 @@ from lightning_gossip.sync_gossip.schedule import RoundSchedule
 from lightning_gossip.sync_gossip.sharded import ShardedExchange
 from lightning_gossip.sync_gossip.stop import NO_STOP, StopAgreement
 from lightning_gossip.topology import Topology
+
+if TYPE_CHECKING:
+    from lightning_gossip.gossip_period.auto import PeriodDriver
 
 #: ``gather(mine, out)``: the node's all-gather of the ranks' slice deltas (``out`` is
 #: ``devices`` slices of ``mine``'s length, in local-rank order)
@@ -60,6 +65,12 @@ class SyncGossip:
             every step): only the last step ``e`` of every period exchanges, mixing with
             ``W_e``; overlapped, that round is posted at the period's first step and hides
             behind its ``period`` steps (:class:`~.schedule.RoundSchedule`).
+        auto: ``gossip_every_n_steps="auto"``: the
+            :class:`~lightning_gossip.gossip_period.auto.PeriodDriver` (``agree=True``) that
+            this engine tells its steps, exchange times and sync points; when a decision is
+            due it quiesces the engine, agrees on the period with every rank (an all-reduce on
+            a group of the training thread) and calls :meth:`set_period`, all inside
+            :meth:`after_step`. Start with ``period=1``.
 
     Call from the training thread, on every rank, for every step ``t`` (the same on every
     rank, also the steps that exchange nothing): :meth:`before_step` before forward/backward,
@@ -75,7 +86,7 @@ class SyncGossip:
                  layout: NodeLayout | None = None, groups: NodeGroups | None = None,
                  node_gather: NodeGather | None = None,
                  heartbeat: Heartbeat | None = None, stats: SyncStats | None = None,
-                 period: int = 1) -> None:
+                 period: int = 1, auto: PeriodDriver | None = None) -> None:
         self.flat = flat
         self.rank = rank
         self.topology = topology
@@ -111,6 +122,10 @@ class SyncGossip:
         self._posted_at: int | None = None  # the step at which it was posted
         self._spare: list[list[Tensor]] = []  # recycled buffer sets
         self._worker: CommWorker | None = None  # finishes the rounds off the training thread
+        #: ``gossip_every_n_steps="auto"``: the period's driver (``None``: a fixed period)
+        self.auto = auto
+        if auto is not None:
+            auto.counts_from(self._stats.exchanges_timed, self._stats.exchange_seconds)
 
     # ------------------------------------------------------------------------------------------
     # The training thread's API
@@ -146,7 +161,9 @@ class SyncGossip:
         while training, ``gossip_every_n_steps="auto"``). Every rank must call it at the same
         step boundary with the same ``period``, with no round in flight (after
         :meth:`quiesce`) and no stop or requeue proposed (its step was agreed along the old
-        rounds); ``RuntimeError`` otherwise. The exchange steps stay counted from step 0."""
+        rounds); ``RuntimeError`` otherwise. The exchange steps stay counted from step 0. Switch
+        where a period ends (:meth:`period_ends`): mid-period, a round that :meth:`quiesce`
+        applied early would be posted again at its exchange step."""
         if self._pending:
             raise RuntimeError("set_period needs no round in flight: call quiesce() first")
         if self.agreement.values() != (NO_STOP, NO_STOP):
@@ -158,6 +175,18 @@ class SyncGossip:
         self.agreement.reschedule(schedule)
         self._last_round = None  # the new period's rounds, even one of the same exchange step
 
+    @property
+    def stop_proposed(self) -> bool:
+        """Whether this rank knows of a proposed stop or requeue (:attr:`agreement`)."""
+        return self.agreement.values() != (NO_STOP, NO_STOP)
+
+    def period_ends(self, step: int) -> bool:
+        """Whether ``step`` is the last step of a period (its exchange step): after its
+        :meth:`after_step` the period's round is applied (with ``delay_by_one``, in flight
+        until :meth:`quiesce`), and no later step belongs to it: where :meth:`set_period`
+        switches without posting a round of the old period again."""
+        return self.schedule.is_round(step)
+
     def started(self, step: int) -> bool:
         """Whether the round of exchange step ``step`` is in flight."""
         return any(r.step == step for r in self._pending)
@@ -166,9 +195,12 @@ class SyncGossip:
         """Before forward/backward of step ``step`` (``overlap``): at a period's first step,
         snapshot the replica and start the period's round, once (under gradient accumulation
         ``x_t`` does not change)."""
+        entered = time.perf_counter()
         round_step = self.schedule.started_at(step)
         if round_step is not None and self._last_round != round_step:
             self._start(round_step, step)
+        if self.auto is not None:
+            self.auto.left(entered)
 
     def after_step(self, step: int) -> None:
         """After the optimizer step of ``step``: mix as ``W_step`` says at an exchange step.
@@ -176,7 +208,19 @@ class SyncGossip:
         Blocking: exchange now and replace the replica by the mixed one. ``overlap``: add the
         change of this period's round. ``delay_by_one``: add that of the round of the previous
         step, if it was an exchange step (the first adds nothing). Other steps exchange nothing.
+        With :attr:`auto`, then the step is recorded and a due decision taken (see ``auto``).
         """
+        auto = self.auto
+        if auto is None:
+            self._mix_after(step)
+            return
+        auto.compute_ends()
+        self._mix_after(step)
+        stats = self._stats
+        auto.step_done(self, step, stats.exchanges_timed, stats.exchange_seconds)
+
+    def _mix_after(self, step: int) -> None:
+        """:meth:`after_step`'s mixing."""
         schedule = self.schedule
         if not self.overlap:
             if schedule.is_round(step):
@@ -191,6 +235,8 @@ class SyncGossip:
         """Finish every round in flight and apply its change (no mixing is lost)."""
         while self._pending:
             self._apply_delta(self._pending.pop(0))
+        if self.auto is not None:
+            self.auto.sync_point()
 
     def propose_stop(self, kind: str, step: int) -> int:
         """Propose an agreed stop (``"stop"``) or requeue at the first step every rank can
@@ -280,21 +326,25 @@ class SyncGossip:
     def _finish_round(self, rnd: Round) -> None:
         """Wait for the round's messages (plainly: :meth:`Job.result` watches the peers),
         check them, and mix: ``delta = W_t x_t - x_t`` (overlap) or ``W_t x'_t`` (blocking)."""
+        started = time.perf_counter()
         ex = rnd.exchange
         assert isinstance(ex, NeighborExchange) and rnd.delta is not None
         ex.wait(self.timeout, step=rnd.step, watch_peers=False, check=False)  # posts first
         self._merge_stop(rnd)
         ex.check_mixed(ex.mixed(out=rnd.delta, delta=self.overlap))
+        rnd.exchange_s = time.perf_counter() - started  # read after the job is done
 
     def _finish_sharded(self, rnd: Round) -> None:
         """Wait for a sharded round's messages (plainly), then ``delta = sum_j W_ij (x_j -
         x_i)`` over the node replica, written over the snapshot: this rank's slice, and the
         all-gather on the worker's own node group."""
+        started = time.perf_counter()
         ex = rnd.exchange
         assert isinstance(ex, ShardedExchange) and rnd.delta is not None
         ex.delta(self.timeout, rnd.step, out=rnd.delta, watch_peers=False,
                  gather=self._gather_on_worker())
         self._merge_stop(rnd)
+        rnd.exchange_s = time.perf_counter() - started
 
     def _merge_stop(self, rnd: Round) -> None:
         if rnd.stop is not None:
@@ -320,12 +370,15 @@ class SyncGossip:
             assert self.node_gather is not None
             size = ex.shard.numel()
             mine = rnd.delta[self.layout.local * size:(self.layout.local + 1) * size]
+            started = time.perf_counter()
             self.node_gather(mine.clone(), rnd.delta)  # NCCL: the training thread's
+            rnd.exchange_s += time.perf_counter() - started  # part of the round's exchange
         return rnd.delta[: self.flat.numel]
 
     def _apply_delta(self, rnd: Round) -> None:
         """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
         self.flat.add_(self._collect(rnd))
+        self._stats.timed(rnd.exchange_s)
         self._spare.append(rnd.buffers())
 
     def _finish_blocking(self, rnd: Round) -> None:
@@ -334,4 +387,5 @@ class SyncGossip:
             self._apply_delta(rnd)
             return
         self.flat.copy_(self._collect(rnd))
+        self._stats.timed(rnd.exchange_s)
         self._spare.append(rnd.buffers())

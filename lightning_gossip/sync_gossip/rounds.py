@@ -28,6 +28,9 @@ class Round:
     delta: Tensor | None = None  # where the worker mixes (sharded: the snapshot, padded)
     stop: StopMessages | None = None
     job: Job | None = None
+    #: seconds of its exchange (the worker's, from posting to the mixed data; plus the
+    #: training thread's node all-gather), written by the worker before its job is done
+    exchange_s: float = 0.0
 
     def buffers(self) -> list[Tensor]:
         """The round's buffers, to be reused by a later round once its job is done:
@@ -43,11 +46,21 @@ class Round:
 class SyncStats:
     """What one rank's synchronous gossip sent (this process): ``sent_bytes`` (payload of the
     replica messages, without the node's all-reduce and all-gather), ``messages`` and
-    ``exchanges`` (rounds started)."""
+    ``exchanges`` (rounds started); ``exchange_seconds`` and ``exchanges_timed``, the summed
+    wire time of the rounds applied so far and their number (each round's time from posting
+    to holding every peer's data, mixed, with a sharded round's node all-gather; written by
+    the training thread as it applies a round)."""
 
     sent_bytes: int = 0
     messages: int = 0
     exchanges: int = 0
+    exchange_seconds: float = 0.0
+    exchanges_timed: int = 0
+
+    def timed(self, seconds: float) -> None:
+        """Count one applied round's exchange time."""
+        self.exchange_seconds += seconds
+        self.exchanges_timed += 1
 
     def count(self, exchange: NeighborExchange) -> None:
         """Count a round's replica messages (the ones this rank sends)."""
@@ -59,4 +72,6 @@ class SyncStats:
     def as_dict(self) -> dict[str, float]:
         """The counters as floats (what the strategies log)."""
         return {"sent_bytes": float(self.sent_bytes), "messages": float(self.messages),
-                "exchanges": float(self.exchanges)}
+                "exchanges": float(self.exchanges),
+                "exchange_seconds": float(self.exchange_seconds),
+                "exchanges_timed": float(self.exchanges_timed)}

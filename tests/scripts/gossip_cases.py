@@ -204,10 +204,14 @@ def _run_case(case: Case, out: Path) -> None:
         loader = DataLoader(train, batch_size=case.batch_size)
         val_loader = DataLoader(data, batch_size=case.batch_size)
     strategy: str | L.pytorch.strategies.Strategy = case.strategy
+    kwargs = dict(case.strategy_kwargs)
+    if case.auto_period is not None:
+        from lightning_gossip.gossip_period import AutoPeriod
+        kwargs["gossip_every_n_steps"] = AutoPeriod(**case.auto_period)
     if case.strategy == "dpsgd":
-        strategy = lightning_gossip.DPSGDStrategy(**case.strategy_kwargs)
+        strategy = lightning_gossip.DPSGDStrategy(**kwargs)
     elif case.strategy == "adpsgd":
-        strategy = lightning_gossip.ADPSGDStrategy(**case.strategy_kwargs)
+        strategy = lightning_gossip.ADPSGDStrategy(**kwargs)
     recorder = Recorder(case.offset)
     disturb = Disturb(case, rank)
     validations = Validations()
@@ -244,6 +248,8 @@ def _run_case(case: Case, out: Path) -> None:
         "left_early": disturb.left_early,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "gossip_stats": getattr(trainer.strategy, "gossip_stats", {}),
+        "period_switches": [sw.as_dict() for sw in getattr(
+            getattr(trainer.strategy, "auto_period", None), "switches", [])],
     }
     if case.save_checkpoint:
         ckpt = out / name / "model.ckpt"

@@ -1,0 +1,220 @@
+"""``gossip_every_n_steps="auto"`` while training: :class:`PeriodDriver` measures, reduces and
+switches the period of one engine; the engines call it, so the Trainer strategies, Fabric's
+strategies and :func:`~lightning_gossip.attach` all get it from the engine they build.
+
+The engine (:class:`~lightning_gossip.sync_gossip.SyncGossip` or
+:class:`~lightning_gossip.async_gossip.AsyncGossip`, given ``auto=PeriodDriver(...)``) calls,
+on the training thread, :meth:`PeriodDriver.left` when its ``before_step`` returns,
+:meth:`PeriodDriver.compute_ends` when its ``after_step`` is called, :meth:`PeriodDriver.step_done`
+when its ``after_step`` has done its work (with its cumulative exchange counters), and
+:meth:`PeriodDriver.sync_point` from its ``quiesce``.
+
+**What is measured.** ``compute_s`` of a step: the training thread's time between the engine's
+calls, from the end of the previous step's ``after_step`` (after a sync point: from the return
+of ``before_step``) to the call of this step's ``after_step``, without the time inside
+``before_step``: forward, backward and the optimizer step, and no wait for gossip (which
+happens inside the engine's calls), whether the loop calls ``before_step`` before forward (the
+Trainer strategies) or at ``optimizer.step()`` (``attach``, Fabric). ``exchange_s``: the wire
+time of each exchange, measured where it runs (``SyncGossip``: the communication worker, from
+posting the round to holding every peer's data, mixed, with the node's all-gather of a sharded
+round; ``AsyncGossip``: the gossip thread's pairwise exchange with its partner), handed to the
+training thread as cumulative seconds and counts in the engine's stats and diffed per step.
+
+**When a decision is due** (:attr:`PeriodTuner.due <.tuner.PeriodTuner.due>`), at the first
+step after it that ends a period of the engine (``SyncGossip.period_ends``: its exchange step,
+whose round is applied, so no round of the old period is posted again under the new one; every
+step for ``AsyncGossip``):
+
+* ``agree=True`` (``dpsgd``: every rank must switch at the same step): the engine is quiesced,
+  the maxima over all ranks of this rank's medians (and whether a stop or requeue is proposed
+  anywhere) are taken with one all-reduce on ``group``, a group of the *training* thread (the
+  default group, or the ``attach`` meeting group: never one of the engine's own, which its
+  communication thread uses), then every rank decides the same period and calls the engine's
+  ``set_period`` at the same step. Once a stop or requeue is proposed on some rank the period
+  is kept and no later decision is taken (the fit ends at the agreed step).
+* ``agree=False`` (``adpsgd``): this rank's medians, no collective; a rank that has recorded
+  no exchange yet decides at a later step.
+
+Every decision is logged on the ``lightning_gossip.gossip_period.auto`` logger (INFO,
+:meth:`~.tuner.PeriodDecision.describe`) and kept in :attr:`PeriodDriver.switches`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from lightning_gossip.gossip_period.tuner import AutoPeriod, PeriodDecision
+from lightning_gossip.liveness import Heartbeat, watched_collective
+
+__all__ = ["PeriodDriver", "PeriodSwitch"]
+
+log = logging.getLogger(__name__)
+
+#: the compute time a step that measured none counts with (the policy needs one > 0)
+_TINY_S = 1e-9
+
+
+class _Engine(Protocol):
+    """What the driver asks of its engine."""
+
+    def quiesce(self) -> None: ...  # noqa: D102
+
+    def set_period(self, period: int) -> None: ...  # noqa: D102
+
+    @property
+    def stop_proposed(self) -> bool: ...  # noqa: D102
+
+    def period_ends(self, step: int) -> bool: ...  # noqa: D102
+
+
+@dataclass(frozen=True)
+class PeriodSwitch:
+    """One decision and where it took effect: ``step``, the first step under
+    ``decision.period`` (the engine's step numbers); ``local_compute_s`` and
+    ``local_exchange_s``, this rank's medians (``decision`` holds the values the policy was
+    given: for ``dpsgd`` the maxima over the ranks; a window without an exchange reports 0)."""
+
+    step: int
+    local_compute_s: float
+    local_exchange_s: float
+    decision: PeriodDecision
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the decision's fields under ``"decision"``)."""
+        return asdict(self)
+
+
+class PeriodDriver:
+    """Drives a :class:`~.tuner.PeriodTuner` for one engine (see the module's docstring).
+
+    Args:
+        settings: the tuner's settings (``"auto"``: ``AutoPeriod()``).
+        agree: ``True`` for ``dpsgd`` (one period for all ranks, switched at the same step),
+            ``False`` for ``adpsgd`` (each rank its own).
+        rank: this rank (for the log).
+        timeout: limit of the all-reduce (``agree``).
+        group: the training thread's group over every rank for the all-reduce (``agree``;
+            ``None``: the default group). Never a group of the engine's own.
+        device: where the all-reduce's tensor lives (a CUDA device with NCCL).
+        heartbeat: watched by the all-reduce (a silent rank is named); ``None``: the
+            process's running heartbeat, if any.
+    """
+
+    def __init__(self, settings: AutoPeriod, *, agree: bool, rank: int = 0,
+                 timeout: timedelta = timedelta(minutes=5), group: Any = None,
+                 device: torch.device | str = "cpu", heartbeat: Heartbeat | None = None) -> None:
+        self.settings = settings
+        self.tuner = settings.tuner()
+        self.agree = bool(agree)
+        self.rank = rank
+        self.timeout = timeout
+        self.group = group
+        self.device = torch.device(device)
+        self.heartbeat = heartbeat
+        #: every decision with the step it took effect at, oldest first
+        self.switches: list[PeriodSwitch] = []
+        #: a stop or requeue was proposed (``agree``): the period is kept from then on
+        self.held = False
+        self._since: float | None = None  # when this step's compute started
+        self._inside = 0.0  # seconds inside before_step since then
+        self._seen = (0, 0.0)  # the engine's exchange count and seconds at the last step
+        self._compute_end: float | None = None
+
+    @property
+    def period(self) -> int:
+        """The period in force (1 before the first decision)."""
+        return self.tuner.period
+
+    @property
+    def decisions(self) -> tuple[PeriodDecision, ...]:
+        """Every decision so far, oldest first."""
+        return self.tuner.decisions
+
+    # -- the engine's calls (training thread) ---------------------------------------------------
+    def counts_from(self, exchanges: int, exchange_seconds: float) -> None:
+        """The engine's cumulative exchange counters when it is built (they may carry an
+        earlier fit's): later steps count what was added to them."""
+        self._seen = (exchanges, exchange_seconds)
+
+    def left(self, entered: float) -> None:
+        """The engine's ``before_step``, entered at ``entered`` (``time.perf_counter()``), now
+        returns: the step's compute starts now (the first step, or after a sync point), or
+        the time inside it is not compute."""
+        now = time.perf_counter()
+        if self._since is None:
+            self._since, self._inside = now, 0.0
+        else:
+            self._inside += now - entered
+
+    def compute_ends(self) -> None:
+        """The engine's ``after_step`` is called: the step's compute ends."""
+        self._compute_end = time.perf_counter()
+
+    def sync_point(self) -> None:
+        """The engine was quiesced (a sync point): the next compute starts at the next
+        ``before_step``."""
+        self._since = None
+
+    def step_done(self, engine: _Engine, step: int, exchanges: int,
+                  exchange_seconds: float) -> PeriodSwitch | None:
+        """The engine's ``after_step(step)`` did its work: record the step (its compute, the
+        exchanges completed since the last call: ``exchanges`` and ``exchange_seconds`` are
+        the engine's cumulative counters), decide when due. Returns the new switch, if any."""
+        end = self._compute_end if self._compute_end is not None else time.perf_counter()
+        compute = 0.0 if self._since is None else max(end - self._since - self._inside, 0.0)
+        count, seconds = exchanges - self._seen[0], exchange_seconds - self._seen[1]
+        self._seen = (exchanges, exchange_seconds)
+        tuner = self.tuner
+        each = max(seconds, 0.0) / count if count > 0 else None
+        for _ in range(count - 1):  # more than one exchange completed during the step
+            tuner.record_exchange(each)
+        tuner.record(compute, each)
+        due = tuner.due and not self.held and engine.period_ends(step)
+        switch = self._decide(engine, step) if due else None
+        self._since, self._inside, self._compute_end = time.perf_counter(), 0.0, None
+        return switch
+
+    # -- deciding -------------------------------------------------------------------------------
+    def _local(self) -> tuple[float, float] | None:
+        """This rank's medians; ``None`` before any exchange was recorded (an exchange time of
+        0 then, for ``agree``)."""
+        try:
+            return self.tuner.local_values()
+        except RuntimeError:
+            return None
+
+    def _decide(self, engine: _Engine, step: int) -> PeriodSwitch | None:
+        local = self._local()
+        if self.agree:
+            engine.quiesce()
+            c, x = local if local is not None else (0.0, 0.0)
+            values = torch.tensor([c, x, float(engine.stop_proposed)], dtype=torch.float64,
+                                  device=self.device)
+            watched_collective(dist.all_reduce, values, op=dist.ReduceOp.MAX,
+                               what=f"rank {self.rank}: agreeing on the gossip period after "
+                               f"step {step} (gossip_every_n_steps='auto')",
+                               timeout=self.timeout, group=self.group, heartbeat=self.heartbeat)
+            c_max, x_max, stop = (float(v) for v in values.tolist())
+            if stop > 0:
+                self.held = True
+                log.info("rank %d: gossip_every_n_steps='auto' keeps period %d: a stop or "
+                         "requeue was proposed", self.rank, self.tuner.period)
+                return None
+            decision = self.tuner.decide(max(c_max, _TINY_S), x_max)
+        else:
+            if local is None:
+                return None  # no exchange yet: decide at a later step
+            decision = self.tuner.decide(max(local[0], _TINY_S), local[1])
+        engine.set_period(decision.period)
+        lc, lx = local if local is not None else (0.0, 0.0)
+        switch = PeriodSwitch(step + 1, lc, lx, decision)
+        self.switches.append(switch)
+        log.info("rank %d: %s", self.rank, decision.describe())
+        return switch
