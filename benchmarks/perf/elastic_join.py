@@ -14,7 +14,7 @@ relaunching the task would). Measured from the processes' wall clocks (one machi
 * ``once``: every sample of every epoch trained exactly once among all processes;
 * ``same_replica``: every process ends with the same replica (the final average);
 * ``codes``, ``failed_at_exit``: the exit codes, and the processes that wrote their results and
-  then failed at exit (recorded, not hidden: the abort at exit of ``docs/faults.md``).
+  then failed at exit (recorded, not hidden: ``docs/exit-status.md``).
 
 Usage::
 
@@ -67,7 +67,7 @@ def measure(out: Path, strategy: str = "adpsgd", nodes: int = 1) -> dict[str, An
     if launched.timed_out or not all(finished):
         raise RuntimeError(f"a fit did not finish ({codes}):\n{launched.stdout[-4000:]}")
     # a process that wrote its results and then failed at exit is recorded, not hidden
-    # (docs/faults.md: the abort at exit); which process: 0-3 the ranks (the slots' first
+    # (docs/exit-status.md); which process: 0-3 the ranks (the slots' first
     # processes were lost or left), 4 and on the replacements
     failed_at_exit = [i for i in range(len(codes)) if i not in slots and codes[i] != 0]
     done = {r: json.loads((out / f"done{r}.json").read_text()) for r in range(RANKS)}

@@ -66,7 +66,7 @@ def wait_for_peers(works: Sequence[dist.Work], peers: Iterable[int], heartbeat: 
             collectives only: gloo's send and receive complete inside ``wait()``). A wait
             that may be abandoned on a live peer (an elastic fit's node collectives) then
             leaves no thread blocked in gloo, which would abort the process if its wait ended
-            while the interpreter shuts down (``docs/faults.md``, "An abort at exit").
+            while the interpreter shuts down (``docs/exit-status.md``).
 
     Returns:
         ``True`` when every work completed.
