@@ -72,6 +72,24 @@ def work_source_rank(work: dist.Work) -> int:
     return int(work._source_rank())
 
 
+def process_groups() -> list[dist.ProcessGroup]:
+    """Every process group torch knows in this process (the default one included); empty before
+    the default group exists. torch 2.9.1 and 2.15.0:
+    ``torch.distributed.distributed_c10d._world.pg_map``."""
+    from torch.distributed import distributed_c10d
+
+    return list(distributed_c10d._world.pg_map.keys())
+
+
+def backend_name(group: dist.ProcessGroup) -> str:
+    """The backend of ``group`` (``"gloo"``, ``"nccl"``, ...). torch 2.9.1 and 2.15.0:
+    ``ProcessGroup._get_backend_name()``; ``dist.get_backend(group)`` where it is missing."""
+    try:
+        return str(group._get_backend_name())
+    except AttributeError:
+        return str(dist.get_backend(group))
+
+
 _JOINED_STORE: list[dist.Store] = []  # a newcomer's view of the members' default store
 
 

@@ -137,6 +137,12 @@ def test_default_store_is_the_default_groups_store(world1):
     assert store.get("compat/key") == b"value"
 
 
+def test_process_groups_and_their_backend(world1):
+    groups = _compat.process_groups()
+    assert dist.group.WORLD in groups
+    assert _compat.backend_name(dist.group.WORLD) == "gloo"
+
+
 def test_default_backend_for_device():
     assert _compat.default_backend_for_device(torch.device("cpu")) == "gloo"
     assert _compat.default_backend_for_device(torch.device("cuda", 0)) == "nccl"
@@ -487,7 +493,8 @@ def _private_accesses(path: Path) -> set[str]:
             if not name.startswith("_") or name.startswith("__"):
                 continue
             text = ast.unparse(node)
-            if text.split(".")[0] in ("self", "cls", "argparse"):  # argparse: stdlib, stable
+            # argparse, os (os._exit): the standard library's documented names, stable
+            if text.split(".")[0] in ("self", "cls", "argparse", "os"):
                 continue
             found.add(text)
     return found

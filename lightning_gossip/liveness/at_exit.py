@@ -49,7 +49,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from lightning_gossip import _compat
 
 __all__ = ["EXITING", "JOIN_S", "STOP_S", "exit_status", "join_threads", "record_exit", "release",
            "keep", "spawn", "track"]
@@ -129,9 +130,9 @@ def release(group: Any) -> bool:
 
 def _backend_name(group: Any) -> str:
     try:
-        return str(group._get_backend_name())
-    except Exception:  # noqa: BLE001 - an older torch
-        return str(dist.get_backend(group))
+        return _compat.backend_name(group)
+    except Exception:  # noqa: BLE001 - a group already unusable
+        return ""
 
 
 def keep(group: Any) -> bool:
@@ -153,7 +154,7 @@ def _all_groups() -> list[Any]:
             groups += own
         groups += _kept
     try:
-        groups += list(dist.distributed_c10d._world.pg_map.keys())
+        groups += _compat.process_groups()
     except Exception:  # noqa: BLE001 - not initialised, or torch moved it
         pass
     unique: list[Any] = []
