@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from testbed.elastic_fuzz import EXIT_ABORT, orphans, run_case
-from testbed.launch import ROOT, base_env, fake_slurm_commands, free_port, launch_processes
+from testbed.launch import (
+    ROOT,
+    base_env,
+    fake_slurm_commands,
+    free_port,
+    launch_processes,
+    parse_events,
+)
 
 SCRIPT = ROOT / "tests/scripts/restart_ranks.py"
 KINDS = ("elastic", "plain-srun", "plain-torchrun", "elastic", "plain-lightning", "raise")
@@ -69,17 +76,6 @@ def _spec(out: Path, rng: random.Random, **extra: Any) -> Path:
     path = out / "spec.json"
     path.write_text(json.dumps(spec))
     return path
-
-
-def parse_events(text: str) -> list[dict[str, Any]]:
-    """The ``EVENT {json}`` records of ``text`` (two processes' lines may share a line)."""
-    decoder, out = json.JSONDecoder(), []
-    for piece in text.split("EVENT ")[1:]:
-        try:
-            out.append(decoder.raw_decode(piece)[0])
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 def plain_case(out: Path, kind: str, rng: random.Random) -> dict[str, Any]:

@@ -382,3 +382,14 @@ def check(result: subprocess.CompletedProcess) -> str:
 def read_rank_results(out_dir: Path, world_size: int) -> list[dict]:
     """Load ``rank{r}.json`` for every rank."""
     return [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The ``EVENT {json}`` records of ``text`` (two processes' lines may share a line)."""
+    decoder, out = json.JSONDecoder(), []
+    for piece in text.split("EVENT ")[1:]:
+        try:
+            out.append(decoder.raw_decode(piece)[0])
+        except json.JSONDecodeError:
+            pass
+    return out

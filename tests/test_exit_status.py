@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.launch import ROOT, base_env, free_port, launch_processes
-from tests.test_faults import parse_events, restart_command
+from testbed.launch import ROOT, base_env, free_port, launch_processes, parse_events
+from tests.test_faults import restart_command
 
 SCRIPT = ROOT / "tests/scripts/exit_abort.py"
 

@@ -16,22 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from testbed.launch import ROOT, base_env, free_port, launch_processes, torchrun_command
+from testbed.launch import (
+    ROOT,
+    base_env,
+    free_port,
+    launch_processes,
+    parse_events,
+    torchrun_command,
+)
 
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = ROOT / "tests/scripts/fault_cases.py"
-
-
-def parse_events(text: str) -> list[dict]:
-    """Every ``EVENT {json}`` in ``text`` (lines of two ranks may share a line)."""
-    decoder, out = json.JSONDecoder(), []
-    for piece in text.split("EVENT ")[1:]:
-        try:
-            out.append(decoder.raw_decode(piece)[0])
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 def _alive(pid: int) -> bool:
