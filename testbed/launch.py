@@ -374,8 +374,19 @@ def run_lightning(
 
 
 def check(result: subprocess.CompletedProcess) -> str:
-    """Assert the run succeeded; show the tail of its output otherwise."""
-    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stdout[-8000:]}"
+    """Assert the run succeeded; show the tail of its output otherwise, after the first error
+    line each rank printed (a rank's own error is often far above the tail, which shows the
+    others naming it and the launcher's summary)."""
+    if result.returncode != 0:
+        firsts: dict[str, str] = {}
+        for line in result.stdout.splitlines():
+            rank = line.split("]:", 1)[0] + "]" if line.startswith("[rank") else ""
+            if rank not in firsts and ("Error" in line or "Exception" in line):
+                firsts[rank] = line[:500]
+        heads = "\n".join(f"{rank or '(no rank prefix)'} {line}"
+                           for rank, line in sorted(firsts.items()))
+        raise AssertionError(f"exit code {result.returncode}; each rank's first error line:\n"
+                             f"{heads}\n--- the output's tail:\n{result.stdout[-8000:]}")
     return result.stdout
 
 
