@@ -11,7 +11,7 @@ collectives in the same order. After the closure the buckets not yet started (a 
 without a gradient on this rank, or a backward that ran before the closure, as in manual
 optimization) start, every one is waited for, and the sums divided by ``divisor`` go back into
 the gradients. The values are those of one flat all-reduce of every gradient after backward
-(:meth:`~lightning_gossip.strategies.node_averaging.NodeAverager.average_gradients`): the same
+(:meth:`~lightning_gossip.node_averaging.NodeAverager.average_gradients`): the same
 packing, the same per-element sums (bit for bit where the backend sums each element in the same
 order whatever the message size, e.g. two ranks), the same treatment of missing gradients.
 

@@ -39,12 +39,21 @@ a whole step). An optimizer step that is skipped (``torch.amp.GradScaler`` after
 runs no hook, so under ``"dpsgd"`` a skipped step on one rank only leaves the ranks a round
 apart: use the Trainer or Fabric strategies with fp16 loss scaling.
 
+Hierarchical gossip (``hierarchical=True``, super-learners): the ranks of a node act as one
+learner and gossip runs between nodes, as under the Trainer strategies: the pre-step hook first
+averages the gradients over the node (one all-reduce on the node's group), the post-step hook
+averages the floating buffers over it, so the node's ranks hold bit-identical replicas; the
+engine then mixes the node replicas, local rank ``l`` exchanging slice ``l`` with local rank
+``l`` of the peer nodes. The layout comes from torchrun's environment (``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``LOCAL_RANK``) or from ``layout=``, and is checked over every rank.
+
 This module imports no Lightning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -60,16 +69,20 @@ from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average, check_every
 from lightning_gossip.flat import FlatState
 from lightning_gossip.gossip_period.auto import PeriodDriver
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups, make_node_groups
 from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.node_averaging import NodeAverager, node_layout
 from lightning_gossip.outer import OuterOptimizer, check_outer
-from lightning_gossip.pairing import Pairing
+from lightning_gossip.pairing import ColumnPairing, Pairing
 from lightning_gossip.sync_gossip import SyncGossip
-from lightning_gossip.topology import Topology, build
+from lightning_gossip.topology import Topology, build, resolve_learners
 
-__all__ = ["STRATEGIES", "Gossip", "attach"]
+__all__ = ["NODE_GRADIENTS", "STRATEGIES", "Gossip", "attach"]
 
 #: the names :func:`attach` accepts
 STRATEGIES = ("dpsgd", "adpsgd")
+#: ``node_gradients``: where the node's gradient all-reduce of hierarchical gossip runs
+NODE_GRADIENTS = ("at_step", "after_backward", "overlapped")
 
 
 class Gossip:
@@ -116,6 +129,24 @@ class Gossip:
         outer_nesterov: Nesterov outer momentum (default) or heavy ball.
         heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
             naming it (``None``, default: no heartbeat; the Trainer strategies default to 60).
+        hierarchical: the ranks of a node are one learner (super-learner): their gradients are
+            averaged over the node every step and their floating buffers after it, so they
+            hold bit-identical replicas, and gossip runs between nodes (``"dpsgd"``:
+            ``topology`` over the nodes; ``"adpsgd"``: ``pairing`` over the nodes), local rank
+            ``l`` exchanging slice ``l`` of the replica with local rank ``l`` of its peer
+            nodes. Start every rank of a node from the same weights (the broadcast does). One
+            process per node: the same as ``False``; one node: plain data parallelism (with a
+            warning).
+        layout: ``hierarchical``: this rank's place in the nodes
+            (:class:`~lightning_gossip.hierarchy.NodeLayout`); default: torchrun's environment
+            (:func:`~lightning_gossip.node_averaging.node_layout`). Checked over every rank (a
+            collective): global ranks must be ``node * processes_per_node + local``.
+        node_gradients: ``hierarchical``: where the node's gradient all-reduce runs:
+            ``"at_step"`` (default: in :meth:`before_step`, i.e. the optimizer's pre-step hook)
+            or, for an owner that runs every backward through :attr:`node`'s
+            :meth:`~lightning_gossip.node_averaging.NodeAverager.wrap` (the Fabric strategies),
+            ``"after_backward"`` (one all-reduce after it) or ``"overlapped"`` (bucket by bucket
+            during it); :meth:`before_step` then averages nothing.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -126,9 +157,14 @@ class Gossip:
                  backend: str | None = None, broadcast: bool = True,
                  global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
-                 outer_nesterov: bool = True, heartbeat_timeout: float | None = None) -> None:
+                 outer_nesterov: bool = True, heartbeat_timeout: float | None = None,
+                 hierarchical: bool = False, layout: NodeLayout | None = None,
+                 node_gradients: str = "at_step") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if node_gradients not in NODE_GRADIENTS:
+            raise ValueError(f"node_gradients must be one of {NODE_GRADIENTS}, got "
+                             f"{node_gradients!r}")
         #: the outer optimizer of the periodic global average (``None``: the plain average)
         self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                                           outer_nesterov, heartbeat_timeout)
@@ -142,6 +178,12 @@ class Gossip:
         self.algorithm = strategy  #: "dpsgd" or "adpsgd"
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        #: ``hierarchical`` with several processes per node: this rank's place in the nodes
+        #: (``None``: flat, also with one process per node)
+        self.layout: NodeLayout | None = None
+        if hierarchical and self.world_size > 1:
+            found = node_layout(self.rank, self.world_size, layout)  # (checked on every rank)
+            self.layout = found if found.devices > 1 else None
         self.flat = FlatState(model)
         device = self.flat.device
         if backend is None:
@@ -173,25 +215,50 @@ class Gossip:
             self.auto = PeriodDriver(settings, agree=strategy == "dpsgd", rank=self.rank,
                                      timeout=self.timeout, group=self._meet,
                                      heartbeat=self.heartbeat)
-        #: the engine (``None`` with a single process: the loop then trains locally)
+        #: the engine (``None`` with a single process, the loop then trains locally, or on
+        #: one hierarchical node, where there is nothing to gossip with)
         self.engine: SyncGossip | AsyncGossip | None = None
+        #: ``hierarchical``: the averaging over this rank's node (``None`` when flat)
+        self.node: NodeAverager | None = None
+        self._gradients_at_step = node_gradients == "at_step"
+        lay = self.layout
+        exchanging = self.world_size > 1 and not (lay is not None and lay.num_nodes == 1)
+        if lay is not None and lay.num_nodes == 1:
+            warnings.warn(f"hierarchical gossip on one node of {lay.devices} processes: "
+                          "gradients are averaged inside the node and there is nothing to "
+                          "gossip with (plain data parallelism)", stacklevel=3)
         if self.world_size > 1 and strategy == "dpsgd":
-            topo = (topology if isinstance(topology, Topology)
-                    else build(topology, self.world_size, seed=seed))
             group = dist.new_group(backend=backend, timeout=self.timeout)
-            self.engine = SyncGossip(self.flat, self.rank, topo, group, self.timeout,
-                                     overlap=overlap, delay_by_one=delay_by_one,
-                                     heartbeat=self.heartbeat, wire_dtype=wire, period=period,
-                                     auto=self.auto)
+            groups: NodeGroups | None = None
+            if lay is not None:  # the worker all-gathers on a node group of its own (not NCCL)
+                groups = make_node_groups(lay, backend, self.timeout,
+                                          gossip_node_group="nccl" not in backend)
+                self.node = self._node_averager(groups, node_gradients)
+            if exchanging:
+                topo = (resolve_learners(topology, lay.num_nodes, lay.devices, seed, True)
+                        if lay is not None else topology if isinstance(topology, Topology)
+                        else build(topology, self.world_size, seed=seed))
+                self.engine = SyncGossip(
+                    self.flat, self.rank, topo, group, self.timeout, overlap=overlap,
+                    delay_by_one=delay_by_one, heartbeat=self.heartbeat, wire_dtype=wire,
+                    period=period, auto=self.auto, layout=lay, groups=groups,
+                    node_gather=self.node.all_gather if self.node is not None else None)
         elif self.world_size > 1:
-            control = dist.new_group(backend="gloo", timeout=self.timeout)
-            data = dist.new_group(backend=backend, timeout=self.timeout)
-            self.engine = AsyncGossip(self.flat, self.rank,
-                                      Pairing(pairing, self.world_size, seed),
-                                      control_group=control, data_group=data,
-                                      timeout=self.timeout, max_staleness=max_staleness,
-                                      delay_by_one=delay_by_one, heartbeat=self.heartbeat,
-                                      wire_dtype=wire, period=period, auto=self.auto)
+            groups = make_async_groups(lay, backend, self.timeout)  # flat: control, data
+            if lay is not None:
+                self.node = self._node_averager(groups, node_gradients)
+            if exchanging:
+                over = Pairing(pairing, lay.num_nodes if lay is not None else self.world_size,
+                               seed)
+                assert groups.control is not None
+                self.engine = AsyncGossip(
+                    self.flat, self.rank, ColumnPairing(over, lay) if lay is not None else over,
+                    control_group=groups.control, data_group=groups.column,
+                    timeout=self.timeout, max_staleness=max_staleness,
+                    delay_by_one=delay_by_one, heartbeat=self.heartbeat, wire_dtype=wire,
+                    period=period, auto=self.auto,
+                    shard=(lay.local, lay.devices) if lay is not None else (0, 1),
+                    node_gather=self.node.all_gather if self.node is not None else None)
         self._average_group = self._meet if device.type == "cpu" else None
         if self.engine is not None:
             self.engine.start()
@@ -200,18 +267,36 @@ class Gossip:
             self._handles = [optimizer.register_step_pre_hook(self._pre_hook),
                              optimizer.register_step_post_hook(self._post_hook)]
 
+    def _node_averager(self, groups: NodeGroups, node_gradients: str) -> NodeAverager:
+        """The averaging over this rank's node (``hierarchical``), on the node's group."""
+        assert self.layout is not None
+        return NodeAverager(self.model, self.flat, self.layout, groups.node, self.timeout,
+                            self.heartbeat, step=self._current_step,
+                            overlap=node_gradients == "overlapped")
+
+    def _current_step(self) -> int:
+        """The step count, for the node's error messages."""
+        return self.step
+
     # -- the step: called by the optimizer's hooks (or by an owner that drives it) ------------
     def before_step(self) -> None:
-        """Before ``optimizer.step()`` (after backward): start step :attr:`step`'s gossip."""
+        """Before ``optimizer.step()`` (after backward): average the gradients over the node
+        (``hierarchical``, ``node_gradients="at_step"``), then start step :attr:`step`'s
+        gossip."""
         if self.heartbeat is not None and self.heartbeat.has_finding:
             self.heartbeat.check(f"rank {self.rank} at step {self.step}")
+        if self.node is not None and self._gradients_at_step:
+            self.node.average_gradients()
         if isinstance(self.engine, AsyncGossip) and not self.engine.in_phase:
             dist.barrier(group=self._meet)  # every rank opens the phase together
         if self.engine is not None:
             self.engine.before_step(self.step)
 
     def after_step(self) -> None:
-        """After ``optimizer.step()``: mix (D-PSGD) or apply the peers' deltas (AD-PSGD)."""
+        """After ``optimizer.step()``: average the floating buffers over the node
+        (``hierarchical``), then mix (D-PSGD) or apply the peers' deltas (AD-PSGD)."""
+        if self.node is not None:
+            self.node.average_buffers()
         if self.engine is not None:
             self.engine.after_step(self.step)
         self.step += 1
@@ -330,7 +415,10 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "
     :class:`Gossip`'s keywords (``topology``, ``pairing``, ``seed``, ``max_staleness``,
     ``overlap``, ``delay_by_one``, ``wire_dtype``, ``gossip_every_n_steps``, ``timeout``,
     ``backend``, ``broadcast``, ``global_average_every_n_steps``, ``outer_lr``,
-    ``outer_momentum``, ``outer_nesterov``, ``heartbeat_timeout``).
+    ``outer_momentum``, ``outer_nesterov``, ``heartbeat_timeout``, ``hierarchical``,
+    ``layout``). ``hierarchical=True`` under ``torchrun --nnodes N --nproc-per-node P``: the P
+    ranks of a node average their gradients at every ``optimizer.step()`` and gossip runs
+    between the N nodes.
 
     >>> attach(None, None, strategy="ddp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):

@@ -15,15 +15,23 @@ the model holds the exact average of the replicas, for evaluation), ``fabric.str
 ``fabric.strategy.finish()`` (the same, then gossip stops: the end of training).
 ``fabric.save`` writes the average too: the module's state dict is the consensus (a collective on
 every rank, which ``fabric.save`` already is).
+
+``hierarchical=True`` (super-learners, as under the Trainer): the P ranks of a node of
+``Fabric(devices=P, num_nodes=N)`` average their gradients over the node in ``fabric.backward``
+(after it, or bucket by bucket during it with ``node_allreduce="overlapped"``;
+``fabric.no_backward_sync`` skips it for the micro-batches of a gradient accumulation, as under
+DDP) and their floating buffers after every optimizer step, and gossip runs between the N
+nodes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from lightning.fabric.accelerators import Accelerator
@@ -36,6 +44,8 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.budget import GossipPeriod, check_gossip_every_n_steps
+from lightning_gossip.hierarchy import NodeLayout
+from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.plain_loop import Gossip, check_gossip_options
 from lightning_gossip.topology import Topology
 
@@ -44,12 +54,27 @@ __all__ = ["FabricADPSGDStrategy", "FabricDPSGDStrategy", "FabricGossipStrategy"
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 
 
-class _NothingToSync(_compat.backward_sync_control_base()):  # type: ignore[misc]
-    """Gossip has no gradient all-reduce to skip: ``fabric.no_backward_sync`` is a no-op."""
+class _NodeSync(_compat.backward_sync_control_base()):  # type: ignore[misc]
+    """``fabric.no_backward_sync``: the backward calls inside the block skip the node's gradient
+    all-reduce of hierarchical gossip (the micro-batches of a gradient accumulation; the last
+    backward, outside the block, averages the accumulated gradients). Flat gossip has no
+    gradient all-reduce: there the block changes nothing."""
+
+    def __init__(self) -> None:
+        #: inside an enabled ``no_backward_sync`` block
+        self.blocked = False
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        """Nothing to block (each rank's gradient stays local anyway)."""
-        return nullcontext()
+        """Skip the node's gradient all-reduce inside the block when ``enabled``."""
+        return self._blocked() if enabled else nullcontext()
+
+    @contextlib.contextmanager
+    def _blocked(self) -> Iterator[None]:
+        before, self.blocked = self.blocked, True
+        try:
+            yield
+        finally:
+            self.blocked = before
 
 
 class FabricGossipStrategy(DDPStrategy):
@@ -74,7 +99,7 @@ class FabricGossipStrategy(DDPStrategy):
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
-        self._backward_sync_control = _NothingToSync()
+        self._backward_sync_control: _NodeSync = _NodeSync()
         #: the attached gossip (after ``fabric.setup(model, ...)``)
         self.gossip: Gossip | None = None
 
@@ -85,16 +110,23 @@ class FabricGossipStrategy(DDPStrategy):
     def _set_common(self, global_average_every_n_steps: int | None, outer_lr: float | None,
                     outer_momentum: float, outer_nesterov: bool,
                     heartbeat_timeout: float | None, hierarchical: bool = False,
+                    node_allreduce: NodeAllreduce = "after_backward",
                     elastic: bool = False) -> None:
         """Keep the options both strategies take (checked here, at construction)."""
-        for name, value in (("hierarchical", hierarchical), ("elastic", elastic)):
-            if value:
-                raise ValueError(
-                    f"{type(self).__name__}({name}=True) is not available under Fabric: the "
-                    f"Trainer strategies (DPSGDStrategy, ADPSGDStrategy) have it "
-                    f"(docs/fabric.md)")
+        if elastic:
+            raise ValueError(
+                f"{type(self).__name__}(elastic=True) is not available under Fabric: the "
+                f"Trainer strategies (DPSGDStrategy, ADPSGDStrategy) have it (docs/fabric.md)")
+        if node_allreduce not in get_args(NodeAllreduce):
+            raise ValueError(f"node_allreduce must be one of {get_args(NodeAllreduce)}, got "
+                             f"{node_allreduce!r}")
+        if node_allreduce != "after_backward" and not hierarchical:
+            raise ValueError(f"node_allreduce={node_allreduce!r} acts on the node's gradient "
+                             "all-reduce of hierarchical=True: set hierarchical=True too")
         check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                              outer_nesterov, heartbeat_timeout)
+        self.hierarchical = bool(hierarchical)
+        self.node_allreduce = node_allreduce
         self.global_average_every_n_steps = global_average_every_n_steps
         self.outer_lr = outer_lr
         self.outer_momentum = outer_momentum
@@ -105,19 +137,33 @@ class FabricGossipStrategy(DDPStrategy):
         return {"global_average_every_n_steps": self.global_average_every_n_steps,
                 "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                 "outer_nesterov": self.outer_nesterov,
-                "heartbeat_timeout": self.heartbeat_timeout}
+                "heartbeat_timeout": self.heartbeat_timeout, "hierarchical": self.hierarchical}
 
     @override
     def setup_module(self, module: Module) -> Module:
         """The module as it is (no wrapper): rank 0's weights are broadcast to every replica
-        and gossip is attached to it (one model per strategy)."""
+        and gossip is attached to it (one model per strategy); ``hierarchical``: over this
+        strategy's nodes (``num_nodes`` of ``num_processes``), checked over every rank."""
         if self.gossip is not None:
             raise ValueError(f"{type(self).__name__} gossips one model: fabric.setup was "
                              "called a second time with a model")
         timeout = self._timeout if self._timeout is not None else default_pg_timeout
+        layout = (NodeLayout(self.num_nodes, self.num_processes, self.node_rank, self.local_rank)
+                  if self.hierarchical else None)
         self.gossip = Gossip(module, None, self.kind, timeout=timeout,
-                             backend=self._process_group_backend, **self.gossip_options())
+                             backend=self._process_group_backend, layout=layout,
+                             node_gradients=self.node_allreduce, **self.gossip_options())
         return module
+
+    @override
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Fabric's backward; ``hierarchical``: then the gradients averaged over the node (or
+        during it, ``node_allreduce="overlapped"``), except inside ``fabric.no_backward_sync``."""
+        node = self.gossip.node if self.gossip is not None else None
+        if node is None or self._backward_sync_control.blocked:
+            super().backward(tensor, module, *args, **kwargs)
+            return
+        node.wrap(functools.partial(super().backward, tensor, module, *args, **kwargs))()
 
     @override
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
@@ -201,11 +247,19 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
             periodic average (``lightning_gossip.outer``; ``None``: the plain average).
         heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
             naming it (``PeerSilent``; default 60, as the Trainer strategies; ``None``: off).
+        hierarchical: the ranks of a node (``Fabric(devices=P, num_nodes=N)``) are one learner:
+            gradients averaged over the node in ``fabric.backward``, floating buffers after
+            every step (its ranks hold bit-identical replicas), and gossip between the nodes,
+            ``topology`` over the N nodes; local rank ``l`` exchanges slice ``l`` of the replica
+            with local rank ``l`` of the peer nodes. One node: plain data parallelism (with a
+            warning).
+        node_allreduce: ``hierarchical``: the node's gradient all-reduce after backward
+            (``"after_backward"``, default) or bucket by bucket during it (``"overlapped"``).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Every rank must take the same number of optimizer steps between sync points.
-    ``hierarchical=True`` and ``elastic=True`` are the Trainer strategies' only: refused here
-    with a ``ValueError`` that says so.
+    ``elastic=True`` is the Trainer strategies' only: refused here with a ``ValueError`` that
+    says so.
     """
 
     kind = "dpsgd"
@@ -227,14 +281,15 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
                  global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
-                 hierarchical: bool = False, elastic: bool = False,
-                 process_group_backend: str | None = None,
+                 hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
+                 elastic: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
-                         outer_nesterov, heartbeat_timeout, hierarchical, elastic)
+                         outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
+                         elastic)
         self.topology = topology
         self.seed = int(seed)
         self.overlap = bool(overlap)
@@ -245,8 +300,8 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
     @override
     def gossip_options(self) -> dict[str, Any]:
         """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype``,
-        ``gossip_every_n_steps`` and the periodic average's, outer optimizer's and heartbeat's
-        options."""
+        ``gossip_every_n_steps``, the periodic average's, outer optimizer's and heartbeat's
+        options, and ``hierarchical``."""
         return {"topology": self.topology, "seed": self.seed, "overlap": self.overlap,
                 "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype,
                 "gossip_every_n_steps": self.gossip_every_n_steps, **self._common_options()}
@@ -275,12 +330,20 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
             periodic average (``lightning_gossip.outer``; ``None``: the plain average).
         heartbeat_timeout: seconds without a peer's heartbeat after which a wait on it fails
             naming it (``PeerSilent``; default 60, as the Trainer strategies; ``None``: off).
+        hierarchical: the ranks of a node (``Fabric(devices=P, num_nodes=N)``) are one learner
+            (H-ADPSGD): gradients averaged over the node in ``fabric.backward``, floating
+            buffers after every step, and AD-PSGD between the nodes, ``pairing`` over the N
+            nodes; local rank ``l`` gossips slice ``l`` of the replica with local rank ``l`` of
+            the partner node, and the node's ranks add the same gathered deltas every step.
+            The node's ranks step together. One node: plain data parallelism (with a warning).
+        node_allreduce: ``hierarchical``: the node's gradient all-reduce after backward
+            (``"after_backward"``, default) or bucket by bucket during it (``"overlapped"``).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
-    Ranks may take different numbers of steps; a phase of gossip opens at the first step after
-    a sync point (after a meeting of all ranks) and ends at the next sync point.
-    ``hierarchical=True`` and ``elastic=True`` are the Trainer strategies' only: refused here
-    with a ``ValueError`` that says so.
+    Ranks may take different numbers of steps (hierarchical: nodes; the ranks of one node take
+    the same); a phase of gossip opens at the first step after a sync point (after a meeting of
+    all ranks) and ends at the next sync point. ``elastic=True`` is the Trainer strategies'
+    only: refused here with a ``ValueError`` that says so.
     """
 
     kind = "adpsgd"
@@ -306,14 +369,15 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
                  global_average_every_n_steps: int | None = None,
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
-                 hierarchical: bool = False, elastic: bool = False,
-                 process_group_backend: str | None = None,
+                 hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
+                 elastic: bool = False, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
-                         outer_nesterov, heartbeat_timeout, hierarchical, elastic)
+                         outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
+                         elastic)
         self.pairing = pairing
         self.seed = int(seed)
         self.max_staleness = max_staleness
@@ -324,8 +388,8 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
     @override
     def gossip_options(self) -> dict[str, Any]:
         """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype``,
-        ``gossip_every_n_steps`` and the periodic average's, outer optimizer's and heartbeat's
-        options."""
+        ``gossip_every_n_steps``, the periodic average's, outer optimizer's and heartbeat's
+        options, and ``hierarchical``."""
         return {"pairing": self.pairing, "seed": self.seed,
                 "max_staleness": self.max_staleness, "delay_by_one": self.delay_by_one,
                 "wire_dtype": self.wire_dtype,
