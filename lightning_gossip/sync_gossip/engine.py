@@ -375,9 +375,8 @@ class SyncGossip:
         (:attr:`Round.exchange_s` counts from here). A failed wait is described as the round
         (``what``)."""
         if rnd.stop is not None:
-            wait_all(rnd.stop.works, self.timeout, what)
-            # (its wait returns at once now; reading the values syncs a CUDA stream)
-            self.agreement.wait_and_merge(rnd.stop, self.timeout, self.rank, rnd.step)
+            wait_all(rnd.stop.works, self.timeout, what)  # (once: gloo's works wait per call)
+            self.agreement.merge(*rnd.stop.received())  # (reading them syncs a CUDA stream)
         return time.perf_counter()
 
     # ------------------------------------------------------------------------------------------
