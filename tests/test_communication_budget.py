@@ -19,7 +19,7 @@ from lightning_gossip import topology as T
 from lightning_gossip.gossip_period import DEFAULT_MARGIN, DEFAULT_MAX_PERIOD, choose_period
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.pairing import ColumnPairing, Pairing
-from lightning_gossip.sync_gossip import RoundSchedule, StopAgreement
+from lightning_gossip.sync_gossip import NO_STOP, RoundSchedule, StopAgreement
 from tests import period_cases as P
 from tests.cases import FP32, assert_conserved_and_contracting, expected_mixing
 
@@ -501,3 +501,116 @@ def test_attach_takes_the_period_for_both_engines(tmp_path):
         s = r["switches"][0]
         assert (s["decision"]["compute_s"], s["decision"]["exchange_s"]) == (
             s["local_compute_s"], s["local_exchange_s"])
+
+
+# ----------------------------------------------------------------------------------------------
+# "auto" under dpsgd: a late peer's compute is not exchange time; a requeue that training
+# survives does not end the re-checks (attach, real gloo processes)
+# ----------------------------------------------------------------------------------------------
+SLOW_S = 0.5
+"""Rank 0's extra compute per step in the straggler fit (a sleep before its forward)."""
+
+#: the straggler fit: decided once, after 6 steps (1 of warm-up), with the default margin
+SLOW_AUTO = {"warmup_steps": 1, "measure_steps": 5, "recheck_every": None}
+#: the requeue fit: a margin of 1e6 picks max_period (3) at every decision, re-checked every 4
+REQUEUE_AUTO = {"warmup_steps": 1, "measure_steps": 3, "recheck_every": 4, "max_period": 3,
+                "margin": 1e6}
+REQUEUE_STEPS = 24
+REQUEUE_AT = 7
+"""Rank 0 proposes a requeue before step 7 (as the strategy does on SLURM's signal)."""
+
+
+def _auto_measure_ranks(rank: int, world: int) -> dict:
+    """On every rank, two dpsgd loops with ``attach`` and ``gossip_every_n_steps=AutoPeriod``
+    (lr = 0, rank-dependent weights): ``slow``, 8 steps where rank 0 sleeps ``SLOW_S`` before
+    every forward (a straggler's compute); ``requeue``, 24 steps where rank 0 proposes a
+    requeue before step 7 on the engine, as ``AgreedStops`` does when SLURM's signal comes
+    (nothing acts on it here: a requeue whose ``scontrol`` failed, training goes on)."""
+    import time
+
+    import torch
+
+    from lightning_gossip import FlatState, attach
+    from lightning_gossip.gossip_period import AutoPeriod
+
+    out: dict = {}
+    for name, settings, steps in (("slow", SLOW_AUTO, 8),
+                                  ("requeue", REQUEUE_AUTO, REQUEUE_STEPS)):
+        torch.manual_seed(100 + rank)
+        model = torch.nn.Linear(5, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        gossip = attach(model, opt, strategy="dpsgd", topology="random_ring", seed=5,
+                        broadcast=False, gossip_every_n_steps=AutoPeriod(**settings),
+                        timeout=120)
+        flat = FlatState(model)
+        xs, x0, proposal = [], flat.pack().tolist(), None
+        for t in range(steps):
+            if name == "slow" and rank == 0:
+                time.sleep(SLOW_S)
+            if name == "requeue" and rank == 0 and t == REQUEUE_AT:
+                proposal = gossip.engine.propose_stop("requeue", gossip.step)
+            opt.zero_grad()
+            model(torch.ones(3, 5)).sum().backward()
+            opt.step()
+            xs.append(flat.pack().tolist())
+        gossip.quiesce()
+        out[name] = {"x0": x0, "steps": xs, "final": flat.pack().tolist(),
+                     "stats": dict(vars(gossip.stats)), "proposal": proposal,
+                     "switches": [sw.as_dict() for sw in gossip.auto.switches],
+                     "postponed": [list(p) for p in gossip.auto.postponed],
+                     "agreement": list(gossip.engine.agreement.values())}
+        gossip.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def auto_measure(tmp_path_factory) -> list[dict]:
+    from tests.scripts.engine_ranks import spawn_ranks
+
+    return spawn_ranks(_auto_measure_ranks, WORLD, tmp_path_factory.mktemp("auto"),
+                       timeout=300)
+
+
+@pytest.mark.multiprocess
+def test_auto_dpsgd_does_not_count_a_late_peer_s_compute_as_exchange(auto_measure):
+    """Rank 0 computes ``SLOW_S`` longer per step. Its neighbours post every round that much
+    earlier and wait for its data inside the round; timed from their own posting, that wait
+    made the exchange as long as the step (R about 1, period 2, for a 12-value model). The
+    exchange is timed from the arrival of the last peer's stop message (posted before its
+    data), and the wait is kept apart: the period is 1. The compute (the maximum over the
+    ranks) includes the sleep by construction; the exchange of 12 values is far below it."""
+    rs = [r["slow"] for r in auto_measure]
+    first = _assert_agreed([{"period_switches": r["switches"]} for r in rs], SLOW_AUTO)
+    assert [s["step"] for s in first] == [6]
+    d = first[0]["decision"]
+    assert d["compute_s"] >= SLOW_S  # rank 0's median step: its sleep, forward and backward
+    assert d["period"] == 1 and DEFAULT_MARGIN * d["exchange_s"] <= d["compute_s"], d
+    waited = sum(r["stats"]["peer_wait_seconds"] for r in rs)
+    assert waited > sum(r["stats"]["exchange_seconds"] for r in rs), [r["stats"] for r in rs]
+    assert all(r["stats"]["exchanges_timed"] == 8 for r in rs)
+    _assert_mixed_at(rs, list(range(8)), T.build("random_ring", WORLD, 5).mixing_matrix)
+
+
+@pytest.mark.multiprocess
+def test_auto_dpsgd_postpones_past_a_pending_requeue_then_rechecks(auto_measure):
+    """A requeue proposed at step 7 is agreed for a later step ``p`` along the rounds of
+    period 3: the decision due at step 8 is postponed to ``p`` on every rank (switching
+    before would break the agreement); after ``p`` (a requeue whose ``scontrol`` failed:
+    training goes on) every rank forgets the proposal and the re-checks go on every 4 steps.
+    (Before: once a stop or requeue was proposed, the period was never re-checked again.)
+    The replicas (lr = 0) are the product of the matrices of the exchange steps throughout."""
+    rs = [r["requeue"] for r in auto_measure]
+    p = rs[0]["proposal"]
+    assert p is not None and p > 8  # the rounds of period 3 take it past the check at 8
+    first = _assert_agreed([{"period_switches": r["switches"]} for r in rs], REQUEUE_AUTO)
+    ends = [t for t in range(4, REQUEUE_STEPS) if (t + 1) % 3 == 0]  # period 3 from step 4
+    checks = [min(t for t in ends if t >= p)]  # the first period end at or after p
+    while any(t >= checks[-1] + 4 for t in ends):  # then every 4 steps, at a period end
+        checks.append(min(t for t in ends if t >= checks[-1] + 4))
+    assert [s["step"] for s in first] == [4] + [t + 1 for t in checks]
+    assert all(s["decision"]["period"] == 3 for s in first)
+    for r in rs:
+        assert r["postponed"] == [[8, p]], r["postponed"]
+        assert r["agreement"] == [NO_STOP, NO_STOP]  # forgotten on every rank
+    used = _exchange_steps_with_switches(REQUEUE_STEPS, first)
+    _assert_mixed_at(rs, used, T.build("random_ring", WORLD, 5).mixing_matrix)

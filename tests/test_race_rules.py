@@ -370,3 +370,38 @@ def test_a_tuning_record_is_a_ddp_reference(tmp_path: Any) -> None:
         run["samples_to_target"] = sample
     path.write_text(json.dumps(raced))
     assert campaign.ddp_reference(path)["samples_to_target"] == 4640
+
+
+def test_the_auto_cases_race_beside_their_family_s_fastest_fixed_period() -> None:
+    """``*_hier_bf16_pauto``: ``gossip_every_n_steps="auto"`` reaches the strategy, the base's
+    peak is theirs, ``--narrow-after`` keeps them next to the fastest fixed period of their
+    base (the goal compares the two over every run), and the record keeps each run's
+    decisions."""
+    from benchmarks.race import campaign, worker
+
+    for s in ("dpsgd", "adpsgd"):
+        name = f"{s}_hier_bf16_pauto"
+        case = driver.CASES[name]
+        assert worker.library_kwargs(case) == {"hierarchical": True, "wire_dtype": "bf16",
+                                               "gossip_every_n_steps": "auto"}
+        assert case["strategy"] == s and rules.library_case(case)
+        assert driver.family(name) == f"{s}_hier_bf16" and driver.auto_case(name)
+        assert driver.narrowing_family(name) == name
+        assert rules.learners(case, 2, 2) == 2  # hierarchical: one learner per node
+        assert driver.library_option_problem(case) is None  # the library takes "auto"
+    assert not any(driver.auto_case(c) for c in driver.CASES if not c.endswith("_pauto"))
+    times = {"ddp_bf16": [300.0], "dpsgd_hier_bf16": [170.0], "dpsgd_hier_bf16_p4": [150.0],
+             "dpsgd_hier_bf16_p16": [160.0], "dpsgd_hier_bf16_pauto": [155.0],
+             "adpsgd_hier_bf16": [150.0], "adpsgd_hier_bf16_pauto": [165.0]}
+    rec = schema3_record(times, ddp_reference={"samples_to_target": 4800})
+    narrowed = campaign.narrowed(rec, list(times), 1)
+    assert narrowed["kept"] == ["ddp_bf16", "dpsgd_hier_bf16_p4", "dpsgd_hier_bf16_pauto",
+                                "adpsgd_hier_bf16", "adpsgd_hier_bf16_pauto"]
+    # each run keeps the decisions the worker gathered from every rank
+    decisions = {"period": 3, "decisions": [{"step": 11, "period": 3, "compute_ms": 200.0,
+                                             "exchange_ms": 500.0, "ratio": 2.5}],
+                 "postponed": []}
+    res = {"name": "dpsgd_hier_bf16_pauto", "target": 12.0, "curve": [[0.0, 100.0],
+           [120.0, 11.5]], "curve_samples": [0, 4800], "auto_period": [decisions] * 4}
+    entry = campaign.run_entry(res, False, 0, 0)
+    assert entry["auto_period"] == [decisions] * 4 and entry["time_to_target_s"] == 120.0

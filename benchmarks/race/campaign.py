@@ -75,8 +75,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.N
     p.add_argument("--narrow-after", type=int, default=None, metavar="N",
                    help="after N runs, keep only the fastest variant of each family (cases of "
                         "one tune_as base: periods, outer optimizers, bucket sizes, gossip "
-                        "periods) for the remaining runs; the others are kept with their runs "
-                        "and make no claim")
+                        "periods; the gossip_every_n_steps='auto' cases form families of their "
+                        "own) for the remaining runs; the others are kept with their runs and "
+                        "make no claim")
     p.add_argument("--tuning-max-samples", type=int, default=None, metavar="N",
                    help="a tuning trial stops after N samples (default --max-samples), and a "
                         "case's later trials after the samples its best trial so far needed "
@@ -235,7 +236,7 @@ def run_entry(res: dict[str, Any], higher_is_better: bool, run: int | None,
             "bytes_per_step_inter_node", "bytes_per_step_after_warmup", "expected_hook_ratio",
             "load_during", "init_params_sha256", "slowdown", "slow_local_step_s",
             "slow_extra_s", "calibration_steps_s", "slow_slept_per_step_s", "slow_alone_step_s",
-            "torchft_commits")
+            "torchft_commits", "auto_period")
     entry = {k: res.get(k) for k in keep}
     entry.update(run=run, position=position,
                  time_to_target_s=driver.time_to(res["curve"], target, higher_is_better),
@@ -431,6 +432,8 @@ def check_run(rec: dict[str, Any], run: int, warmup: int) -> dict[str, Any]:
 def narrowed(rec: dict[str, Any], cases: list[str], runs: int) -> dict[str, Any]:
     """After ``runs`` runs: each family's fastest variant (the lowest median time to the target
     over those runs, ties: fewer samples, then the order given), and the variants dropped.
+    The families are ``driver.narrowing_family``'s: the ``"auto"`` cases are kept beside
+    their base's fastest fixed period.
 
     >>> rec = {"runs": [], "cases": {
     ...     "postlocal16": {"runs": [{"run": 0, "time_to_target_s": 200.0}]},
@@ -448,13 +451,13 @@ def narrowed(rec: dict[str, Any], cases: list[str], runs: int) -> dict[str, Any]
 
     best: dict[str, str] = {}
     for c in cases:
-        f = driver.family(c)
+        f = driver.narrowing_family(c)
         if f not in best or key(c) < key(best[f]):
             best[f] = c
-    kept = [c for c in cases if best[driver.family(c)] == c]
+    kept = [c for c in cases if best[driver.narrowing_family(c)] == c]
     return {"after_runs": runs, "kept": kept,
-            "dropped": {c: f"slower than {best[driver.family(c)]} over the first {runs} run(s)"
-                        for c in cases if c not in kept}}
+            "dropped": {c: f"slower than {best[driver.narrowing_family(c)]} over the first "
+                           f"{runs} run(s)" for c in cases if c not in kept}}
 
 
 def racing(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any],

@@ -1,17 +1,27 @@
 """The race's parts of the docs, generated from the records in ``benchmarks/results/race/``.
 
-Writes, between markers, the race tables of ``docs/choosing.md`` and ``docs/races.md``
-(``<!-- race-table:begin -->`` ... ``<!-- race-table:end -->``), the README's results
-sentence (``<!-- results-sentence:begin -->`` ... ``<!-- results-sentence:end -->``) and the
-demo's parity table of ``docs/benchmarks.md`` (``parity-table``, from
-``benchmarks/results/parity/demo_parity.json``), wherever those markers are.
-``tests/test_race_docs.py`` checks that the committed docs equal this text.
+Writes, between markers, the race tables of ``docs/races.md`` (``<!-- race-table:begin -->``
+... ``<!-- race-table:end -->``), the decision table by R of ``docs/choosing.md``
+(``decision-table``), the README's results sentence (``results-sentence``), the withdrawn
+records' table (``withdrawn-table``) and the demo's parity table of ``docs/benchmarks.md``
+(``parity-table``, from ``benchmarks/results/parity/demo_parity.json``), wherever those
+markers are. ``tests/test_race_docs.py`` checks that the committed docs equal this text.
 
-Fair records are the campaign records of ``benchmarks/race/campaign.py`` under
-``benchmarks/results/race/fair/``; each is scored by ``rules.score`` (claims only where
-the rules allow them: 3 accepted runs per case, ranges that do not overlap, a converged target,
-latency emulated, one clean commit). Every other race record there, from before the rules, is
-listed as withdrawn with the reasons read from the record itself.
+Campaign records are those of ``benchmarks/race/campaign.py``: the races by regime of R
+(schema 3: R measured, ``comm_compute_ratio``, a seed per run, the 12 % target) under
+``benchmarks/results/race/regimes/``, and the earlier campaign's (schema 2: target 20 %, R not
+measured, seed 0 in every run) under ``benchmarks/results/race/fair/``. Each is scored by
+``rules.score`` (claims only where the rules allow them: 3 accepted runs per case, ranges that
+do not overlap, a converged target, latency emulated, one clean commit). Every other race
+record, from before the rules, is listed as withdrawn with the reasons read from the record
+itself.
+
+The decision table (:func:`decision_table`) has a row per regime (:data:`REGIMES`: R, stragglers,
+latency) and record: what to use is the case with the lowest median time to the target, with
+every case whose runs' range overlaps it; the ``"auto"`` cell is the median of the
+``gossip_every_n_steps="auto"`` case over its family's best fixed period's. A regime without a
+record of its own shows the schema-2 records raced on the link the campaign uses for it,
+labelled as such, or says that it was not raced yet.
 
     python -m benchmarks.race.docs          # rewrite the marked parts
     python -m benchmarks.race.docs --check  # exit 1 where the docs differ from the records
@@ -23,16 +33,18 @@ import argparse
 import json
 import statistics
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.perf.parity_demo import OUT as PARITY
 from benchmarks.perf.parity_demo import table as parity_table
-from benchmarks.race import rules
+from benchmarks.race import driver, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "race"
 FAIR = RESULTS / "fair"
+REGIME_RECORDS = RESULTS / "regimes"
 LOG = "benchmarks/results/race/LOG.md"
 WITHDRAWN = "benchmarks/results/race/WITHDRAWN.md"
 
@@ -41,13 +53,15 @@ MARKERS = {
     "results-sentence": ("<!-- results-sentence:begin -->", "<!-- results-sentence:end -->"),
     "withdrawn-table": ("<!-- withdrawn-table:begin -->", "<!-- withdrawn-table:end -->"),
     "parity-table": ("<!-- parity-table:begin -->", "<!-- parity-table:end -->"),
+    "decision-table": ("<!-- decision-table:begin -->", "<!-- decision-table:end -->"),
 }
 """Name -> (begin, end) markers of a generated part."""
 
-TARGETS = {"docs/choosing.md": ("race-table",), "docs/races.md": ("race-table",),
+TARGETS = {"docs/choosing.md": ("decision-table",), "docs/races.md": ("race-table",),
            "docs/benchmarks.md": ("parity-table",),
            "README.md": ("results-sentence",), WITHDRAWN: ("withdrawn-table",)}
-"""Which generated parts each file may hold (a file without a part's markers is left alone)."""
+"""Which generated parts each file may hold (a file without a part's markers is left alone;
+each part lives in one file only)."""
 
 WITHDRAWN_SUMMARY = (
     "The earlier races are withdrawn: the library's cases alone got the per-learner learning-rate "
@@ -65,10 +79,38 @@ def wrap(paragraph: str) -> str:
 
 
 def fair_records(folder: Path = FAIR) -> list[tuple[str, dict[str, Any]]]:
-    """(file name, record) of every campaign record, by name."""
+    """(file name, record) of every campaign record in ``folder``, by name."""
     if not folder.is_dir():
         return []
     return [(p.name, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+
+
+def regime_records(folder: Path = REGIME_RECORDS) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, record) of every record of the races by regime of R (schema 3)."""
+    return fair_records(folder)
+
+
+def tuning_only(rec: dict[str, Any]) -> bool:
+    """Whether a campaign record holds a tuning and no race run (``--runs 0``).
+
+    >>> tuning_only({"cases": {"ddp": {"runs": []}}}), tuning_only({"cases": {"ddp": {
+    ...     "runs": [{"run": 0}]}}})
+    (True, False)
+    """
+    cases = rec.get("cases")
+    return isinstance(cases, dict) and not any(c.get("runs") for c in cases.values())
+
+
+def r_words(rec: dict[str, Any]) -> str:
+    """R as a record states it: measured (schema 3: ``comm_compute_ratio``), or not.
+
+    >>> r_words({"schema": 3, "comm_compute_ratio": 2.173}), r_words({"schema": 2})
+    ('R 2.17 (measured)', 'R not measured (schema 2)')
+    """
+    r = rec.get("comm_compute_ratio")
+    if r is not None:
+        return f"R {r:.2f} (measured)"
+    return f"R not measured (schema {rec.get('schema') or 'before 2'})"
 
 
 def withdrawal_reasons(rec: dict[str, Any]) -> list[str]:
@@ -132,15 +174,23 @@ def _f(x: float | None, spec: str = ".0f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def fair_table(name: str, rec: dict[str, Any]) -> str:
-    """One campaign record as a markdown section: setting, target, rules, one row per case."""
+def fair_table(name: str, rec: dict[str, Any], folder: str = "fair") -> str:
+    """One campaign record as a markdown section: setting, target, R, rules, one row per case
+    (a tuning record: its setting, R and picks)."""
+    if tuning_only(rec):
+        return wrap(f"**The tuning: {setting(rec)}** (`benchmarks/results/race/{folder}/{name}`"
+                    f"): target {rec['target']:g} % "
+                    f"{'dev WER' if rec['workload'] == 'asr' else 'accuracy'}, {r_words(rec)}. "
+                    + (tuning_words(rec) or "No peak picked yet."))
     score = rules.score(rec)
     handicap = rec.get("handicap") or {}
-    lines = [wrap(f"**{setting(rec)}** (`benchmarks/results/race/fair/{name}`): target "
+    lines = [wrap(f"**{setting(rec)}** (`benchmarks/results/race/{folder}/{name}`): target "
                   f"{rec['target']:g} % {'dev WER' if rec['workload'] == 'asr' else 'accuracy'}"
-                  f", validation every {rec.get('eval_every')} samples"
+                  f", validation every {rec.get('eval_every')} samples, {r_words(rec)}"
                   + (f", handicap +{handicap['extra_s_per_step']:.3f} s per step on node "
-                     f"{rec['slow_node']}" if handicap.get("extra_s_per_step") else "") + "."),
+                     f"{rec['slow_node']}" if handicap.get("extra_s_per_step") else "")
+                  + (", nodes pinned to CPUs of their own" if rec.get("pin_nodes") else "")
+                  + "."),
              "",
              "| case | peak lr | runs | median s | min-max s | / ddp | / best peer | "
              "vs ddp | vs best peer |",
@@ -156,6 +206,8 @@ def fair_table(name: str, rec: dict[str, Any]) -> str:
                   "", pace, ""]
     if tuned := tuning_words(rec):
         lines += [wrap(tuned), ""]
+    for auto in auto_comparisons(rec):
+        lines += [wrap(auto_sentence(auto)), ""]
     if score["withheld"]:
         lines.append(wrap("No claim from this race: " + "; ".join(score["withheld"]) + "."))
     else:
@@ -236,12 +288,17 @@ def withdrawn_table(records: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def race_part(fair: list[tuple[str, dict[str, Any]]],
-              withdrawn: list[tuple[str, dict[str, Any]]]) -> str:
-    """The text between the race-table markers."""
-    parts = []
+              withdrawn: list[tuple[str, dict[str, Any]]],
+              regimes: list[tuple[str, dict[str, Any]]] | None = None) -> str:
+    """The text between the race-table markers: the races by regime, then the schema-2
+    campaign's, then the withdrawn records in a paragraph."""
+    parts = [fair_table(name, rec, "regimes") for name, rec in regimes or []]
     if fair:
+        if regimes:
+            parts.append(wrap("The earlier campaign's records (schema 2: target 20 % dev WER, "
+                              "mid-descent; every run from seed 0; R not measured):"))
         parts += [fair_table(name, rec) for name, rec in fair]
-    else:
+    elif not regimes:
         parts.append(wrap("No race has been run under the race rules yet, so no speed-up is "
                           "claimed: ddp, one of its hooks, a periodic averager or a gossip "
                           "strategy may win."))
@@ -288,12 +345,290 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
                 + "; ".join(races) + " ([docs/choosing.md](docs/choosing.md)).")
 
 
+# ------------------------------------------------------------------------------------------------
+# "auto" against the best fixed period, and the decision table by R (docs/choosing.md)
+# ------------------------------------------------------------------------------------------------
+AUTO_GOAL = 1.10
+"""Issue 47's goal for ``gossip_every_n_steps="auto"``: its median time to the target at most
+this times its family's best fixed period's, in each regime."""
+
+
+def _median_times(rec: dict[str, Any], case: str) -> tuple[float | None, list[float | None]]:
+    """(median, the accepted runs' times to the target) of a case (a run that did not reach the
+    target counts as infinitely slow: a median that is such a run is None)."""
+    times = [r.get("time_to_target_s") for r in rules.accepted_runs(rec, case)]
+    return rules.spread(times)["median"], times
+
+
+def auto_comparisons(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per ``gossip_every_n_steps="auto"`` case of a record: its median time to the target over
+    that of the fastest fixed period of its family (the base and its ``_p<N>`` variants raced
+    to the end; ``ratio`` None where either did not reach the target), the goal met or not,
+    and the period each accepted run ended with (rank 0's).
+
+    >>> run = lambda t, p: {"run": 0, "time_to_target_s": t, "auto_period": [
+    ...     {"period": p, "decisions": []}]}
+    >>> rec = {"cases": {"dpsgd_hier_bf16": {"runs": [{"run": 0, "time_to_target_s": 200.0}]},
+    ...     "dpsgd_hier_bf16_p4": {"runs": [{"run": 0, "time_to_target_s": 100.0}]},
+    ...     "dpsgd_hier_bf16_pauto": {"runs": [run(105.0, 3)]}}}
+    >>> [(a["auto"], a["fixed"], a["ratio"], a["met"], a["periods"])
+    ...  for a in auto_comparisons(rec)]
+    [('dpsgd_hier_bf16_pauto', 'dpsgd_hier_bf16_p4', 1.05, True, [3])]
+    """
+    cases = rec.get("cases") if isinstance(rec.get("cases"), dict) else {}
+    dropped = set((rec.get("narrowed") or {}).get("dropped") or {})
+    out = []
+    for name in cases:
+        if name not in driver.CASES or not driver.auto_case(name):
+            continue
+        base = driver.family(name)
+        fixed = [n for n in cases if n in driver.CASES and driver.family(n) == base
+                 and not driver.auto_case(n) and n not in dropped]
+        medians = {n: _median_times(rec, n)[0] for n in fixed}
+        reached = [n for n in fixed if medians[n] is not None]
+        best = min(reached, key=lambda n: medians[n]) if reached else None
+        mine = _median_times(rec, name)[0]
+        ratio = (round(mine / medians[best], 3) if best is not None and mine is not None
+                 else None)
+        periods = []
+        for r in rules.accepted_runs(rec, name):
+            ranks = r.get("auto_period") or []
+            periods.append(ranks[0].get("period") if ranks and ranks[0] else None)
+        out.append({"auto": name, "fixed": best, "ratio": ratio,
+                    "met": ratio is not None and ratio <= AUTO_GOAL, "periods": periods,
+                    "ratios": _auto_ratios(rec, name)})
+    return out
+
+
+def _auto_ratios(rec: dict[str, Any], name: str) -> list[float]:
+    """The R of every decision of the accepted runs of an ``"auto"`` case (rank 0's: for
+    ``dpsgd`` the same on every rank)."""
+    out = []
+    for r in rules.accepted_runs(rec, name):
+        ranks = r.get("auto_period") or []
+        if ranks and ranks[0]:
+            out += [d["ratio"] for d in ranks[0].get("decisions", []) if "ratio" in d]
+    return out
+
+
+def auto_sentence(auto: dict[str, Any]) -> str:
+    """One ``"auto"`` case against its family's best fixed period, in a sentence."""
+    periods = ", ".join("-" if p is None else str(p) for p in auto["periods"]) or "none"
+    ratios = auto["ratios"]
+    measured = (f"; the R it measured, {min(ratios):.2f}-{max(ratios):.2f}" if ratios else "")
+    name = f'`{auto["auto"]}` (`gossip_every_n_steps="auto"`)'
+    if auto["fixed"] is None or auto["ratio"] is None:
+        verdict = ("its family's fixed periods did not reach the target" if auto["fixed"] is None
+                   else "it did not reach the target")
+        return f"{name}: {verdict}{measured}; periods at the end of its runs: {periods}."
+    goal = "met" if auto["met"] else "missed"
+    return (f"{name}: {auto['ratio']:.2f}x the median time of its family's fastest fixed "
+            f"period, `{auto['fixed']}` (goal at most {AUTO_GOAL:.2f}x: {goal}); periods at "
+            f"the end of its runs: {periods}{measured}.")
+
+
+def case_words(name: str, case: dict[str, Any] | None = None) -> str:
+    """What a race case is, in words (the legend of the decision table).
+
+    >>> case_words("dpsgd_hier_bf16_pauto")
+    '`DPSGDStrategy(hierarchical=True, wire_dtype="bf16", gossip_every_n_steps="auto")`'
+    >>> case_words("postlocal16"), case_words("ddp_bf16")
+    ("torch's post-local SGD, period 16", "`DDPStrategy` with torch's `bf16_compress_hook`")
+    """
+    spec = dict(driver.CASES.get(name) or case or {})
+    kind = spec.get("kind")
+    if kind == "gossip":
+        cls = {"dpsgd": "DPSGDStrategy", "adpsgd": "ADPSGDStrategy"}.get(
+            spec.get("strategy") or "", "GossipStrategy")
+        args = ", ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
+                         for k, v in (spec.get("kwargs") or {}).items())
+        return f"`{cls}({args})`"
+    if kind == "ddp":
+        bucket = spec.get("bucket_cap_mb")
+        return ("Lightning's `DDPStrategy`" if bucket is None
+                else f"`DDPStrategy(bucket_cap_mb={bucket:g})`")
+    if kind == "ddp_bf16":
+        return "`DDPStrategy` with torch's `bf16_compress_hook`"
+    if kind == "ddp_powersgd":
+        return f"`DDPStrategy` with PowerSGD, rank {spec.get('rank')}"
+    period = spec.get("period")
+    if kind == "postlocal":
+        return f"torch's post-local SGD, period {period}"
+    if kind == "torchft_localsgd":
+        return f"torchft's `LocalSGD`, period {period}"
+    if kind == "torchft_diloco":
+        outer = ("" if spec.get("outer_lr") is None else
+                 f", outer lr {spec['outer_lr']:g}, momentum {spec.get('outer_momentum', 0):g}")
+        return f"torchft's `DiLoCo`, period {period}{outer}"
+    if kind == "decentdp":
+        return f"Decent-DP, `{spec.get('topology')}`"
+    return f"`{name}`"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A row of the decision table: the R range, stragglers and latency it stands for, and the
+    link the campaign races it on (``benchmarks/race/CAMPAIGN.md``)."""
+
+    key: str
+    r: str
+    stragglers: str
+    latency: str
+    link: str
+
+
+REGIMES = (
+    Regime("low", "R < 1", "none", "0.5 ms one way", "200 Mbit/s (`low`)"),
+    Regime("mid", "1.5 <= R <= 4", "none", "0.5 ms one way", "50 Mbit/s (`mid`)"),
+    Regime("high", "R >= 6", "none", "0.5 ms one way", "16 Mbit/s (`high`)"),
+    Regime("slow", "R < 1", "one node about 2x slower", "0.5 ms one way",
+           "200 Mbit/s, node 1 slower, nodes pinned (`slow`)"),
+    Regime("sites", "any", "none", "25 ms one way (two sites)", "100 Mbit/s (`sites`)"),
+)
+"""The regimes of issue 47, in the table's order."""
+
+_RATES = {"mid": 50.0, "high": 16.0}
+"""A schema-2 record (R not measured) stands in for these regimes only at the campaign's link."""
+
+
+def regime_of(rec: dict[str, Any]) -> str | None:
+    """The key of the regime a record belongs to (``None``: in none: a tuning record, the
+    remedies' race, a schema-2 record on a link the campaign does not use for a regime; a
+    measured R between two regimes gives ``"between"``). Stragglers and latency first, then R:
+    measured (schema 3), or for a schema-2 record the link the campaign races the regime on.
+
+    >>> regime_of({"comm_compute_ratio": 2.2, "latency_ms": 0.5, "cases": {"x": {"runs": [1]}}})
+    'mid'
+    >>> regime_of({"rate_mbit": 200.0, "latency_ms": 0.5, "cases": {"x": {"runs": [1]}}})
+    'low'
+    >>> regime_of({"comm_compute_ratio": 1.2, "latency_ms": 0.5, "cases": {"x": {"runs": [1]}}})
+    'between'
+    """
+    if tuning_only(rec) or rules.remedies_race(rec):
+        return None
+    if rec.get("slow_node") is not None:
+        return "slow"
+    if (rec.get("latency_ms") or 0) >= 10:
+        return "sites"
+    r = rec.get("comm_compute_ratio")
+    if r is None:
+        rate = rec.get("rate_mbit") or 0
+        if rate >= 200:
+            return "low"
+        return next((k for k, v in _RATES.items() if rate == v), None)
+    if r < 1:
+        return "low"
+    if 1.5 <= r <= 4:
+        return "mid"
+    return "high" if r >= 6 else "between"
+
+
+def recommendation(rec: dict[str, Any]) -> tuple[str, list[str]]:
+    """What a record says to use: the case with the lowest median time to the target, with
+    its ratios, and every other case whose runs' range overlaps its own (no claim between
+    them); the cases named. Claims withheld by the rules: the reason instead."""
+    score = rules.score(rec)
+    if score["withheld"]:
+        more = len(score["withheld"]) - 1
+        return ("no claim: " + score["withheld"][0] + (f" (and {more} more)" if more else ""),
+                [])
+    rows = {n: row for n, row in score["cases"].items()
+            if not row["dropped"] and row["median"] is not None}
+    if not rows:
+        return "no case reached the target", []
+    best = min(rows, key=lambda n: rows[n]["median"])
+    times = {n: _median_times(rec, n)[1] for n in rows}
+    overlap = [n for n in rows if n != best and rules.claim(times[best], times[n]) is None]
+    row = rows[best]
+    ratios = []
+    if row["vs_ddp"] is not None and best != "ddp":
+        ratios.append(f"{row['vs_ddp']:.2f}x ddp's median time")
+    peer = score["best_peer"]
+    if peer and best != peer and row["vs_best_peer"] is not None:
+        ratios.append(f"{row['vs_best_peer']:.2f}x the best peer's (`{peer}`)")
+    words = f"`{best}`" + (f" ({', '.join(ratios)})" if ratios else "")
+    if overlap:
+        words += "; the runs of " + ", ".join(f"`{n}`" for n in overlap) + " overlap its range"
+    else:
+        words += ", faster than every other case in every run"
+    return words, [best, *overlap]
+
+
+def _record_words(folder: str, name: str, rec: dict[str, Any]) -> str:
+    """The record cell: where it is, its target, R, what else it raced."""
+    cases = rec.get("cases") if isinstance(rec.get("cases"), dict) else {}
+    peers = [n for n in cases if n != "ddp" and not rules.library_case(cases[n])]
+    words = (f"`{folder}/{name}`: target {rec.get('target'):g} % dev WER, {r_words(rec)}; "
+             f"peers raced: {', '.join(peers) or 'none'}")
+    if rec.get("slow_node") is not None and not rec.get("pin_nodes"):
+        words += "; nodes not pinned (the slow node's idle CPU could serve the other)"
+    return words
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def decision_table(regimes: list[tuple[str, dict[str, Any]]],
+                   fair: list[tuple[str, dict[str, Any]]]) -> str:
+    """The decision table by R (docs/choosing.md): a row per regime and record; a regime
+    without a record of its own takes the schema-2 records raced on its link, or says that it
+    was not raced yet. Then the legend of the cases named."""
+    lines = ["| R | stragglers | latency | use (lowest median time to the target) | "
+             '`"auto"` against the best fixed period | record |',
+             "|---|---|---|---|---|---|"]
+    named: list[str] = []
+    placed = [(regime_of(rec), "regimes", name, rec) for name, rec in regimes]
+    standins = [(regime_of(rec), "fair", name, rec) for name, rec in fair]
+    rows = list(REGIMES)
+    if any(key == "between" for key, *_ in placed):
+        rows.append(Regime("between", "between the regimes", "none", "0.5 ms one way", "-"))
+    for regime in rows:
+        records = [x for x in placed if x[0] == regime.key]
+        if not records:
+            records = [x for x in standins if x[0] == regime.key]
+        if not records:
+            lines.append(f"| {regime.r} | {regime.stragglers} | {regime.latency} | not raced yet "
+                         f"| not raced yet | none yet (the campaign's link for it: "
+                         f"{regime.link}) |")
+            continue
+        for _, folder, name, rec in records:
+            use, cases = recommendation(rec)
+            autos = auto_comparisons(rec)
+            for c in [*cases, *(c for a in autos for c in (a["auto"], a["fixed"]) if c)]:
+                if c not in named:
+                    named.append(c)
+            auto = "; ".join(
+                f"`{a['auto']}` " + ("-" if a["ratio"] is None else
+                                     f"{a['ratio']:.2f}x `{a['fixed']}` "
+                                     f"({'met' if a['met'] else 'missed'})")
+                for a in autos) if autos else "not raced yet"
+            r = (f"{rec['comm_compute_ratio']:.2f}" if rec.get("comm_compute_ratio") is not None
+                 else "not measured" + (f" ({regime.r} by its link)" if regime.r != "any"
+                                        else ""))
+            stragglers = regime.stragglers
+            handicap = (rec.get("handicap") or {}).get("extra_s_per_step")
+            if rec.get("slow_node") is not None and handicap:
+                stragglers = f"node {rec['slow_node']} slower by +{handicap:.3f} s per step"
+            latency = f"{rec.get('latency_ms'):g} ms one way" + (
+                " (two sites)" if (rec.get("latency_ms") or 0) >= 10 else "")
+            lines.append(f"| {r} | {stragglers} | {latency} | {_cell(use)} | {_cell(auto)} | "
+                         f"{_cell(_record_words(folder, name, rec))} |")
+    legend = [f"`{n}`: {case_words(n)}" for n in named]
+    if legend:
+        lines += ["", wrap("The cases named: " + "; ".join(legend) + ".")]
+    return "\n".join(lines)
+
+
 def generated() -> dict[str, str]:
     """Part name -> its text, from the records now in ``benchmarks/results/race/``."""
     fair = fair_records()
+    regimes = regime_records()
     withdrawn = withdrawn_records()
-    return {"race-table": race_part(fair, withdrawn), "withdrawn-table": withdrawn_table(withdrawn),
-            "results-sentence": results_sentence(fair),
+    return {"race-table": race_part(fair, withdrawn, regimes),
+            "withdrawn-table": withdrawn_table(withdrawn),
+            "results-sentence": results_sentence(regimes + fair),
+            "decision-table": decision_table(regimes, fair),
             "parity-table": parity_table(json.loads(PARITY.read_text()))
             if PARITY.exists() else "(not measured yet)"}
 

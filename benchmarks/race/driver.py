@@ -63,7 +63,9 @@ More cases (issue 47; raced when named in ``--cases``): ddp's bucket sizes (``dd
 and a lower inner rate (``torchft_diloco{4,16,64}_o{10m0,7m9,8m5}``), Decent-DP (``decentdp``,
 ``decentdp_ring``: ``benchmarks/race/decentdp_case.py``, in the ``race`` extra) and the
 library's ``gossip_every_n_steps`` (``*_hier_bf16_p4``, ``_p16``; skipped with a message where
-the library does not take the option yet). A case with ``tune_as`` is a variant of that case.
+the library does not take the option yet), and the period the library picks itself
+(``*_hier_bf16_pauto``: ``gossip_every_n_steps="auto"``; each run records the periods it chose
+with their measurements, ``auto_period``). A case with ``tune_as`` is a variant of that case.
 
 Usage::
 
@@ -141,6 +143,14 @@ CASES: dict[str, dict[str, Any]] = {
         "hierarchical": True, "wire_dtype": "bf16", "gossip_every_n_steps": p},
         "tune_as": f"{s}_hier_bf16"}
        for s in ("dpsgd", "adpsgd") for p in (4, 16)},
+    # gossip_every_n_steps="auto" (issue 47, deliverable 2): the strategy picks the period from
+    # its first steps' compute and exchange times (the worker records each run's decisions).
+    # Its family's base gives its peak; for the narrowing it is a family of its own, so that
+    # every run races it next to its family's fastest fixed period (the goal compares them)
+    **{f"{s}_hier_bf16_pauto": {"kind": "gossip", "strategy": s, "kwargs": {
+        "hierarchical": True, "wire_dtype": "bf16", "gossip_every_n_steps": "auto"},
+        "tune_as": f"{s}_hier_bf16", "narrow_as": f"{s}_hier_bf16_pauto"}
+       for s in ("dpsgd", "adpsgd")},
     # Remedies (issue 29, deliverable 4; the library options of the remedies work, which these
     # cases need): the node all-reduce overlapped with backward, and an outer optimizer (DiLoCo's
     # outer settings, as the torchft_diloco peer's) on a global average every 16 steps, with
@@ -161,7 +171,8 @@ CASES: dict[str, dict[str, Any]] = {
 """Case name -> what the worker runs. ``tune_as``: the case is a variant (an option other than
 the peak rate) of that case, its family's base: it takes the base's tuned peak
 (``campaign.tune``), and a race may keep only the fastest variant of each family after its
-first run (``campaign --narrow-after``)."""
+first run (``campaign --narrow-after``); ``narrow_as``: the family it is narrowed in, where
+that is not its ``tune_as`` base (the ``"auto"`` cases: their own)."""
 
 
 def family(name: str) -> str:
@@ -171,6 +182,28 @@ def family(name: str) -> str:
     ('postlocal16', 'postlocal16', 'dpsgd_hier_bf16')
     """
     return CASES[name].get("tune_as", name)
+
+
+def narrowing_family(name: str) -> str:
+    """The family case ``name`` is narrowed in (``campaign --narrow-after`` keeps each such
+    family's fastest case): its ``narrow_as``, else its :func:`family`.
+
+    >>> narrowing_family("dpsgd_hier_bf16_p4"), narrowing_family("dpsgd_hier_bf16_pauto")
+    ('dpsgd_hier_bf16', 'dpsgd_hier_bf16_pauto')
+    >>> family("dpsgd_hier_bf16_pauto")
+    'dpsgd_hier_bf16'
+    """
+    return CASES[name].get("narrow_as", family(name))
+
+
+def auto_case(name: str) -> bool:
+    """Whether case ``name`` lets the library pick its gossip period
+    (``gossip_every_n_steps="auto"``).
+
+    >>> auto_case("adpsgd_hier_bf16_pauto"), auto_case("adpsgd_hier_bf16_p4")
+    (True, False)
+    """
+    return (CASES[name].get("kwargs") or {}).get("gossip_every_n_steps") == "auto"
 
 REMEDIES = tuple(c for c in CASES if c.endswith(rules.REMEDY_SUFFIXES))
 """The remedies' cases: raced only when asked for (``--cases``)."""

@@ -6,7 +6,7 @@
 # race appends its record after each case: started again, this script goes on where it stopped
 # (finished races launch nothing). The records go to benchmarks/results/race/regimes/.
 #
-#   sudo bash benchmarks/race/run_campaign.sh                     # tune mid high low (~6.5 h)
+#   sudo bash benchmarks/race/run_campaign.sh                     # tune mid high low (~7.7 h)
 #   sudo RACES="slow sites" bash benchmarks/race/run_campaign.sh  # the second sitting (~2.7 h)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,10 +33,14 @@ BASES=(ddp ddp_bf16 ddp_powersgd4 postlocal16 torchft_localsgd torchft_diloco16_
 # budget work in the library; without it the race skips them with a message.
 LOW=(ddp ddp_b1 ddp_bf16 postlocal16 torchft_localsgd torchft_diloco16_o7m9
      torchft_diloco16_o10m0 decentdp dpsgd_hier_bf16 adpsgd_hier_bf16)
+# The "auto" cases (gossip_every_n_steps="auto", the _pauto names) race every run next to
+# their family's fastest fixed period (a family of their own for --narrow-after): the goal is
+# "auto" within 10 % of the best fixed period in each regime.
 MID=(ddp_bf16 ddp_powersgd4 postlocal16 postlocal64 torchft_localsgd dpsgd_hier_bf16_p4
-     dpsgd_hier_bf16_p16 adpsgd_hier_bf16 adpsgd_hier_bf16_p4)
+     dpsgd_hier_bf16_p16 adpsgd_hier_bf16 adpsgd_hier_bf16_p4 dpsgd_hier_bf16_pauto
+     adpsgd_hier_bf16_pauto)
 HIGH=(ddp_powersgd4 postlocal16 postlocal64 torchft_localsgd64 dpsgd_hier_bf16_p16
-      adpsgd_hier_bf16_p16)
+      adpsgd_hier_bf16_p16 dpsgd_hier_bf16_pauto adpsgd_hier_bf16_pauto)
 # the slow node (node 1, about 2x slower, pinned: each node on a CPU of its own): the peers
 # that beat ddp's bf16 hook in the schema-2 races, Decent-DP, the library's two cases
 SLOW=(ddp_bf16 postlocal16 torchft_localsgd decentdp dpsgd_hier_bf16 adpsgd_hier_bf16)

@@ -25,7 +25,9 @@ Cases:
 * ``decentdp_*``: Decent-DP's ``DecentralizedDataParallel`` as Lightning's model wrapper
   (``benchmarks/race/decentdp_case.py``);
 * the library's strategies (``dpsgd``, ``adpsgd`` and their ``hierarchical``/``wire_dtype``/
-  ``gossip_every_n_steps`` options), with ``final_average=False`` and no periodic consensus.
+  ``gossip_every_n_steps`` options), with ``final_average=False`` and no periodic consensus;
+  with ``gossip_every_n_steps="auto"`` every run records each rank's decisions (the period, the
+  compute and exchange times and R it was picked from: ``auto_period``).
 
 Seeds: every case of a launch trains from the spec's ``seed`` (initialisation, data order,
 PowerSGD's random projections); the campaign gives run ``k`` seed ``rules.run_seed(k)`` and
@@ -369,6 +371,8 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
     stats = [None] * ctx["world"]  # the gossip strategies' counters (staleness waits, ...)
     dist.all_gather_object(stats, dict(getattr(trainer.strategy, "gossip_stats", None) or {}),
                            group=ctx["group"])
+    autos = [None] * ctx["world"]  # gossip_every_n_steps="auto": each rank's decisions
+    dist.all_gather_object(autos, auto_periods(trainer.strategy), group=ctx["group"])
     slept_per_step = [None] * ctx["world"]  # a slow node's mean sleep per step (others 0)
     dist.all_gather_object(slept_per_step, round(meter.slept_s / max(meter.steps, 1), 3),
                            group=ctx["group"])
@@ -398,12 +402,50 @@ def run_case(ctx: dict[str, Any], spec: dict[str, Any], case: dict[str, Any],
         "slow_slept_per_step_s": slept_per_step,
         "curve": curve, "curve_samples": [int(n) for _, _, n in meter.curve],
         "steps": meter.steps, "steps_per_rank": steps_per_rank, "gossip_stats": stats,
+        "auto_period": autos if any(a is not None for a in autos) else None,
         "train_s": curve[-1][0] if curve else None,
         "final_metric": curve[-1][1] if curve else None,
         "bytes_per_step_inter_node": bytes_between(nodes, "start", "end"),
         "bytes_per_step_after_warmup": bytes_between(nodes, "warmup", "end"),
         "bytes_per_step_warmup": bytes_between(nodes, "start", "warmup"),
     }
+
+
+def auto_periods(strategy: Any) -> dict[str, Any] | None:
+    """``gossip_every_n_steps="auto"``: what this rank's strategy decided in the fit (``None``
+    for every other case): ``period``, the one in force at the end; ``decisions``, each with
+    the step it took effect at, the period, the compute and exchange times (ms) and R the
+    policy was given (for ``dpsgd`` the maxima over the ranks, the same on every rank), whether
+    the exchange hides, and this rank's own medians; ``postponed``, the ``[step, until]`` of
+    decisions put off past a pending stop or requeue.
+
+    >>> from lightning_gossip.gossip_period.auto import PeriodDriver, PeriodSwitch
+    >>> from lightning_gossip.gossip_period import AutoPeriod, PeriodDecision
+    >>> class S:
+    ...     auto_period = PeriodDriver(AutoPeriod(), agree=False)
+    >>> S.auto_period.switches.append(PeriodSwitch(11, 0.2, 0.5, PeriodDecision(
+    ...     3, 0.2, 0.5, 2.5, True, 1.1, 10, 8, 8)))
+    >>> record = auto_periods(S())
+    >>> record["decisions"][0]["exchange_ms"], record["decisions"][0]["ratio"]
+    (500.0, 2.5)
+    >>> auto_periods(object()) is None
+    True
+    """
+    driver = getattr(strategy, "auto_period", None)
+    if driver is None:
+        return None
+    decisions = []
+    for switch in driver.switches:
+        d = switch.decision
+        decisions.append({
+            "step": switch.step, "period": d.period, "compute_ms": round(d.compute_s * 1e3, 3),
+            "exchange_ms": round(d.exchange_s * 1e3, 3), "ratio": round(d.ratio, 4),
+            "hidden": d.hidden, "margin": d.margin,
+            "local_compute_ms": round(switch.local_compute_s * 1e3, 3),
+            "local_exchange_ms": round(switch.local_exchange_s * 1e3, 3)})
+    period = decisions[-1]["period"] if decisions else 1
+    return {"period": period, "decisions": decisions,
+            "postponed": [list(p) for p in getattr(driver, "postponed", [])]}
 
 
 def case_options(case: dict[str, Any]) -> dict[str, Any]:

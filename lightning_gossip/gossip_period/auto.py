@@ -16,9 +16,23 @@ of ``before_step``) to the call of this step's ``after_step``, without the time 
 happens inside the engine's calls), whether the loop calls ``before_step`` before forward (the
 Trainer strategies) or at ``optimizer.step()`` (``attach``, Fabric). ``exchange_s``: the wire
 time of each exchange, measured where it runs (``SyncGossip``: the communication worker, from
-posting the round to holding every peer's data, mixed, with the node's all-gather of a sharded
-round; ``AsyncGossip``: the gossip thread's pairwise exchange with its partner), handed to the
-training thread as cumulative seconds and counts in the engine's stats and diffed per step.
+the moment every peer of the round had posted it to holding every peer's data, mixed, with the
+node's all-gather of a sharded round; ``AsyncGossip``: the gossip thread's pairwise exchange
+with its partner), handed to the training thread as cumulative seconds and counts in the
+engine's stats and diffed per step.
+
+**Why not from posting** (``dpsgd``): a synchronous round cannot complete before the last of
+its peers posts it, so a rank whose step is shorter than a neighbour's waits for that
+neighbour's compute inside every round; timed from its own posting, that wait would count as
+link time, the maximum over the ranks would take it, and R would be overestimated (on an
+oversubscribed machine, or with one slow rank, by about the slowest rank's extra compute per
+step, which no period hides: the period would grow for nothing). Every rank posts a round's
+small stop messages (:mod:`lightning_gossip.sync_gossip.stop`) before its replica data, so the
+arrival of the last peer's stop message is the moment every peer has posted: the worker waits
+for the stop messages first and times the exchange from there (the wait before it is kept
+apart, in ``SyncStats.peer_wait_seconds``). What the measurement leaves out besides: the
+rendezvous of the messages, at most about one round trip of the link, which the margin
+covers.
 
 **When a decision is due** (:attr:`PeriodTuner.due <.tuner.PeriodTuner.due>`), at the first
 step after it that ends a period of the engine (``SyncGossip.period_ends``: its exchange step,
@@ -26,12 +40,16 @@ whose round is applied, so no round of the old period is posted again under the 
 step for ``AsyncGossip``):
 
 * ``agree=True`` (``dpsgd``: every rank must switch at the same step): the engine is quiesced,
-  the maxima over all ranks of this rank's medians (and whether a stop or requeue is proposed
-  anywhere) are taken with one all-reduce on ``group``, a group of the *training* thread (the
-  default group, or the ``attach`` meeting group: never one of the engine's own, which its
-  communication thread uses), then every rank decides the same period and calls the engine's
-  ``set_period`` at the same step. Once a stop or requeue is proposed on some rank the period
-  is kept and no later decision is taken (the fit ends at the agreed step).
+  the maxima over all ranks of this rank's medians (and the latest step of a stop or requeue
+  still to come that any rank knows of) are taken with one all-reduce on ``group``, a group of
+  the *training* thread (the default group, or the ``attach`` meeting group: never one of the
+  engine's own, which its communication thread uses), then every rank decides the same period
+  and calls the engine's ``set_period`` at the same step. While a stop or requeue is pending
+  (its step was agreed along the rounds of the period in force, so the period must not change
+  before it) the decision is postponed to that step (:attr:`PeriodDriver.postponed`); by then
+  every rank has acted on it (a stop ends the fit; a requeue whose ``scontrol`` failed lets it
+  go on), so at the postponed decision every rank forgets the proposals it acted on
+  (``forget_proposals``) and the re-checks go on as before.
 * ``agree=False`` (``adpsgd``): this rank's medians, no collective; a rank that has recorded
   no exchange yet decides at a later step.
 
@@ -45,7 +63,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -68,10 +86,16 @@ class _Engine(Protocol):
 
     def set_period(self, period: int) -> None: ...  # noqa: D102
 
-    @property
-    def stop_proposed(self) -> bool: ...  # noqa: D102
-
     def period_ends(self, step: int) -> bool: ...  # noqa: D102
+
+
+class _AgreeingEngine(_Engine, Protocol):
+    """What the driver asks besides of an engine whose ranks agree on the period (``dpsgd``:
+    its stop and requeue proposals, agreed along the rounds)."""
+
+    def pending_proposal(self, step: int) -> int | None: ...  # noqa: D102
+
+    def forget_proposals(self) -> None: ...  # noqa: D102
 
 
 @dataclass(frozen=True)
@@ -120,8 +144,9 @@ class PeriodDriver:
         self.heartbeat = heartbeat
         #: every decision with the step it took effect at, oldest first
         self.switches: list[PeriodSwitch] = []
-        #: a stop or requeue was proposed (``agree``): the period is kept from then on
-        self.held = False
+        #: ``(step, until)`` of every due decision postponed (``agree``) at engine step
+        #: ``step`` because a stop or requeue was pending until engine step ``until``
+        self.postponed: list[tuple[int, int]] = []
         self._since: float | None = None  # when this step's compute started
         self._inside = 0.0  # seconds inside before_step since then
         self._seen = (0, 0.0)  # the engine's exchange count and seconds at the last step
@@ -176,7 +201,7 @@ class PeriodDriver:
         for _ in range(count - 1):  # more than one exchange completed during the step
             tuner.record_exchange(each)
         tuner.record(compute, each)
-        due = tuner.due and not self.held and engine.period_ends(step)
+        due = tuner.due and engine.period_ends(step)
         switch = self._decide(engine, step) if due else None
         self._since, self._inside, self._compute_end = time.perf_counter(), 0.0, None
         return switch
@@ -193,20 +218,26 @@ class PeriodDriver:
     def _decide(self, engine: _Engine, step: int) -> PeriodSwitch | None:
         local = self._local()
         if self.agree:
+            agreeing = cast(_AgreeingEngine, engine)  # (SyncGossip)
             engine.quiesce()
             c, x = local if local is not None else (0.0, 0.0)
-            values = torch.tensor([c, x, float(engine.stop_proposed)], dtype=torch.float64,
-                                  device=self.device)
+            # the step of a stop or requeue still to come that this rank knows of (-1: none)
+            pending = agreeing.pending_proposal(step)
+            values = torch.tensor([c, x, -1.0 if pending is None else float(pending)],
+                                  dtype=torch.float64, device=self.device)
             watched_collective(dist.all_reduce, values, op=dist.ReduceOp.MAX,
                                what=f"rank {self.rank}: agreeing on the gossip period after "
                                f"step {step} (gossip_every_n_steps='auto')",
                                timeout=self.timeout, group=self.group, heartbeat=self.heartbeat)
-            c_max, x_max, stop = (float(v) for v in values.tolist())
-            if stop > 0:
-                self.held = True
-                log.info("rank %d: gossip_every_n_steps='auto' keeps period %d: a stop or "
-                         "requeue was proposed", self.rank, self.tuner.period)
+            c_max, x_max, until = (float(v) for v in values.tolist())
+            if until > step:  # the same on every rank: postponed to that step
+                self.tuner.postpone(int(until) - step)
+                self.postponed.append((step, int(until)))
+                log.info("rank %d: gossip_every_n_steps='auto' keeps period %d until step %d: "
+                         "a stop or requeue is agreed for then", self.rank, self.tuner.period,
+                         int(until))
                 return None
+            agreeing.forget_proposals()  # none pending anywhere: each was acted on
             decision = self.tuner.decide(max(c_max, _TINY_S), x_max)
         else:
             if local is None:

@@ -84,12 +84,15 @@ class PeriodTuner:
        gossip exchange. On CUDA, synchronize the stream (or use events) before reading the
        clock.
     3. Time ``exchange_s`` of every exchange that completed during the step: its duration
-       from posting to holding every peer's data (mixed, for a sharded exchange all-gathered
-       in the node), i.e. what one blocking exchange of the replica as sent on the wire (its
-       wire dtype, its shards) takes. This is not the training thread's wait, which is only
-       the part that was not hidden: time it where the exchange is waited on (the exchange's
-       worker thread) or time a blocking exchange around its post and wait. ``None`` for a
-       step that completed no exchange.
+       from the moment every peer has posted it to holding every peer's data (mixed, for a
+       sharded exchange all-gathered in the node), i.e. what one blocking exchange of the
+       replica as sent on the wire (its wire dtype, its shards) takes between ranks that are
+       ready. Not the wait for a peer that posts later: in a synchronous round that is the
+       slower rank's compute, and counted as exchange time it would overestimate R (and
+       lengthen the period) wherever the ranks' steps differ. Not the training thread's wait
+       either, which is only the part that was not hidden: time it where the exchange is
+       waited on (the exchange's worker thread) or time a blocking exchange around its post
+       and wait. ``None`` for a step that completed no exchange.
     4. Call :meth:`record` with both, then read :attr:`due` (an exchange that completes
        outside the step's cadence, on a gossip thread: :meth:`record_exchange` for each,
        called from the training thread, which the gossip thread hands the times to with its
@@ -220,6 +223,21 @@ class PeriodTuner:
                                "decision (exchange every step, period 1, and pass each "
                                "exchange's time to record())")
         return float(statistics.median(self._compute)), float(x)
+
+    def postpone(self, steps: int) -> None:
+        """Take no decision now: the next one is due ``steps`` steps later (at least 1), from
+        the same window, which goes on collecting samples (the strategy cannot switch yet: for
+        ``dpsgd``, a stop or requeue agreed along the rounds of the current period is still to
+        come).
+
+        >>> tuner = PeriodTuner(warmup_steps=0, measure_steps=2)
+        >>> tuner.record(0.1, 0.3); tuner.record(0.1, 0.3)
+        >>> tuner.due, tuner.postpone(3), tuner.due, tuner.next_check, tuner.period
+        (True, None, False, 5, 1)
+        """
+        if not isinstance(steps, int) or isinstance(steps, bool):
+            raise ValueError(f"steps must be an integer, got {steps!r}")
+        self._next = self._steps + max(steps, 1)
 
     def decide(self, compute_s: float, exchange_s: float) -> PeriodDecision:
         """Decide the period from ``compute_s`` and ``exchange_s`` (for ``dpsgd`` the

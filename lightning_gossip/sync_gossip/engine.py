@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gossip.exchange import CommWorker, NeighborExchange
+from lightning_gossip.exchange import CommWorker, NeighborExchange, wait_all
 from lightning_gossip.flat import FlatState
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
@@ -180,6 +180,22 @@ class SyncGossip:
         """Whether this rank knows of a proposed stop or requeue (:attr:`agreement`)."""
         return self.agreement.values() != (NO_STOP, NO_STOP)
 
+    def pending_proposal(self, step: int) -> int | None:
+        """The latest step of a stop or requeue this rank knows of that is still to come after
+        ``step`` (``None``: none). One agreed for ``step`` or earlier was acted on there by
+        every rank (a stop ends the fit; a requeue whose ``scontrol`` failed lets it go on)."""
+        later = [v for v in self.agreement.values() if v != NO_STOP and v > step]
+        return max(later) if later else None
+
+    def forget_proposals(self) -> None:
+        """Forget every stop and requeue proposal this rank knows of (all acted on), so that
+        :meth:`set_period` may switch again. Every rank must call it at the same step boundary,
+        with no round in flight (after :meth:`quiesce`) and no proposal pending on any rank
+        (:meth:`pending_proposal`): then no message carries an old proposal any more."""
+        if self._pending:
+            raise RuntimeError("forget_proposals needs no round in flight: call quiesce() first")
+        self.agreement.reset()
+
     def period_ends(self, step: int) -> bool:
         """Whether ``step`` is the last step of a period (its exchange step): after its
         :meth:`after_step` the period's round is applied (with ``delay_by_one``, in flight
@@ -268,7 +284,9 @@ class SyncGossip:
     # Starting a round (training thread): the snapshot copy, then post
     # ------------------------------------------------------------------------------------------
     def _start(self, step: int, now: int) -> Round:
-        """Post the round of exchange step ``step`` at step ``now``."""
+        """Post the round of exchange step ``step`` at step ``now``: its stop messages first,
+        then the replica (a peer's stop message arriving says that the peer has posted the
+        round: :meth:`_peers_posted`)."""
         self._last_round, self._posted_at = step, now
         if self.sharded:
             rnd = self._start_sharded(step)
@@ -277,10 +295,11 @@ class SyncGossip:
             flat = self.flat
             bufs = self._spare.pop() if self._spare else [flat.empty(), flat.empty()]
             send = flat.pack(out=bufs[0])
+            stop = self._post_stop(step)
             exchange = NeighborExchange(send, peers, self.group, recv_buffers=bufs[2:],
                                         post_now=self._post_on_training_thread)
             self._stats.count(exchange)
-            rnd = Round(step, exchange, delta=bufs[1], stop=self._post_stop(step))
+            rnd = Round(step, exchange, delta=bufs[1], stop=stop)
             rnd.job = self._comm().submit(lambda: self._finish_round(rnd), exchange.others,
                                           exchange.describe(step))
         if self.overlap:
@@ -297,11 +316,12 @@ class SyncGossip:
         snapshot = bufs[0]  # a recycled one holds an earlier round's delta: pack, zero the pad
         flat.pack(out=snapshot[: flat.numel])
         snapshot[flat.numel:].zero_()
+        stop = self._post_stop(step)  # before the slice (see _start)
         exchange = ShardedExchange(snapshot, layout, self.topology.peers(layout.node, step),
                                    self.groups, self.wire_dtype, buffers=bufs[1:])
         self._stats.count(exchange.exchange)
         # the worker writes the delta over the snapshot (dead once the slice is on the wire)
-        rnd = Round(step, exchange, delta=snapshot, stop=self._post_stop(step))
+        rnd = Round(step, exchange, delta=snapshot, stop=stop)
         rnd.job = self._comm().submit(lambda: self._finish_sharded(rnd), exchange.others,
                                       exchange.describe(step))
         return rnd
@@ -329,10 +349,11 @@ class SyncGossip:
         started = time.perf_counter()
         ex = rnd.exchange
         assert isinstance(ex, NeighborExchange) and rnd.delta is not None
-        ex.wait(self.timeout, step=rnd.step, watch_peers=False, check=False)  # posts first
-        self._merge_stop(rnd)
+        ex.post()  # (gloo: posted here, on the worker)
+        ready = self._peers_posted(rnd, ex.describe(rnd.step))
+        ex.wait(self.timeout, step=rnd.step, watch_peers=False, check=False)
         ex.check_mixed(ex.mixed(out=rnd.delta, delta=self.overlap))
-        rnd.exchange_s = time.perf_counter() - started  # read after the job is done
+        rnd.timed(started, ready, time.perf_counter())  # read after the job is done
 
     def _finish_sharded(self, rnd: Round) -> None:
         """Wait for a sharded round's messages (plainly), then ``delta = sum_j W_ij (x_j -
@@ -341,14 +362,22 @@ class SyncGossip:
         started = time.perf_counter()
         ex = rnd.exchange
         assert isinstance(ex, ShardedExchange) and rnd.delta is not None
+        ready = self._peers_posted(rnd, ex.describe(rnd.step))
         ex.delta(self.timeout, rnd.step, out=rnd.delta, watch_peers=False,
                  gather=self._gather_on_worker())
-        self._merge_stop(rnd)
-        rnd.exchange_s = time.perf_counter() - started
+        rnd.timed(started, ready, time.perf_counter())
 
-    def _merge_stop(self, rnd: Round) -> None:
+    def _peers_posted(self, rnd: Round, what: str) -> float:
+        """Wait for the round's stop messages and merge them; the moment the last one was in
+        (``time.perf_counter()``). Every rank posts a round's stop messages before its replica
+        data (:meth:`_start`), so from then on every rank the round depends on has posted it:
+        the time before is a wait for late peers (their compute), not the exchange's own
+        (:attr:`Round.exchange_s` counts from here). A failed wait is described as the round
+        (``what``)."""
         if rnd.stop is not None:
-            self.agreement.wait_and_merge(rnd.stop, self.timeout, self.rank, rnd.step)
+            wait_all(rnd.stop.works, self.timeout, what)  # (once: gloo's works wait per call)
+            self.agreement.merge(*rnd.stop.received())  # (reading them syncs a CUDA stream)
+        return time.perf_counter()
 
     # ------------------------------------------------------------------------------------------
     # Applying a round (training thread)
@@ -378,7 +407,7 @@ class SyncGossip:
     def _apply_delta(self, rnd: Round) -> None:
         """``x <- x + (W_t x_t - x_t)``: add the mixing's change to the current weights."""
         self.flat.add_(self._collect(rnd))
-        self._stats.timed(rnd.exchange_s)
+        self._stats.timed(rnd.exchange_s, rnd.peer_wait_s)
         self._spare.append(rnd.buffers())
 
     def _finish_blocking(self, rnd: Round) -> None:
@@ -387,5 +416,5 @@ class SyncGossip:
             self._apply_delta(rnd)
             return
         self.flat.copy_(self._collect(rnd))
-        self._stats.timed(rnd.exchange_s)
+        self._stats.timed(rnd.exchange_s, rnd.peer_wait_s)
         self._spare.append(rnd.buffers())

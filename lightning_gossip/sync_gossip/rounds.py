@@ -28,9 +28,20 @@ class Round:
     delta: Tensor | None = None  # where the worker mixes (sharded: the snapshot, padded)
     stop: StopMessages | None = None
     job: Job | None = None
-    #: seconds of its exchange (the worker's, from posting to the mixed data; plus the
-    #: training thread's node all-gather), written by the worker before its job is done
+    #: seconds of its exchange (the worker's, from the moment every peer had posted the round
+    #: to the mixed data; plus the training thread's node all-gather), written by the worker
+    #: before its job is done
     exchange_s: float = 0.0
+    #: seconds the worker waited before that for peers that posted the round later (their
+    #: compute, not the link's)
+    peer_wait_s: float = 0.0
+
+    def timed(self, started: float, ready: float, done: float) -> None:
+        """The worker's times (``time.perf_counter()``): it started on the round at
+        ``started``, every peer had posted it at ``ready``, the mixed data was there at
+        ``done``."""
+        self.peer_wait_s = max(ready - started, 0.0)
+        self.exchange_s = max(done - max(ready, started), 0.0)
 
     def buffers(self) -> list[Tensor]:
         """The round's buffers, to be reused by a later round once its job is done:
@@ -47,19 +58,22 @@ class SyncStats:
     """What one rank's synchronous gossip sent (this process): ``sent_bytes`` (payload of the
     replica messages, without the node's all-reduce and all-gather), ``messages`` and
     ``exchanges`` (rounds started); ``exchange_seconds`` and ``exchanges_timed``, the summed
-    wire time of the rounds applied so far and their number (each round's time from posting
-    to holding every peer's data, mixed, with a sharded round's node all-gather; written by
-    the training thread as it applies a round)."""
+    wire time of the rounds applied so far and their number (each round's time from the moment
+    every peer had posted it to holding every peer's data, mixed, with a sharded round's node
+    all-gather; written by the training thread as it applies a round); ``peer_wait_seconds``,
+    the summed waits before that for peers that posted their rounds later."""
 
     sent_bytes: int = 0
     messages: int = 0
     exchanges: int = 0
     exchange_seconds: float = 0.0
     exchanges_timed: int = 0
+    peer_wait_seconds: float = 0.0
 
-    def timed(self, seconds: float) -> None:
-        """Count one applied round's exchange time."""
+    def timed(self, seconds: float, peer_wait: float = 0.0) -> None:
+        """Count one applied round's exchange time (and its wait for late peers)."""
         self.exchange_seconds += seconds
+        self.peer_wait_seconds += peer_wait
         self.exchanges_timed += 1
 
     def count(self, exchange: NeighborExchange) -> None:
@@ -74,4 +88,5 @@ class SyncStats:
         return {"sent_bytes": float(self.sent_bytes), "messages": float(self.messages),
                 "exchanges": float(self.exchanges),
                 "exchange_seconds": float(self.exchange_seconds),
-                "exchanges_timed": float(self.exchanges_timed)}
+                "exchanges_timed": float(self.exchanges_timed),
+                "peer_wait_seconds": float(self.peer_wait_seconds)}
