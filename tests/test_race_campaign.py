@@ -16,8 +16,13 @@ from benchmarks.race import campaign, rules
 
 SAMPLES = {("ddp", 3e-3): 4800, ("ddp", 6e-3): 4480, ("ddp", 1.2e-2): None,
            ("postlocal16", 3e-3): 5440, ("postlocal16", 6e-3): 5120,
-           ("postlocal16", 1.2e-2): 5120}
+           ("postlocal16", 1.2e-2): 5120,
+           ("decentdp", 1.5e-3): 6400, ("decentdp", 3e-3): None, ("decentdp", 6e-3): None,
+           ("decentdp", 1.2e-2): None}
 """Samples to the target of each made-up tuning trial (None: not reached)."""
+
+FINAL = {("decentdp", 3e-3): 15.3, ("decentdp", 6e-3): 33.0, ("decentdp", 1.2e-2): 41.0}
+"""The final WER of the made-up trials that did not reach the target (others: 30)."""
 
 
 class FakeLaunches:
@@ -37,7 +42,8 @@ class FakeLaunches:
             end = samples or 9600
             res = {"name": c, "target": 12.0, "seed": seed, "lr": peaks[c],
                    "curve": [[0.0, 100.0], [end / 20, 11.0 if samples else 30.0]],
-                   "curve_samples": [0, end], "final_metric": 11.0 if samples else 30.0}
+                   "curve_samples": [0, end],
+                   "final_metric": 11.0 if samples else FINAL.get((c, peaks[c]), 30.0)}
             on_entry(res, campaign.run_entry(res, False, None, i))
         busy = len(self.calls) == 1
         return {"status": "ok", "load_before": 0.25, "seed": seed,
@@ -86,6 +92,28 @@ def test_tuning_records_commit_load_and_seed_and_retries_a_busy_launch(
     assert saved["comm_compute_ratio"] == 0.5 and saved["link"]["rtt_ms"] == 1.1
     assert saved["link"]["rtt_ms_per_launch"] == [1.1] * 4
     assert saved["schema"] == rules.SCHEMA and saved["pin_nodes"] is False
+
+
+def test_a_case_best_at_its_grid_s_edge_is_tried_once_beyond_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own, args = campaign.parse(["--out", str(tmp_path / "r.json"), "--workload", "asr",
+                                "--target", "12", "--max-samples", "9600", "--cases", "ddp",
+                                "decentdp", "--allow-load"])
+    fake = FakeLaunches()
+    monkeypatch.setattr(campaign, "launch", fake)
+    rec = campaign.new_record(own, args)
+    campaign.tune(own, args, rec)
+    tuning = rec["tuning"]
+    # ddp's best (6e-3) is inside its grid; Decent-DP reached the target at none of its peaks
+    # and did best (the lowest WER) at the lowest: one more trial at half of it, alone
+    assert fake.calls[-1]["peaks"] == {"decentdp": 1.5e-3}
+    assert set(tuning["trials"]["ddp"]) == {"0.003", "0.006", "0.012"}
+    assert set(tuning["trials"]["decentdp"]) == {"0.0015", "0.003", "0.006", "0.012"}
+    assert tuning["chosen"] == {"ddp": 6e-3, "decentdp": 1.5e-3}
+    # started again, a tuned record launches nothing more
+    n = len(fake.calls)
+    campaign.tune(own, args, rec)
+    assert len(fake.calls) == n
 
 
 def test_the_campaign_refuses_a_target_above_12_percent(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ record (``--out``) holds one race setting (workload, layout, link, slow node):
    once at each peak rate of ``--peaks`` (``rules.PEAK_LRS``), with the per-learner rule
    applied to every method alike (``rules.case_lr``); each case keeps the peak that reached
    the target with the fewest samples (``rules.pick_peak``; none reached: the best final
-   metric). The procedure, every trial and the picks are in ``tuning``.
+   metric); a case whose best trial lies at an edge of its grid is tried once more a factor 2
+   beyond it (``rules.edge_peak``). The procedure, every trial and the picks are in ``tuning``.
 2. **Runs** (``--runs``, at least ``rules.MIN_RUNS`` for a claim): the cases at their
    picked peaks race to the fixed ``--target``, in an order rotated by one place per run
    (``rules.rotated``). With ``--slow-node`` the handicap is one number, ``--slow-extra-s``
@@ -311,12 +312,14 @@ def trial_cap(own: argparse.Namespace, args: argparse.Namespace,
 
 
 def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any]) -> None:
-    """Fill ``rec['tuning']``: every case at each of its peaks once, from the tuning seed;
-    with ``--tuning-from``, the cases those records tuned at the same peaks take their trials
-    and picks, the others are tuned here. Every tuning launch waits for an idle machine and is
-    kept in ``tuning['launches']`` (commit, load, other processes' CPU share); the trials of a
-    launch whose share was over ``rules.MAX_FOREIGN_CPU`` are moved to
-    ``tuning['rejected_trials']`` and tried again (up to ``--retries`` times)."""
+    """Fill ``rec['tuning']``: every case at each of its peaks once, from the tuning seed,
+    then a case whose best trial lies at an edge of its grid at one peak beyond it
+    (``rules.edge_peak``); with ``--tuning-from``, the cases those records tuned at the same
+    peaks take their trials and picks, the others are tuned here. Every tuning launch waits
+    for an idle machine and is kept in ``tuning['launches']`` (commit, load, other
+    processes' CPU share); the trials of a launch whose share was over
+    ``rules.MAX_FOREIGN_CPU`` are moved to ``tuning['rejected_trials']`` and tried again (up
+    to ``--retries`` times)."""
     tuning = rec["tuning"]
     tuning.setdefault("launches", [])
     tuning.setdefault("rejected_trials", [])
@@ -329,21 +332,35 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
             for c in tuned:
                 tried = {float(p) for p in other.get("trials", {}).get(c, {})}
                 if (c in other.get("chosen", {}) and c not in tuning["chosen"]
-                        and tried == {float(p) for p in peaks_of[c]}):
+                        and {float(p) for p in peaks_of[c]} <= tried):
                     tuning["trials"][c] = other["trials"][c]
                     tuning["chosen"][c] = other["chosen"][c]
         tuning["from"] = " ".join(str(p) for p in own.tuning_from)
-    retries = {k: 0 for k in range(max(len(v) for v in peaks_of.values()))}
+    lower_is_better = args.workload == "asr"
+
+    def extension(c: str) -> list[float]:
+        """The case's grid edge peak (``rules.edge_peak``), once its grid is tried in full."""
+        trials = {float(p): t for p, t in tuning["trials"].get(c, {}).items()}
+        edge = rules.edge_peak(trials, peaks_of[c], lower_is_better)
+        return [edge] if edge is not None else []
+
+    # the grid's peaks in turn (k), then (k = len(grid)) each case whose best trial lies at an
+    # edge of its grid at the peak a factor 2 beyond it
+    grid_len = max(len(v) for v in peaks_of.values())
+    retries = {k: 0 for k in range(grid_len + 1)}
     k = 0
     while k < len(retries):
-        todo = [c for c in rules.rotated(tuned, k) if k < len(peaks_of[c])
+        peaks_k = {c: (peaks_of[c] if k < grid_len else extension(c)) for c in tuned}
+        index_k = k if k < grid_len else 0
+        todo = [c for c in rules.rotated(tuned, k) if index_k < len(peaks_k[c])
                 and c not in tuning["chosen"]
-                and f"{peaks_of[c][k]:g}" not in tuning["trials"].get(c, {})]
+                and f"{peaks_k[c][index_k]:g}" not in tuning["trials"].get(c, {})]
         if not todo:
             k += 1
             continue
-        peaks = {c: peaks_of[c][k] for c in todo}
-        driver._progress(f"tuning, peak {k + 1} of each case: {peaks}")
+        peaks = {c: peaks_k[c][index_k] for c in todo}
+        driver._progress(f"tuning, peak {k + 1} of each case: {peaks}" if k < grid_len
+                         else f"tuning, the grids' edges extended: {peaks}")
         caps = {c: trial_cap(own, args, tuning["trials"].get(c, {})) for c in todo}
 
         def on_entry(res: dict[str, Any], entry: dict[str, Any],
@@ -382,11 +399,8 @@ def tune(own: argparse.Namespace, args: argparse.Namespace, rec: dict[str, Any])
         if c in tuning["chosen"]:
             continue
         trials = {float(p): t for p, t in tuning["trials"][c].items()}
-        pick = rules.pick_peak(trials)
-        if pick is None:  # nobody reached the target: the best final metric
-            sign = -1.0 if args.workload == "asr" else 1.0
-            pick = max(trials, key=lambda p: sign * (trials[p].get("final_metric") or -1e9))
-        tuning["chosen"][c] = pick
+        # the fewest samples to the target; nobody reached it: the best final metric
+        tuning["chosen"][c] = rules.best_trial(trials, lower_is_better)
     for c in args.cases:
         if driver.family(c) != c:
             tuning["chosen"][c] = tuning["chosen"][driver.family(c)]

@@ -112,7 +112,9 @@ TUNING_WORDS = (
     "averages (dpsgd, adpsgd, post-local SGD, torchft LocalSGD, DiLoCo's inner optimizer, "
     "Decent-DP) has that peak multiplied by sqrt(learners) (Adam; 1 for SGD), the rule of "
     "docs/strategies.md; each case then races at the peak that reached the target with the "
-    "fewest samples (ties: the shorter time). Every tuning launch started on an idle machine and "
+    "fewest samples (ties: the shorter time); a case whose best trial (or, where none reached "
+    "the target, the best final metric) lay at an edge of its three was run once more at twice "
+    "that edge or half of it. Every tuning launch started on an idle machine and "
     "is recorded with its commit, its load and the CPU share other processes took; a launch "
     "over the runs' limit of that share is tried again. Options other than the peak (periods, "
     "DiLoCo's outer optimizer, ddp's bucket size, PowerSGD's rank, the gossip period) are cases "
@@ -192,6 +194,51 @@ def pick_peak(trials: dict[float, dict[str, Any]]) -> float | None:
 
     reached = [item for item in trials.items() if item[1].get("samples_to_target") is not None]
     return min(reached, key=key)[0] if reached else None
+
+
+def best_trial(trials: dict[float, dict[str, Any]], lower_is_better: bool) -> float | None:
+    """The tuning pick (:func:`pick_peak`), or, where no trial reached the target, the peak
+    with the best final metric (None: no trial)."""
+    pick = pick_peak(trials)
+    if pick is not None or not trials:
+        return pick
+    sign = -1.0 if lower_is_better else 1.0
+
+    def score(peak: float) -> float:
+        metric = trials[peak].get("final_metric")
+        return sign * metric if metric is not None else -math.inf
+
+    return max(trials, key=score)
+
+
+def edge_peak(trials: dict[float, dict[str, Any]], grid: Sequence[float],
+              lower_is_better: bool) -> float | None:
+    """The one peak a case's grid is extended by: when its best trial (:func:`best_trial`)
+    lies at an edge of its grid, the peak a factor 2 beyond that edge, once (the grid's best
+    may lie outside it: Decent-DP and DiLoCo at their lowest peaks); None when the best is
+    inside, the grid is not tried in full, or the extension was tried.
+
+    >>> g = (3e-3, 6e-3, 1.2e-2)
+    >>> t = {p: {"samples_to_target": None, "final_metric": m}
+    ...      for p, m in zip(g, (15.3, 33.0, 40.0))}
+    >>> edge_peak(t, g, lower_is_better=True)
+    0.0015
+    >>> t[1.5e-3] = {"samples_to_target": 6400, "time_to_target_s": 250.0}
+    >>> edge_peak(t, g, lower_is_better=True) is None
+    True
+    >>> edge_peak({p: {"samples_to_target": 4800 - i, "time_to_target_s": 1.0}
+    ...            for i, p in enumerate(g)}, g, lower_is_better=True)
+    0.024
+    """
+    if len(grid) < 2 or any(p not in trials for p in grid) or len(trials) > len(grid):
+        return None
+    best = best_trial(trials, lower_is_better)
+    lo, hi = min(grid), max(grid)
+    if best == lo:
+        return lo / 2
+    if best == hi:
+        return hi * 2
+    return None
 
 
 def rotated(cases: Sequence[str], run: int) -> list[str]:
