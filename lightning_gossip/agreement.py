@@ -68,7 +68,7 @@ def check_agreement(config: dict[str, Any], rank: int, world_size: int,
     if world_size <= 1:
         return
     # (``group``'s members: fewer than ``world_size`` where a fit started with the ranks that
-    # came, lightning_gossip.strategies.founders)
+    # came, lightning_gossip.elastic.founders)
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, config, group=group)
     diffs = config_differences(gathered)

@@ -38,7 +38,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -185,9 +185,9 @@ def make_async_groups(layout: NodeLayout | None, backend: str | None,
         control = dist.new_group(backend="gloo", timeout=timeout)
         data = dist.new_group(backend=backend, timeout=timeout)
         return NodeGroups(data, data, control=control)
-    groups = make_node_groups(layout, backend, timeout)
+    groups, control = make_node_groups(layout, backend, timeout), None
     for k in range(layout.devices):
         g = dist.new_group(layout.column_ranks(k), backend="gloo", timeout=timeout)
         if k == layout.local:
-            groups.control = g
-    return groups
+            control = g
+    return replace(groups, control=control)

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from lightning_gossip.liveness.heartbeat import store_call
 
 if TYPE_CHECKING:
-    from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.elastic.claim_ledger import ClaimLedger
     from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["Claims", "NodeShare"]
@@ -72,7 +72,7 @@ class Claims:
             time (see the module docstring).
         ledger: elastic claims: a returned unit of a lost rank is taken before the counter,
             every claim is recorded, and an exhausted counter waits at the epoch's end
-            (:class:`~lightning_gossip.claim_ledger.ClaimLedger`; with ``share``, the node's
+            (:class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger`; with ``share``, the node's
             claims, kept by its local rank 0, the other ranks polling for them with the
             ledger's ``on_wait``); ``None``: the counter alone.
         balance: near an epoch's end, leave the last units to the claimants that finish them
@@ -98,6 +98,11 @@ class Claims:
         #: epoch -> claims already made before this run (resumed mid-epoch); the same on every rank
         self.start: dict[int, int] = {}
         self._claims: dict[int, int] = {}  # epoch -> claims the epoch has in all
+
+    def resume(self, start: dict[int, int]) -> None:
+        """Each epoch's counter starts past ``start[epoch]`` claims (a checkpoint's position,
+        :attr:`start`)."""
+        self.start = start
 
     def position(self, epoch: int) -> tuple[int, int] | None:
         """``(claims made so far, claims in all)`` of ``epoch`` on the shared counter (any rank

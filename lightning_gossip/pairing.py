@@ -120,7 +120,7 @@ class RankPairing:
     """A pairing over positions ``0..n-1`` seen in global ranks: position ``i`` is
     ``ranks[i]``. It has the methods of :class:`Pairing` the gossip thread uses, so messages
     and errors name global ranks. The survivors of an elastic fit pair this way over the live
-    ranks (:mod:`~lightning_gossip.membership`)::
+    ranks (:mod:`~lightning_gossip.elastic.membership`)::
 
         >>> survivors = RankPairing(Pairing("ring", 3), (0, 1, 3))  # rank 2 was lost
         >>> survivors.is_active(0), survivors.candidates(0), survivors.contacted_by(3)

@@ -47,7 +47,7 @@ from torch.utils.data import Sampler
 from lightning_gossip.node_claims import Claims, NodeShare
 
 if TYPE_CHECKING:
-    from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.elastic.claim_ledger import ClaimLedger
     from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["SharedBatchSampler", "SharedBatches"]
@@ -76,7 +76,7 @@ class SharedBatchSampler(Sampler[list[int]]):
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
         ledger: elastic claims (a lost rank's unfinished batches come back; see
-            :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
+            :mod:`~lightning_gossip.elastic.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
             (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
 

@@ -40,7 +40,7 @@ from lightning_gossip import _compat
 from lightning_gossip.node_claims import Claims, NodeShare
 
 if TYPE_CHECKING:
-    from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.elastic.claim_ledger import ClaimLedger
     from lightning_gossip.end_balance import EndBalance
 
 __all__ = ["SharedCursorSampler", "default_store"]
@@ -68,7 +68,7 @@ class SharedCursorSampler(Sampler[int]):
         node: claim as a node whose ranks step together (hierarchical adpsgd; see
             :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
         ledger: elastic claims (a lost rank's unfinished chunks come back; see
-            :mod:`~lightning_gossip.claim_ledger`); ``None``: the counter alone.
+            :mod:`~lightning_gossip.elastic.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
             (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
     """

@@ -33,6 +33,7 @@ MODULES = (
     "lightning_gossip.shared_cursor",
     "lightning_gossip.shared_batches",
     "lightning_gossip.liveness",
+    "lightning_gossip.elastic",
     "lightning_gossip.async_gossip",
     "lightning_gossip.mixing",
     "lightning_gossip.sim",

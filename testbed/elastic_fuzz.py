@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_gossip.strategies.elastic_nodes import NodeUnits
+from lightning_gossip.elastic.nodes import NodeUnits
 from testbed.elastic_fit import BATCH_SIZE, SAMPLES, outcome
 from testbed.launch import fake_slurm_commands, launch_processes
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from lightning_gossip.claim_ledger import ClaimLedger
+from lightning_gossip.elastic.claim_ledger import ClaimLedger
 from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.shared_batches import SharedBatchSampler
 from lightning_gossip.shared_cursor import SharedCursorSampler

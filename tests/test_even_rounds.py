@@ -1,7 +1,7 @@
-"""The end-of-epoch meeting of synchronous rounds (:mod:`lightning_gossip.even_rounds`): ranks
-that trained different numbers of steps leave at the same step, every round any rank started is
-run by every rank (a round here is a barrier of all ranks: the strictest coupling), and nobody
-waits forever."""
+"""The end-of-epoch meeting of synchronous rounds (:mod:`lightning_gossip.elastic.even_rounds`):
+ranks that trained different numbers of steps leave at the same step, every round any rank
+started is run by every rank (a round here is a barrier of all ranks: the strictest coupling),
+and nobody waits forever."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import torch.distributed as dist
 
-from lightning_gossip.even_rounds import EvenRounds
+from lightning_gossip.elastic.even_rounds import EvenRounds
 
 
 class Rounds:

@@ -20,6 +20,7 @@
   Lightning name) imports ``lightning``, ``pytorch_lightning`` or ``lightning_fabric``, anywhere
   in the module (function bodies and ``TYPE_CHECKING`` blocks included), nor names one to
   ``importlib.import_module`` / ``__import__``.
+* The elastic package (``lightning_gossip/elastic/``) imports nothing of the adapters either.
 """
 
 from __future__ import annotations
@@ -276,3 +277,19 @@ def test_the_lightning_scan_finds_planted_imports():
     assert _is_adapter(f"{PACKAGE}.fabric.strategy") and _is_adapter(f"{PACKAGE}._compat")
     assert not _is_adapter(f"{PACKAGE}.liveness.waits")
     assert not _is_adapter(f"{PACKAGE}.strategies_extra")
+
+
+def test_the_elastic_package_sits_below_the_adapters():
+    """``lightning_gossip.elastic`` (membership, recovery, joins) imports no Lightning (the scan
+    above covers it: it is no adapter) and nothing of the adapters, ``strategies/`` and
+    ``fabric/``, anywhere in its modules (function bodies and type-only imports included): the
+    strategies hand it what Lightning knows as values."""
+    modules = [name for name in MODULES
+               if name == f"{PACKAGE}.elastic" or name.startswith(f"{PACKAGE}.elastic.")]
+    assert len(modules) >= 10 and not any(_is_adapter(name) for name in modules)
+    graph = import_graph(functions=True, type_only=True)
+    upward = {name: sorted(d for d in graph[name]
+                           if d.startswith((f"{PACKAGE}.strategies", f"{PACKAGE}.fabric")))
+              for name in modules}
+    assert not any(upward.values()), upward
+    assert f"{PACKAGE}.elastic.session" in graph[f"{PACKAGE}.elastic.survivors"]  # (the walk)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lightning_gossip.elastic import MemberTopology
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.sync_gossip import StopAgreement
-from lightning_gossip.topology import MemberTopology, build, is_doubly_stochastic
+from lightning_gossip.topology import build, is_doubly_stochastic
 
 
 @pytest.mark.parametrize("name", ["ring", "random_ring", "exponential", "complete"])

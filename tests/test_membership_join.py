@@ -1,4 +1,4 @@
-"""A process joins a running fit's groups (``lightning_gossip.membership``, the mechanism of
+"""A process joins a running fit's groups (``lightning_gossip.elastic.membership``, the mechanism of
 elastic joins): 4 ranks started one process each as ``srun`` starts tasks, ranks 2 and 3 leave
 (rank 2's loss found while the survivors gather), the survivors go on as (0, 1); a newcomer
 with rank 3's environment asks for the slot, is admitted with slot 2 still free, and all three

@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, progress, write_json
 from benchmarks.perf.elastic_accuracy_rank import ASR_CORPUS, HEARTBEAT_S, LOSS_BATCH
-from lightning_gossip.strategies.elastic_nodes import NodeUnits
+from lightning_gossip.elastic.nodes import NodeUnits
 from testbed.launch import ROOT, run_fake_slurm_each
 
 RANKS, VICTIM = 4, 2

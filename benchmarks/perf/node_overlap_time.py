@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_gossip
 from lightning_gossip import overlapped_allreduce
-from lightning_gossip.strategies.node_averaging import NodeAverager
+from lightning_gossip.node_averaging import NodeAverager
 
 EXPOSED: list[float] = []
 _avg = NodeAverager.average_gradients

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,16 @@ from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
+from lightning_gossip.elastic.engines import PairwiseEngines, node_retries
+from lightning_gossip.elastic.joins import NodeUnion
+from lightning_gossip.elastic.nodes import NodeUnits
+from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
 from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, RankPairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
 from lightning_gossip.strategies.cursor_resume import CursorResume
-from lightning_gossip.strategies.elastic import Survivors
-from lightning_gossip.strategies.elastic_nodes import NodeUnits
-from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, SharedCursor, check_adpsgd
@@ -68,10 +70,12 @@ class ADPSGDStrategy(GossipStrategy):
         wire_dtype: what gossip sends, ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``; the two
             deltas of an exchange still cancel exactly (:mod:`~lightning_gossip.compression`).
         elastic: survive lost ranks (not the store's host, rank 0): the survivors go on
-            without them (:mod:`~.elastic`, ``docs/faults.md``; hierarchical: without the
-            lost rank's node, :mod:`~.elastic_nodes`). Default ``False``.
+            without them (:mod:`lightning_gossip.elastic`, ``docs/faults.md``; hierarchical:
+            without the lost rank's node, :mod:`~lightning_gossip.elastic.nodes`). Default
+            ``False``.
         start_timeout: ``elastic``: start with the ranks that came within this many seconds,
-            the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
+            the others join as they come (:mod:`~lightning_gossip.elastic.founders`);
+            ``None``: wait for every rank.
         outer_lr, outer_momentum, outer_nesterov, node_allreduce: as for ``DPSGDStrategy``
             (the outer step is taken at the epoch-end meeting of the global average).
 
@@ -132,29 +136,32 @@ class ADPSGDStrategy(GossipStrategy):
         #: the pairing's name as given; the :class:`~.pairing.Pairing` built at set-up: pairing
         self.pairing_name, self.pairing = pairing, None
         self.max_staleness, self.elastic = max_staleness, bool(elastic)
-        #: a newcomer's join and the fit's survivors (``elastic``: :mod:`~.elastic_parts`)
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, (pairing, seed),
-                                          start_timeout)
-        if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
-            self.before_init = lambda: self.join_running_fit(
-                self.elastic_parts, f"run{_fits[0]}", NodeUnits(self.num_processes if
-                                                                self._sharded else 1))
+        self.start_timeout = start_timeout
+        #: a newcomer's join or a founder's start, and the fit's survivors (``elastic``:
+        #: :class:`~lightning_gossip.elastic.parts.ElasticParts`)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, start_timeout)
         #: this rank's place in the nodes (``hierarchical``, several processes per node)
         self.layout: NodeLayout | None = None
-        self.engine: AsyncGossip | None = None
+        self.engine = None  # (AsyncGossip, the session's)
         self._groups: NodeGroups | None = None  # node, column (flat: data as both), control
         self._run_id: int | None = None
         self._last_stats: dict[str, float] = {}
         #: the gossip phases: trainer checks, phase start, epoch-end meeting
         self.phases = Phases(
-            shared_cursor=self.shared_cursor, step=lambda: self.step, watched=self.watched,
+            shared_cursor=self.shared_cursor, watched=self.watched,
             global_average_every_n_steps=self.global_average_every_n_steps,
             requeue_together=self.resilience.requeue_together,
             log_consensus=None if consensus_every_n_steps is None else self.log_consensus_distance)
-        # a rank that takes the requeue signal meets the ranks at their epoch end first
-        self.resilience.before_requeue = self.phases.before_requeue
         #: the shared cursor's position in the requeue checkpoint
         self.cursor = CursorResume()
+
+    @override
+    def before_init(self) -> None:
+        """An elastic fit: a newcomer to a running fit joins it before Lightning's init (or the
+        fit starts with the ranks that came, ``start_timeout``)."""
+        if self.elastic:
+            self.join_running_fit(self.elastic_parts, f"run{_fits[0]}",
+                                  NodeUnits(self.num_processes if self._sharded else 1))
 
     @property
     def _sharded(self) -> bool:  # hierarchical with several processes per node
@@ -183,56 +190,62 @@ class ADPSGDStrategy(GossipStrategy):
             self.pairing = Pairing(self.pairing_name, nodes if self._sharded else self.world_size,
                                    self.seed)
             self.auto_period = self._period_driver(agree=False)
-            self.engine = self._make_engine(self.elastic_parts.first_pairing(self.pairing))
+            engines = self._pairwise_engines() if self.elastic else None
+            membership = self.elastic_parts.membership  # (a newcomer's or founder's)
+            self.engine = self._make_engine(engines.first(self.pairing, membership.live) if (
+                engines and membership) else self.pairing)
             self.engine.start()
-            self.survivors = self._make_survivors(trainer) if self.elastic else None
+            self.survivors = None
+            if engines is not None:
+                union = (NodeUnion(self.node, self.world_size, self.root_device)
+                         if self.node else None)  # a node's ranks agree on joins
+                self.survivors = self._make_survivors(self.elastic_parts, trainer,
+                                                      f"run{self._run_id}", engines,
+                                                      node_union=union)
+                node_retries(self.node, self.survivors.retry)  # a node all-reduce, again
             self.step = self.elastic_parts.open_phase(self.engine, self.step)  # a newcomer
             if self.elastic:  # its loader draws with the survivors' claims from now on
                 self.rebuild_train_loader(trainer)
 
     @override
     def begin_fit(self, fit: Fit) -> None:
-        """The base's, with the engine (``None`` on one node); the phases get the fit too."""
-        fit = replace(fit, engine=self.engine)
+        """The base's; the phases get the fit too, and the resilience their meeting before a
+        requeue (a rank that takes the requeue signal meets the ranks at their epoch end
+        first)."""
+        fit = replace(fit, before_requeue=self.phases.before_requeue)
         super().begin_fit(fit)
         self.phases.begin_fit(fit)
 
-    def _make_engine(self, pairing: Pairing | RankPairing, control: Any = None,
-                     data: Any = None) -> AsyncGossip:
-        """The gossip engine over ranks, or nodes (sharded); ``control``/``data``: survivors'."""
-        assert self._flat is not None and self._groups is not None
+    def _make_engine(self, pairing: Pairing | RankPairing) -> AsyncGossip:
+        """The fit's first gossip engine over ranks, or nodes (sharded), on its groups."""
+        assert self._groups is not None
         # an elastic pairing is over the column's ranks already; the first one over nodes
         if (layout := self.layout if self._sharded else None) and isinstance(pairing, Pairing):
             pairing = ColumnPairing(pairing, layout)
-        return AsyncGossip(
-            self._flat, self.global_rank, pairing,
-            control_group=control or self._groups.control, data_group=data or self._groups.column,
-            timeout=self.timeout, max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
+        return self._engine_factory()(pairing, control_group=self._groups.control,
+                                      data_group=self._groups.column)
+
+    def _engine_factory(self) -> partial[AsyncGossip]:
+        """:class:`~lightning_gossip.async_gossip.AsyncGossip` with this fit's values, given a
+        pairing and its ``control_group`` and ``data_group`` (the first engine's, or the
+        survivors')."""
+        assert self._flat is not None
+        layout = self.layout if self._sharded else None
+        return partial(
+            AsyncGossip, self._flat, self.global_rank, timeout=self.timeout,
+            max_staleness=self.max_staleness, delay_by_one=self.delay_by_one,
             period=resolve_gossip_every_n_steps(self.gossip_every_n_steps),
             heartbeat=self.heartbeat, wire_dtype=self._wire,
             shard=(layout.local, layout.devices) if layout else (0, 1),
             node_gather=self.node.all_gather if layout and self.node else None,
             auto=self.auto_period)  # (None when elastic: "auto" is refused there)
 
-    def _make_survivors(self, trainer: pl.Trainer) -> Survivors:
-        """The fit's recovery from lost ranks and admission of newcomers (``elastic``)."""
-        assert self.process_group_backend is not None and self._flat is not None
-        survivors = self.elastic_parts.survivors(
-            run=f"run{self._run_id}", rank=self.global_rank, world_size=self.world_size,
-            heartbeat=self.heartbeat, backend=self.process_group_backend,
-            make_engine=self._make_engine, set_engine=self._set_engine,
-            step=lambda: self.step, epoch=lambda: trainer.current_epoch,
-            loggers=trainer.loggers if self.is_global_zero else [], pack=self._flat.pack,
-            replicas=self.replicas, trainer=trainer, node=self.node, device=self.root_device)
-        self.phases.survive, self.phases.batch_trained = survivors.retry, survivors.batch_trained
-        self.phases.epoch_opened = survivors.epoch_opened
-        self.phases.poll = lambda: survivors.poll(at_end=True)  # (its only caller)
-        return survivors
-
-    def _set_engine(self, engine: AsyncGossip | None) -> AsyncGossip | None:  # survivors'
-        old, self.engine = self.engine, engine
-        self.phases.fit = replace(self.phases.fit, engine=engine) if self.phases.fit else None
-        return old
+    def _pairwise_engines(self) -> PairwiseEngines:
+        """The survivors' engines (``elastic``): a pairing over the live ranks (sharded: the
+        live nodes, seen by this rank's column), the phase open at the session's step."""
+        return PairwiseEngines(self.session, self.elastic_parts.units,
+                               (self.pairing_name, self.seed), self.global_rank,
+                               self._engine_factory(), node=self.node)
 
     @override
     def teardown_gossip(self) -> None:
@@ -283,14 +296,14 @@ class ADPSGDStrategy(GossipStrategy):
         if self.node:
             self.node.average_buffers()
         self.step += 1
-        self.phases.survive(lambda: self.engine.after_step(self.step - 1) if self.engine else None)
+        self.phases.after_step(self.step - 1)
         self.log_period_switches()
         return out
 
     @override
     def quiesce(self) -> None:
         """Finish the in-flight exchanges and close the gossip phase on every rank."""
-        self.phases.survive(lambda: self.engine.quiesce() if self.engine else None)
+        self.phases.quiesce()
 
     @property
     def gossip_stats(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The gossip phases of :class:`~lightning_gossip.strategies.ADPSGDStrategy`, owned by it as
-``strategy.phases`` (:class:`Phases`, built from values and callables): the trainer settings a
+``strategy.phases`` (:class:`Phases`, built from values and callables; each fit's values, its
+session and survivors among them, come with :meth:`Phases.begin_fit`): the trainer settings a
 phase cannot support, the barrier that opens a phase, what Lightning's collectives do mid-phase
 (values stay local), and the epoch-end meeting that closes it (agreeing on stopping, the
 periodic global average, consensus logging); :class:`_PhaseCallback` opens and closes the
@@ -8,7 +9,7 @@ phases at the epoch boundaries."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -28,18 +29,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Phases"]
 
+T = TypeVar("T")
+
 
 class Phases:
     """Trainer checks, phase start and epoch-end meeting of :class:`ADPSGDStrategy`.
 
-    Built from the owner's option values and small callables; each fit's values (its engine,
-    replicas, rank, device, trainer) come with :meth:`begin_fit`.
+    Built from the owner's option values and small callables; each fit's values (its session,
+    whose step and engine the phases read when they act, its survivors, replicas, rank, device,
+    trainer) come with :meth:`begin_fit`.
 
     Args:
         shared_cursor: the training batches come from the shared cursor (validation only at
             epoch ends).
         global_average_every_n_steps: the periodic global average (``None``: never).
-        step: the current optimizer step.
         watched: the owner's watched wait
             (:meth:`~lightning_gossip.strategies.parallel.ProcessGroupStrategy.watched`).
         requeue_together: writes the requeue checkpoint with every rank, then stops
@@ -49,11 +52,10 @@ class Phases:
     """
 
     def __init__(self, *, shared_cursor: bool, global_average_every_n_steps: int | None,
-                 step: Callable[[], int], watched: Watched, requeue_together: Callable[[], None],
+                 watched: Watched, requeue_together: Callable[[], None],
                  log_consensus: Callable[[], object] | None) -> None:
         self.shared_cursor = shared_cursor
         self.global_average_every_n_steps = global_average_every_n_steps
-        self._step = step
         self.watched = watched
         self.requeue_together = requeue_together
         self.log_consensus = log_consensus
@@ -63,14 +65,6 @@ class Phases:
         self.global_averages = 0
         #: the warning that mid-phase values stay local was given
         self.warned_local_reduce = False
-        #: runs the meetings: as they are, or (an elastic fit) again over the survivors after
-        #: a loss (:meth:`~.elastic.Survivors.retry`)
-        self.survive: Callable[[Callable[[], Any]], Any] = Phases.run
-        #: told the epoch of every trained batch (the elastic cursor counts them)
-        self.batch_trained: Callable[[int], None] = lambda epoch: None
-        self.epoch_opened: Callable[[int], None] = lambda epoch: None  # (and an epoch begun)
-        #: recovers from losses and admits joins while this rank waits (the survivors')
-        self.poll: Callable[[], None] = lambda: None
         #: this rank validates late (:meth:`end_epoch`): its validation's meeting was held
         self.met_for_validation = False
         #: batches this rank trained in the epoch; whether the fit resumed at an epoch's end
@@ -78,10 +72,18 @@ class Phases:
         #: shared cursor left no batch never has: :meth:`end_epoch` catches up)
         self.batches_in_epoch, self.epoch_end_restored = 0, False
 
-    @staticmethod
-    def run(operation: Callable[[], Any]) -> Any:
-        """``operation()`` (how the meetings run outside an elastic fit)."""
-        return operation()
+    def _survive(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``operation(*args, **kwargs)``; in an elastic fit run again over the survivors after
+        a loss (:meth:`~lightning_gossip.elastic.survivors.Survivors.retry`)."""
+        survivors = self.fit.survivors if self.fit is not None else None
+        if survivors is None:
+            return operation(*args, **kwargs)
+        return survivors.retry(operation, *args, **kwargs)
+
+    def _step(self) -> int:
+        """The fit's current optimizer step (its session's)."""
+        assert self.fit is not None
+        return self.fit.session.step
 
     def begin_fit(self, fit: Fit) -> None:
         """A new fit: its engine (``None``: nothing to gossip with), replicas and trainer, and
@@ -98,7 +100,7 @@ class Phases:
     @property
     def engine(self) -> AsyncGossip | None:
         """The fit's engine (``None`` outside a fit or with nothing to gossip with)."""
-        engine = self.fit.engine if self.fit is not None else None
+        engine = self.fit.session.engine if self.fit is not None else None
         assert engine is None or isinstance(engine, AsyncGossip)
         return engine
 
@@ -141,20 +143,62 @@ class Phases:
             kwargs: dict[str, Any] = {}
             if dist.get_backend() == "nccl" and device.type == "cuda":
                 kwargs["device_ids"] = [device.index]
-            self.survive(lambda: self.watched(
-                dist.barrier, what="waiting for every rank at the barrier that opens a gossip "
-                "phase", **kwargs))
+            self._survive(self.watched, dist.barrier, what="waiting for every rank at the "
+                          "barrier that opens a gossip phase", **kwargs)
             engine = self.engine  # the survivors' after a loss (its phase is open)
             if engine is not None:
                 engine.before_step(self._step())
 
     def wait_at_end(self) -> None:
         """At every poll of this rank's wait at an epoch's end for its peers (an elastic fit's
-        shared cursor): :attr:`poll`, then keep gossip going
+        shared cursor): the survivors look for losses and joins, then keep gossip going
         (:meth:`~lightning_gossip.async_gossip.AsyncGossip.idle`): a passive peer still
         training may wait on this rank's exchanges."""
-        self.poll()
-        self.survive(lambda: self.engine.idle() if self.engine is not None else None)
+        if self.fit is not None and self.fit.survivors is not None:
+            self.fit.survivors.poll_at_end()
+        self._survive(self._idle)
+
+    def _idle(self) -> None:
+        """The engine's :meth:`~lightning_gossip.async_gossip.AsyncGossip.idle` (none: nothing)."""
+        if self.engine is not None:
+            self.engine.idle()
+
+    def after_step(self, step: int) -> None:
+        """The local optimizer step ``step`` is done: signal the engine (after a loss, the
+        survivors' engine)."""
+        self._survive(self._after_step, step)
+
+    def _after_step(self, step: int) -> None:
+        if self.engine is not None:
+            self.engine.after_step(step)
+
+    def quiesce(self) -> None:
+        """Finish the engine's in-flight exchanges and close its phase (after a loss, the
+        survivors' engine)."""
+        self._survive(self._quiesce)
+
+    def _quiesce(self) -> None:
+        if self.engine is not None:
+            self.engine.quiesce()
+
+    def resumed(self, at_epoch_end: bool) -> None:
+        """The fit starts; ``at_epoch_end``: from a checkpoint written at an epoch's end (its
+        last batch trained)."""
+        self.epoch_end_restored = at_epoch_end
+
+    def open_epoch(self, epoch: int) -> None:
+        """Training epoch ``epoch`` starts on this rank: count its batches, tell the survivors
+        (the elastic cursor's claims), open a gossip phase."""
+        self.batches_in_epoch, self.epoch_end_restored = 0, False
+        if self.fit is not None and self.fit.survivors is not None:
+            self.fit.survivors.epoch_opened(epoch)
+        self.begin()
+
+    def batch_trained(self, epoch: int) -> None:
+        """This rank trained one more batch of ``epoch`` (the elastic cursor counts them)."""
+        self.batches_in_epoch += 1
+        if self.fit is not None and self.fit.survivors is not None:
+            self.fit.survivors.batch_trained(epoch)
 
     def before_requeue(self) -> None:
         """This rank takes the requeue signal at its batch start: it meets every rank in the
@@ -237,8 +281,7 @@ class Phases:
         if self.met_for_validation:
             self.met_for_validation = False
         elif trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self.join_requeue(self.survive(
-                lambda: self._quiet_meeting(stop=False, validating=True)))
+            self.join_requeue(self._survive(self._quiet_meeting, stop=False, validating=True))
 
     def end_epoch(self, trainer: pl.Trainer) -> None:
         """Epoch end on this rank: quiet the network, agree on stopping, log consensus.
@@ -285,7 +328,7 @@ class Phases:
         """The epoch-end meeting (after a requeue's: the requeue checkpoint, then stop)."""
         # Ranks stop independently (max_steps counts local steps): if any rank stops, all do.
         local_stop = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
-        met = self.survive(lambda: self._quiet_meeting(stop=bool(local_stop)))
+        met = self._survive(self._quiet_meeting, stop=bool(local_stop))
         self.join_requeue(met)
         return met
 
@@ -300,20 +343,17 @@ class _PhaseCallback(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Whether the fit resumed at an epoch's end (its last batch trained)."""
-        self.phases.epoch_end_restored = _compat.epoch_end_restored(trainer)
+        self.phases.resumed(_compat.epoch_end_restored(trainer))
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open a gossip phase."""
-        self.phases.batches_in_epoch, self.phases.epoch_end_restored = 0, False
-        self.phases.epoch_opened(trainer.current_epoch)
-        self.phases.begin()
+        self.phases.open_epoch(trainer.current_epoch)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        """One more batch trained (:attr:`Phases.batch_trained`)."""
-        self.phases.batches_in_epoch += 1
+        """One more batch trained (:meth:`Phases.batch_trained`)."""
         self.phases.batch_trained(trainer.current_epoch)
 
     @override

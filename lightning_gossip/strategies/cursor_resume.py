@@ -22,7 +22,7 @@ from lightning_gossip.node_claims import Claims, NodeShare
 from lightning_gossip.strategies.shared_loader import shared_cursor_loader
 
 if TYPE_CHECKING:
-    from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.elastic.claim_ledger import ClaimLedger
 
 __all__ = ["CURSOR_KEY", "CursorResume"]
 
@@ -54,7 +54,7 @@ class CursorResume:
                       balance_as: tuple[int, int] | None = None) -> object:
         """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
         :func:`~.shared_loader.shared_cursor_loader`), its claims tracked; ``ledger``: elastic
-        claims (:mod:`~lightning_gossip.claim_ledger`); ``balance_as``: a balanced epoch end
+        claims (:mod:`~lightning_gossip.elastic.claim_ledger`); ``balance_as``: a balanced epoch end
         (:mod:`~lightning_gossip.end_balance`).
 
         Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
@@ -79,7 +79,7 @@ class CursorResume:
         """The training loader's claims (``None``: not drawn through the shared cursor)."""
         self.claims = claims
         if claims is not None and self.start:
-            claims.start = self.start
+            claims.resume(self.start)
 
     def position(self, epoch: int) -> dict[str, int] | None:
         """``{"epoch", "claims"}`` of ``epoch``'s shared counter; ``None`` without a shared
@@ -102,7 +102,7 @@ class CursorResume:
         position = checkpoint.get(CURSOR_KEY)
         self.start = {int(position["epoch"]): int(position["claims"])} if position else None
         if self.claims is not None and self.start:
-            self.claims.start = self.start
+            self.claims.resume(self.start)
 
     def reset(self) -> None:
         """The position applies to the fit that loaded it only."""

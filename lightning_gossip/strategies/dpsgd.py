@@ -25,12 +25,16 @@ from typing_extensions import override
 
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
+from lightning_gossip.elastic.engines import node_retries
+from lightning_gossip.elastic.nodes import NodeUnits
+from lightning_gossip.elastic.parts import ElasticParts
+from lightning_gossip.elastic.rounds import ElasticRounds, RoundEngines
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
+from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
-from lightning_gossip.strategies.dpsgd_elastic import ElasticRounds
+from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.dpsgd_elastic import attach, training_loader
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
-from lightning_gossip.strategies.elastic_nodes import NodeUnits
-from lightning_gossip.strategies.elastic_parts import ElasticParts
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, check_dpsgd
@@ -90,11 +94,13 @@ class DPSGDStrategy(GossipStrategy):
             ``"overlapped"`` (buckets of gradients all-reduced as backward produces them, the
             way ``DistributedDataParallel`` does; the same gradients).
         elastic: survive lost ranks (not rank 0, the store's host; hierarchical: nodes,
-            :mod:`~.elastic_nodes`): the survivors rebuild the topology (by name) over
-            themselves at an agreed step; batches come from a shared cursor; a replacement with
-            a lost rank's environment joins (:mod:`~.dpsgd_elastic`). Default ``False``.
+            :mod:`~lightning_gossip.elastic.nodes`): the survivors rebuild the topology (by
+            name) over themselves at an agreed step; batches come from a shared cursor; a
+            replacement with a lost rank's environment joins
+            (:mod:`~lightning_gossip.elastic.rounds`). Default ``False``.
         start_timeout: ``elastic``: start with the ranks that came within this many seconds,
-            the others join as they come (:mod:`~.founders`); ``None``: wait for every rank.
+            the others join as they come (:mod:`~lightning_gossip.elastic.founders`);
+            ``None``: wait for every rank.
 
     SIGTERM (a scheduler's time limit, preemption) and SLURM's auto-requeue signal are agreed
     through the gossip messages, without a per-step collective on the world group: every rank
@@ -159,22 +165,36 @@ class DPSGDStrategy(GossipStrategy):
         self.topology: Topology | None = None
         #: this rank's place in the nodes (the sharded / compressed exchange), after set-up
         self.layout: NodeLayout | None = None
-        #: the engine (after set-up; ``None`` with nothing to gossip with: one hierarchical node)
-        self.engine: SyncGossip | None = None
+        #: the engine (:class:`~lightning_gossip.sync_gossip.SyncGossip`, the session's; after
+        #: set-up; ``None`` with nothing to gossip with: one hierarchical node)
+        self.engine = None
         #: this rank's node and column groups (flat: the gossip group as both); the engine's
         #: process group over every rank (created once, at the first set-up)
         self._groups: NodeGroups | None = None
         self.gossip_group: dist.ProcessGroup | None = None
         self._stats = SyncStats()  # over every fit of this process
-        self.elastic = bool(elastic)  # its survivors and epoch ends: :mod:`~.dpsgd_elastic`
+        self.elastic, self.start_timeout = bool(elastic), start_timeout
+        #: an elastic fit's rounds (:class:`~lightning_gossip.elastic.rounds.ElasticRounds`;
+        #: their Lightning side: :mod:`~.dpsgd_elastic`) and its training loader's shared cursor
         self.elastic_rounds: ElasticRounds | None = None
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, None, start_timeout)
-        self.collectives_local = lambda: (  # mid-epoch (a newcomer: from its start)
-            self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined)
-        if self.elastic:  # a newcomer to a running fit joins it before Lightning's init
-            self.before_init = lambda: self.join_running_fit(
-                self.elastic_parts, f"dpsgd{_fits[0]}",
-                NodeUnits(self.num_processes if self.hierarchical else 1, synchronous=True))
+        self.cursor = CursorResume()
+        #: a newcomer's join or a founder's start, and the survivors
+        #: (:class:`~lightning_gossip.elastic.parts.ElasticParts`)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, start_timeout)
+
+    @override
+    def before_init(self) -> None:
+        """An elastic fit: a newcomer to a running fit joins it before Lightning's init (or the
+        fit starts with the ranks that came, ``start_timeout``)."""
+        if self.elastic:
+            self.join_running_fit(self.elastic_parts, f"dpsgd{_fits[0]}", NodeUnits(
+                self.num_processes if self.hierarchical else 1, synchronous=True))
+
+    @override
+    def collectives_local(self) -> bool:
+        """Mid-epoch of an elastic fit (a newcomer: from its start), where the ranks may train
+        different numbers of batches."""
+        return self.elastic_rounds.in_epoch if self.elastic_rounds else self.joined
 
     @override
     def _make_resilience(self) -> AgreedStops:
@@ -183,8 +203,8 @@ class DPSGDStrategy(GossipStrategy):
 
     @override
     def begin_fit(self, fit: Fit) -> None:
-        """The base's, with the engine and the gossip group (the agreed stops' all-reduce)."""
-        super().begin_fit(replace(fit, engine=self.engine, group=self.gossip_group))
+        """The base's, with the gossip group (the agreed stops' all-reduce)."""
+        super().begin_fit(replace(fit, group=self.gossip_group))
 
     @override
     def setup_gossip(self, trainer: pl.Trainer) -> None:
@@ -199,10 +219,9 @@ class DPSGDStrategy(GossipStrategy):
             self._warn_one_node()
         else:
             self.topology = self.resolve_topology(nodes, devices)
-        newcomer, founders = self.elastic_parts.newcomer, self.elastic_parts.founders
         first = self.elastic_parts.first  # (its groups are its generation's, built by name)
         if self.gossip_group is None:  # its own group, apart from Lightning's collectives
-            self.gossip_group = first.groups[-1] if first else dist.new_group(
+            self.gossip_group = first.groups.gossip if first else dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout)
             if hierarchical:
                 layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
@@ -231,31 +250,34 @@ class DPSGDStrategy(GossipStrategy):
                                  auto=self.auto_period)
             self.engine.start()
         if self.elastic and (self.engine is not None or first):
-            assert self._flat is not None
-            run, _fits[0] = _fits[0], _fits[0] + 1
-            self.elastic_rounds = ElasticRounds.of_fit(
-                trainer, self.global_rank, self.world_size, self.timeout, run=run,
-                heartbeat=self.heartbeat, backend=self.process_group_backend or "gloo",
-                topology=(str(self.topology_spec), self.seed), make_engine=engine,
-                engine=lambda: self.engine, set_engine=self._set_engine, step=lambda: self.step,
-                set_step=lambda step: setattr(self, "step", step), end_round=self._end_round,
-                loggers=trainer.loggers if self.is_global_zero else [], watched=self.watched,
-                membership=first.membership if first else None,
-                hand_over=self.elastic_parts.members_side(self._flat.pack, self.replicas,
-                                                          trainer, lambda: self.step),
-                node=self.node, gather_on_worker=self._gather_on_worker())
-            self.survivors = self.elastic_rounds.survivors
-            if newcomer:  # the members' topology, from the step they admitted it at
-                self.engine = self.elastic_rounds.enter(newcomer.step, newcomer.membership.live,
-                                                        *newcomer.groups[1:])
-            elif founders:  # the topology over the founders, from step 0
-                self.engine = self.elastic_rounds.found(founders.founded, *founders.groups[1:])
-            self.rebuild_train_loader(trainer)  # through the shared cursor from now on
+            self._setup_elastic(trainer, engine)
 
-    def _set_engine(self, engine: SyncGossip | None) -> SyncGossip | None:  # survivors'
-        old, self.engine, fit = self.engine, engine, self.resilience.fit
-        self.resilience.fit = fit and replace(fit, engine=engine, group=self.live_group)
-        return old
+    def _setup_elastic(self, trainer: pl.Trainer, engine: partial[SyncGossip]) -> None:
+        """An elastic fit's survivors (their engines: the topology rebuilt over them from an
+        agreed step, :class:`~lightning_gossip.elastic.rounds.RoundEngines`; ``engine``: the
+        fit's engine with its values) and rounds; a newcomer's or founder's first engine."""
+        parts, layout = self.elastic_parts, self.node.layout if self.node else None
+        first = parts.first
+        run, _fits[0] = f"dpsgd{_fits[0]}", _fits[0] + 1
+        engines = RoundEngines(self.session, parts.units, self.world_size,
+                               (str(self.topology_spec), self.seed), engine, node=self.node,
+                               gather_on_worker=self._gather_on_worker())
+        self.survivors = self._make_survivors(parts, trainer, run, engines, poll_joins=False)
+        share = layout and NodeShare(layout.node, layout.local, layout.devices, True,
+                                     first.membership.generation if first else 0)
+        self.elastic_rounds = ElasticRounds(
+            self.session, self.survivors, engines, run=run, rank=self.global_rank,
+            world_size=self.world_size, timeout=self.timeout, end_round=self._end_round,
+            share=share)
+        self.cursor = CursorResume()
+        attach(self.elastic_rounds, trainer, self.watched)
+        node_retries(self.node, self.survivors.retry)  # a node all-reduce a loss interrupted
+        if parts.newcomer:  # the members' topology, from the step they admitted it at
+            self.engine = self.elastic_rounds.enter(parts.newcomer.step,
+                                                    parts.newcomer.membership.live)
+        elif parts.founders:  # the topology over the founders, from step 0
+            self.engine = self.elastic_rounds.found(parts.founders.founded)
+        self.rebuild_train_loader(trainer)  # through the shared cursor from now on
 
     def _gather_on_worker(self) -> bool:
         """Whether the communication thread all-gathers sharded rounds on a node group of its
@@ -279,7 +301,7 @@ class DPSGDStrategy(GossipStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """An elastic fit's training loaders draw from the shared cursor (``dpsgd_elastic``)."""
         rounds, module = self.elastic_rounds, self.lightning_module
-        return rounds.training_loader(dataloader, module.trainer, self.seed) if (
+        return training_loader(rounds, self.cursor, dataloader, module.trainer, self.seed) if (
             rounds is not None and module is not None) else dataloader
 
     # ------------------------------------------------------------------------------------------

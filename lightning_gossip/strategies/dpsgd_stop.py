@@ -43,15 +43,16 @@ class AgreedStops(Resilience):
     """:class:`~lightning_gossip.strategies.resilience.Resilience` of
     :class:`~lightning_gossip.strategies.DPSGDStrategy`: the per-batch stop and requeue checks
     (SIGTERM, SLURM requeue) agreed through the fit's engine's
-    :class:`~lightning_gossip.sync_gossip.StopAgreement` (``fit.engine``; ``None`` with nothing
-    to gossip with: the flags are then all-reduced on ``fit.group``, the gossip group). Built
-    as :class:`~lightning_gossip.strategies.resilience.Resilience` is.
+    :class:`~lightning_gossip.sync_gossip.StopAgreement` (the engine of the fit's session; ``None``
+    with nothing to gossip with: the flags are then all-reduced on ``fit.group``, the gossip
+    group, or after an elastic fit's loss on the survivors' group). Built as
+    :class:`~lightning_gossip.strategies.resilience.Resilience` is.
     """
 
-    def __init__(self, *, step: Callable[[], int], watched: Watched,
+    def __init__(self, *, watched: Watched,
                  stop_gossip: Callable[[], None], stop_heartbeat: Callable[[bool], None],
                  restart_position: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        super().__init__(step=step, watched=watched, stop_gossip=stop_gossip,
+        super().__init__(watched=watched, stop_gossip=stop_gossip,
                          stop_heartbeat=stop_heartbeat, restart_position=restart_position)
         #: this rank proposed a stop / a requeue in this fit
         self.stop_proposed = False
@@ -60,7 +61,7 @@ class AgreedStops(Resilience):
     @property
     def engine(self) -> SyncGossip | None:
         """The fit's engine (``None`` outside a fit or with nothing to gossip with)."""
-        engine = self.fit.engine if self.fit is not None else None
+        engine = self.fit.session.engine if self.fit is not None else None
         assert engine is None or isinstance(engine, SyncGossip)
         return engine
 
@@ -90,7 +91,8 @@ class AgreedStops(Resilience):
         on the gossip group (every rank calls it before every batch)."""
         fit = self._current()
         flag = torch.tensor([1 if received else 0], device=fit.device)
-        self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=fit.group,
+        group = fit.session.group if fit.session.group is not None else fit.group
+        self.watched(dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=group,
                      what=f"agreeing whether to {what} at step {self._step()}")
         return bool(flag.item())
 

@@ -1,9 +1,11 @@
 """What one fit gives the parts of a strategy: :class:`Fit`, built by the strategy at set-up
-(once per fit, after its replicas, node averager and engine exist) and handed to the parts
-that act during the fit (:class:`~.resilience.Resilience`, :class:`~.adpsgd_phases.Phases`).
+(once per fit, after its replicas, node averager, engine and survivors exist) and handed to the
+parts that act during the fit (:class:`~.resilience.Resilience`, :class:`~.adpsgd_phases.Phases`).
 
 The parts are built from values and small callables, never from the strategy: what changes
-from fit to fit reaches them here, as values."""
+from fit to fit reaches them here, as values; what changes during the fit (the step, the engine,
+an elastic fit's groups) they read from the fit's :class:`~lightning_gossip.elastic.session.
+ElasticSession` when they act."""
 
 from __future__ import annotations
 
@@ -17,14 +19,23 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     from lightning.fabric.plugins import CheckpointIO
 
-    from lightning_gossip.async_gossip import AsyncGossip
+    from lightning_gossip.elastic.session import ElasticSession
+    from lightning_gossip.elastic.survivors import Survivors
     from lightning_gossip.liveness import Heartbeat
+    from lightning_gossip.node_averaging import NodeAverager
     from lightning_gossip.outer import OuterOptimizer
-    from lightning_gossip.strategies.node_averaging import NodeAverager
     from lightning_gossip.strategies.replicas import Replicas
-    from lightning_gossip.sync_gossip import SyncGossip
 
 __all__ = ["Fit"]
+
+
+def _as_is(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The default :attr:`Fit.part_states`: ``checkpoint`` unchanged."""
+    return checkpoint
+
+
+def _nothing() -> None:
+    """The default :attr:`Fit.before_requeue`."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +50,19 @@ class Fit:
         replicas: the replicas (:class:`~.replicas.Replicas`).
         heartbeat: this rank's heartbeat (``None``: disabled).
         checkpoint_io: what writes checkpoints (the emergency checkpoint's writer).
+        session: the fit's session: its step, its engine (``None`` with nothing to gossip
+            with) and (elastic) its live ranks' group, read when a part acts.
         node: the node averager (hierarchical), else ``None``.
-        engine: the fit's engine (``None`` with nothing to gossip with).
+        survivors: an elastic fit's recovery from lost ranks
+            (:class:`~lightning_gossip.elastic.survivors.Survivors`; the meetings run through its
+            ``retry``), else ``None``.
         group: the engine's process group over every rank (``dpsgd``), else ``None``.
         outer: the outer optimizer of the periodic global average, else ``None``.
         part_states: ``checkpoint`` plus the state of the strategy's parts (for example the
             outer optimizer's), as every checkpoint the strategy writes carries it.
+        before_requeue: run on a rank that takes the requeue signal, before the checkpoint
+            (``adpsgd``: :meth:`~.adpsgd_phases.Phases.before_requeue`, meeting the ranks at
+            their epoch end).
     """
 
     trainer: pl.Trainer
@@ -54,8 +72,10 @@ class Fit:
     replicas: Replicas
     heartbeat: Heartbeat | None
     checkpoint_io: CheckpointIO
+    session: ElasticSession
     node: NodeAverager | None = None
-    engine: SyncGossip | AsyncGossip | None = None
+    survivors: Survivors | None = None
     group: dist.ProcessGroup | Any | None = None
     outer: OuterOptimizer | None = None
-    part_states: Callable[[dict[str, Any]], dict[str, Any]] = lambda checkpoint: checkpoint
+    part_states: Callable[[dict[str, Any]], dict[str, Any]] = _as_is
+    before_requeue: Callable[[], None] = _nothing

@@ -11,7 +11,9 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -30,12 +32,17 @@ from lightning_gossip.agreement import check_agreement, plain_repr
 from lightning_gossip.budget import auto_period
 from lightning_gossip.compression import WireDtype, check_wire_dtype
 from lightning_gossip.consensus import check_every
+from lightning_gossip.elastic.newcomer import MembersSide
+from lightning_gossip.elastic.parts import ElasticParts
+from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.elastic.survivors import Engines, Survivors
 from lightning_gossip.flat import FlatState, flatten_module_
 from lightning_gossip.gossip_period.auto import PeriodDriver
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
+from lightning_gossip.node_averaging import NodeAverager
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.fit import Fit
-from lightning_gossip.strategies.node_averaging import NodeAverager
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
 from lightning_gossip.strategies.options import Backend, Evaluate, check_options, check_remedies
 from lightning_gossip.strategies.parallel import ProcessGroupStrategy
@@ -47,6 +54,14 @@ log = logging.getLogger(__name__)
 
 #: the metric of the period ``gossip_every_n_steps="auto"`` picked (logged at each decision)
 PERIOD_METRIC = "gossip/period"
+
+
+def members_checkpoint(replicas: Replicas, trainer: pl.Trainer, average: Tensor) -> dict[str, Any]:
+    """The full Lightning checkpoint of ``trainer`` with ``average`` as the weights: what the
+    lowest member of an elastic fit hands a newcomer (no collective: only this member is
+    here)."""
+    with replicas.weights_as_is(average):
+        return _compat.dump_checkpoint(trainer)
 
 
 class GossipStrategy(ProcessGroupStrategy):
@@ -133,16 +148,37 @@ class GossipStrategy(ProcessGroupStrategy):
         self._flat_storage = True
         #: the replicas of every rank (:class:`~.replicas.Replicas`, built at set-up)
         self.replicas: Replicas | None = None
+        #: what the parts read when they act: the step, the engine and (elastic) the live
+        #: ranks' groups (:class:`~lightning_gossip.elastic.session.ElasticSession`)
+        self.session = ElasticSession()
         #: stops, requeues and emergency checkpoints (:class:`~.resilience.Resilience`)
         self.resilience: Resilience = self._make_resilience()
-        #: optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``)
-        self.step = 0
         #: the last measured consensus distance (``None`` before the first measurement)
         self.last_consensus_distance: float | None = None
         #: ``gossip_every_n_steps="auto"``: this fit's period driver (after set-up; ``None``
         #: with a fixed period); its ``switches`` are the decisions and where they took effect
         self.auto_period: PeriodDriver | None = None
         self._switches_logged = 0
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far (the ``t`` of the mixing matrix ``W_t``): the
+        session's."""
+        return self.session.step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self.session.move_to(step)
+
+    @property
+    def engine(self) -> Any:
+        """The fit's gossip engine, the session's (``None``: none yet, or nothing to gossip
+        with)."""
+        return self.session.engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        self.session.swap_engine(engine)
 
     def gossip_config(self) -> dict[str, Any]:
         """This rank's gossip configuration, compared between ranks at set-up
@@ -187,7 +223,7 @@ class GossipStrategy(ProcessGroupStrategy):
             _compat.optimizers_to_device(self.optimizers, self.root_device)
         self._flat = FlatState(self.lightning_module)
         self.replicas = Replicas(self._flat, self.global_rank, self.world_size, self._timeout,
-                                 self.watched, group=lambda: self.live_group)
+                                 self.watched, session=self.session)
         if self.world_size == 1:
             rank_zero_warn(
                 f"{type(self).__name__} is running with a single process: it trains locally "
@@ -204,8 +240,9 @@ class GossipStrategy(ProcessGroupStrategy):
                 self.outer.start(self._flat.pack())
             self.setup_gossip(trainer)
             self.begin_fit(Fit(trainer, self.global_rank, self.world_size, self.root_device,
-                               self.replicas, self.heartbeat, self.checkpoint_io, node=self.node,
-                               outer=self.outer, part_states=self.with_part_states))
+                               self.replicas, self.heartbeat, self.checkpoint_io, self.session,
+                               node=self.node, survivors=self.survivors, outer=self.outer,
+                               part_states=self.with_part_states))
 
     def begin_fit(self, fit: Fit) -> None:
         """Give the parts this fit's values (after :meth:`setup_gossip`; subclasses add their
@@ -228,13 +265,35 @@ class GossipStrategy(ProcessGroupStrategy):
         return Resilience(**self._resilience_callables())
 
     def _resilience_callables(self) -> dict[str, Any]:
-        """What :class:`~.resilience.Resilience` is built from: small callables."""
-        return {"step": lambda: self.step, "watched": self.watched,
+        """What :class:`~.resilience.Resilience` is built from: small callables (the step
+        comes with each fit's session)."""
+        return {"watched": self.watched,
                 "stop_gossip": self.teardown_gossip, "stop_heartbeat": self.stop_heartbeat,
                 "restart_position": self.with_restart_position}
 
     def teardown_gossip(self) -> None:
         """Stop the subclass's background work (idempotent)."""
+
+    def _make_survivors(self, parts: ElasticParts, trainer: pl.Trainer, run: str,
+                        engines: Engines, *, poll_joins: bool = True,
+                        node_union: Callable[[Sequence[int]], list[int]] | None = None
+                        ) -> Survivors:
+        """An elastic fit's :class:`~lightning_gossip.elastic.survivors.Survivors` (both
+        strategies; ``parts``: the strategy's :class:`~lightning_gossip.elastic.parts.
+        ElasticParts`; ``run``: the fit's name; ``engines``: their engines): Lightning's side of
+        a loss or a join given as values: the trainer's epoch, rank 0's loggers, the module's
+        metrics gathered over the new group, and the lowest member's checkpoint for a newcomer
+        (with the members' exact average as its weights)."""
+        assert self._flat is not None and self.replicas is not None
+        hand_over = MembersSide(self.session, self._flat.pack,
+                                partial(members_checkpoint, self.replicas, trainer), self.timeout)
+        return parts.survivors(
+            self.session, run=run, rank=self.global_rank, world_size=self.world_size,
+            heartbeat=self.heartbeat, backend=self.process_group_backend or "gloo",
+            engines=engines, epoch=lambda: trainer.current_epoch,
+            loggers=trainer.loggers if self.is_global_zero else [], hand_over=hand_over,
+            on_group=lambda group: sync_metrics_over(trainer.lightning_module, group),
+            poll_joins=poll_joins, node_union=node_union)
 
     def _node_averager(self, layout: NodeLayout | None, groups: NodeGroups | None
                        ) -> NodeAverager:
@@ -242,7 +301,7 @@ class GossipStrategy(ProcessGroupStrategy):
         ``layout`` and ``groups``)."""
         assert groups is not None and layout is not None and self._flat is not None
         return NodeAverager(self.lightning_module, self._flat, layout, groups.node, self.timeout,
-                            self.heartbeat, step=lambda: self.step,
+                            self.heartbeat, step=self.session.current_step,
                             overlap=self.node_allreduce == "overlapped")
 
     def _warn_one_node(self) -> None:

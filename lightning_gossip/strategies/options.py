@@ -111,8 +111,8 @@ def check_elastic(strategy: str, elastic: bool, hierarchical: bool,
                   node_allreduce: str = "after_backward") -> None:
     """``<strategy>(elastic=True)``: raise ``ValueError`` without a heartbeat (lost ranks are
     found by it), and with ``hierarchical=True`` unless the node all-reduce runs after backward
-    and there is no ``start_timeout`` (:mod:`~.elastic_nodes`); ``start_timeout`` needs
-    ``elastic=True`` and is not negative.
+    and there is no ``start_timeout`` (:mod:`~lightning_gossip.elastic.nodes`);
+    ``start_timeout`` needs ``elastic=True`` and is not negative.
 
     >>> check_elastic("DPSGDStrategy", True, True, 60.0, start_timeout=5.0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):

@@ -11,7 +11,6 @@ that is :class:`~lightning_gossip.strategies.gossip.GossipStrategy`, its subclas
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -27,14 +26,19 @@ from typing_extensions import override
 
 import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
+from lightning_gossip.elastic.nodes import RANKS, NodeUnits
+from lightning_gossip.elastic.parts import ElasticParts
+from lightning_gossip.elastic.survivors import Survivors
 from lightning_gossip.liveness import Heartbeat, watched_collective
-from lightning_gossip.strategies.elastic import Survivors
-from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
-from lightning_gossip.strategies.elastic_parts import SETUP_BARRIERS, ElasticParts
-from lightning_gossip.strategies.node_averaging import check_node_layout
+from lightning_gossip.node_averaging import check_node_layout
 from lightning_gossip.strategies.options import Backend
 
-__all__ = ["ProcessGroupStrategy"]
+__all__ = ["SETUP_BARRIERS", "ProcessGroupStrategy"]
+
+SETUP_BARRIERS = frozenset({"pre_setup", "post_setup", "run-stage", "train_dataloader()",
+                            "val_dataloader()", "_CheckpointConnector.resume_end"})
+"""Lightning's named barriers of a fit's set-up (lightning 2.6.6): a newcomer skips them, the
+members passed theirs at their start (``ProcessGroupStrategy.joining``)."""
 
 
 class ProcessGroupStrategy(ParallelStrategy, ABC):
@@ -74,15 +78,10 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         self.heartbeat_timeout = None if heartbeat_timeout is None else float(heartbeat_timeout)
         #: this rank's :class:`~lightning_gossip.liveness.Heartbeat` (after set-up, if enabled)
         self.heartbeat: Heartbeat | None = None
-        #: whether :meth:`reduce` and :meth:`broadcast` stay local now (an elastic ``dpsgd``
-        #: fit mid-epoch, where its ranks may train different numbers of batches)
-        self.collectives_local: Callable[[], bool] = lambda: False
-        #: an elastic fit's recovery from lost ranks (:class:`~.elastic.Survivors`; ``None``
-        #: otherwise); after the fit it still holds the survivors' group
+        #: an elastic fit's recovery from lost ranks
+        #: (:class:`~lightning_gossip.elastic.survivors.Survivors`; ``None`` otherwise); after the
+        #: fit it still holds the survivors' group
         self.survivors: Survivors | None = None
-        #: called before the default group is made (an elastic fit: a process in a free rank
-        #: slot of a running fit joins it there, and makes its default group itself)
-        self.before_init: Callable[[], None] | None = None
         #: a process that joined a running fit: the names of Lightning's set-up barriers it
         #: skips, once each (the others passed theirs at their start); while ``"run-stage"``
         #: is among them (set-up), broadcasts stay local too. Empty otherwise.
@@ -171,28 +170,35 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         kwargs: dict[str, Any] = {"timeout": self._timeout}
         if self.root_device.type != "cpu":
             kwargs["device_id"] = self.root_device
-        if self.before_init is not None:
-            self.before_init()  # a newcomer leaves Lightning's init nothing to do
+        self.before_init()  # (a newcomer leaves Lightning's init nothing to do)
         _compat.init_dist_connection(
             self.cluster_environment, self._process_group_backend, **kwargs
         )
         self.start_heartbeat()
 
-    @property
-    def start_timeout(self) -> float | None:
-        """An elastic fit's start timeout (:mod:`~.founders`; ``None``: every rank must come)."""
-        parts = getattr(self, "elastic_parts", None)
-        return None if parts is None else parts.start_timeout
+    def before_init(self) -> None:
+        """Called before the default group is made (an elastic fit: a process in a free rank
+        slot of a running fit joins it there, and makes its default group itself,
+        :meth:`join_running_fit`); nothing here."""
+
+    def collectives_local(self) -> bool:
+        """Whether :meth:`reduce` and :meth:`broadcast` stay local now (an elastic ``dpsgd`` fit
+        mid-epoch, where its ranks may train different numbers of batches); never here."""
+        return False
 
     def join_running_fit(self, parts: ElasticParts, run: str, units: NodeUnits = RANKS) -> None:
         """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
         join it; with a start timeout, start it with the ranks that came (``parts``: the
-        strategy's :class:`~.elastic_parts.ElasticParts`; ``units``: the fit's nodes)."""
-        beat = parts.join(run, self.cluster_environment, self.process_group_backend,
-                          self.lightning_module.trainer, units)
+        strategy's :class:`~lightning_gossip.elastic.parts.ElasticParts`; ``units``: the fit's
+        nodes). A newcomer's checkpoint is handed to Lightning to restore."""
+        env = self.cluster_environment
+        assert env is not None
+        beat = parts.join(run, env.global_rank(), env.world_size(), env.main_address,
+                          env.main_port, self.process_group_backend, units)
         if beat is not None:
             self.heartbeat = beat
         if parts.newcomer is not None:
+            _compat.preload_checkpoint(self.lightning_module.trainer, parts.newcomer.checkpoint)
             self.joining, self.joined = set(SETUP_BARRIERS), True
 
     def rebuild_train_loader(self, trainer: pl.Trainer) -> None:
@@ -217,8 +223,8 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
     def check_liveness(self, step: int) -> None:
         """Raise the liveness monitor's finding (``PeerSilent``, docs/faults.md), if any; called
         at every step boundary, so only an attribute read when nothing was found. An elastic
-        fit's survivors go on without the lost ranks instead (:meth:`~.elastic.Survivors.poll`;
-        it also admits newcomers)."""
+        fit's survivors go on without the lost ranks instead
+        (:meth:`~lightning_gossip.elastic.survivors.Survivors.poll`; it also admits newcomers)."""
         if self.survivors is not None:
             self.survivors.poll()
             return

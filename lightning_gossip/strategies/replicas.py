@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_gossip.consensus import all_average, consensus_distance
+from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.flat import FlatState
 from lightning_gossip.outer import OuterOptimizer
 from lightning_gossip.strategies.collectives import Watched
@@ -36,14 +37,15 @@ class Replicas:
         timeout: limit of every average (a watched wait: a silent rank is named).
         watched: the strategy's watched wait
             (:meth:`~lightning_gossip.strategies.GossipStrategy.watched`), for the broadcast.
-        group: the group the averages run over (``None``: the default group; an elastic
-            fit's survivors after a loss).
+        session: the fit's session, whose group the averages run over when they run
+            (:attr:`~lightning_gossip.elastic.session.ElasticSession.group`: the default group,
+            or an elastic fit's survivors' after a loss); ``None``: the default group.
     """
 
     def __init__(self, flat: FlatState, rank: int, world_size: int, timeout: timedelta,
-                 watched: Watched, group: Callable[[], Any] = lambda: None) -> None:
+                 watched: Watched, session: ElasticSession | None = None) -> None:
         self.flat = flat
-        self.group = group
+        self.session = session
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
@@ -52,6 +54,11 @@ class Replicas:
         #: :meth:`weights_as_is`); ``None`` otherwise
         self.local_backup: Tensor | None = None
 
+    @property
+    def group(self) -> Any:
+        """The group the averages run over now (``None``: the default group)."""
+        return self.session.group if self.session is not None else None
+
     # ------------------------------------------------------------------------------------------
     # Set-up
     # ------------------------------------------------------------------------------------------
@@ -59,7 +66,7 @@ class Replicas:
         """Fail on every rank, naming the first mismatch, if replicas differ in shape/dtype
         (a collective)."""
         # (the default group's members: fewer than the world size in a fit that started with
-        # the ranks that came, lightning_gossip.strategies.founders)
+        # the ranks that came, lightning_gossip.elastic.founders)
         signatures: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(signatures, self.flat.signature())
         reference = signatures[0]
@@ -93,7 +100,7 @@ class Replicas:
         return self._all_average(local, why)
 
     def _all_average(self, local: Tensor, why: str) -> Tensor:
-        return all_average(local, self.group(), timeout=self.timeout,
+        return all_average(local, self.group, timeout=self.timeout,
                            what=f"rank {self.rank}: averaging the replicas {why}".rstrip())
 
     def become_average(self, why: str, outer: OuterOptimizer | None = None) -> None:
@@ -106,7 +113,7 @@ class Replicas:
         """The consensus distance now (a collective, :func:`~lightning_gossip.consensus.
         consensus_distance`); ``step`` completes error messages."""
         return consensus_distance(
-            self.flat.pack(), self.group(), timeout=self.timeout,
+            self.flat.pack(), self.group, timeout=self.timeout,
             what=f"rank {self.rank}: measuring the consensus distance at step {step}")
 
     # ------------------------------------------------------------------------------------------

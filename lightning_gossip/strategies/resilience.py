@@ -86,10 +86,10 @@ def lost_peer(exception: BaseException) -> GossipTimeout | None:
 class Resilience:
     """Requeue at a batch boundary, quiet agreed stops, emergency checkpoints.
 
-    Built from the owner's small callables; each fit's values come with :meth:`begin_fit`.
+    Built from the owner's small callables; each fit's values come with :meth:`begin_fit` (the
+    current step: the fit's session's).
 
     Args:
-        step: the current optimizer step.
         watched: the owner's watched wait (:meth:`~.parallel.ProcessGroupStrategy.watched`),
             for the broadcast of the requeue's outcome.
         stop_gossip: stops the engine's background work (idempotent).
@@ -98,17 +98,13 @@ class Resilience:
             checkpoint's).
     """
 
-    def __init__(self, *, step: Callable[[], int], watched: Watched,
+    def __init__(self, *, watched: Watched,
                  stop_gossip: Callable[[], None], stop_heartbeat: Callable[[bool], None],
                  restart_position: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        self._step = step
         self.watched = watched
         self.stop_gossip = stop_gossip
         self.stop_heartbeat = stop_heartbeat
         self.restart_position = restart_position
-        #: run on a rank that takes the requeue signal, before the checkpoint (``adpsgd``:
-        #: :meth:`~.adpsgd_phases.Phases.before_requeue`, meeting the ranks at their epoch end)
-        self.before_requeue: Callable[[], None] = _nothing
         #: the current fit's values (``None`` outside a fit)
         self.fit: Fit | None = None
         #: every rank stops at this point, agreed (SIGTERM, requeue): the exception is quiet
@@ -143,6 +139,10 @@ class Resilience:
         assert self.fit is not None, "only during a fit"
         return self.fit
 
+    def _step(self) -> int:
+        """The fit's current optimizer step (its session's)."""
+        return self._current().session.step
+
     def requeue_now(self, received: bool) -> bool:
         """Before every batch while Lightning's SLURM auto-requeue is on: write the requeue
         checkpoint and requeue once this rank received the signal (the ranks of a node agree
@@ -163,7 +163,7 @@ class Resilience:
             received = bool(flag.item() > 0)
         if not received:
             return False
-        self.before_requeue()
+        fit.before_requeue()
         self.requeue_together()
         return True
 
@@ -219,7 +219,3 @@ class Resilience:
                 log.warning("rank %d: no emergency checkpoint: %s", self.fit.rank, e)
         self.stop_gossip()
         self.stop_heartbeat(True)
-
-
-def _nothing() -> None:
-    """The default :attr:`Resilience.before_requeue`."""

@@ -20,7 +20,7 @@ from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
 from lightning_gossip.shared_cursor import SharedCursorSampler, default_store
 
 if TYPE_CHECKING:
-    from lightning_gossip.claim_ledger import ClaimLedger
+    from lightning_gossip.elastic.claim_ledger import ClaimLedger
 
 __all__ = ["SharedLoader", "shared_cursor_loader"]
 
@@ -71,7 +71,7 @@ def shared_cursor_loader(dataloader: object, *, key: str, seed: int = 0,
         node: claim as this rank's node (hierarchical adpsgd: the node's ranks step together
             and the node takes ``devices`` units per claim); ``None``: this rank alone.
         ledger: elastic claims (elastic adpsgd: a lost rank's unfinished units come back to
-            the survivors; a node claims as one, see :mod:`~lightning_gossip.claim_ledger`).
+            the survivors; a node claims as one, see :mod:`~lightning_gossip.elastic.claim_ledger`).
         balance_as: ``(claimant, claimants)``: this rank (or ``node``) is claimant ``claimant``
             of ``claimants`` and leaves an epoch's last units to those that finish them first
             (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.

@@ -28,9 +28,9 @@ Example::
 Modules: :mod:`~lightning_gossip.topology.base` (the :class:`Topology` interface),
 :mod:`~lightning_gossip.topology.graphs` (the built-in graphs, :func:`build`, :func:`resolve`,
 :func:`resolve_learners`),
-:mod:`~lightning_gossip.topology.functions` (world-size check, matrix checks, closed forms),
-:mod:`~lightning_gossip.topology.members` (a topology over some ranks: an elastic fit's survivors);
-everything is importable from ``lightning_gossip.topology``.
+:mod:`~lightning_gossip.topology.functions` (world-size check, matrix checks, closed forms);
+everything is importable from ``lightning_gossip.topology``. A topology over some of the ranks
+(an elastic fit's survivors) is :class:`~lightning_gossip.elastic.member_topology.MemberTopology`.
 """
 
 from __future__ import annotations
@@ -62,14 +62,12 @@ from lightning_gossip.topology.graphs import (
     resolve,
     resolve_learners,
 )
-from lightning_gossip.topology.members import MemberTopology
 
 __all__ = [
     "TOPOLOGIES",
     "CompleteTopology",
     "ExponentialTopology",
     "MatrixTopology",
-    "MemberTopology",
     "OnePeerExponentialTopology",
     "Peers",
     "RandomRingTopology",

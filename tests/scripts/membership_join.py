@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from lightning_gossip import _compat
+from lightning_gossip.elastic.membership import Membership
 from lightning_gossip.liveness.collectives import watched_collective
-from lightning_gossip.membership import Membership
 
 TIMEOUT = timedelta(seconds=60)
 RUN = "join-test"

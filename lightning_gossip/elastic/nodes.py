@@ -1,7 +1,7 @@
 """Elastic hierarchical fits: the node is the unit that leaves (:class:`NodeUnits`).
 
 With ``ADPSGDStrategy`` or ``DPSGDStrategy(hierarchical=True, elastic=True)`` (``dpsgd``: the
-differences in :mod:`~.dpsgd_elastic`) the ranks of a node are one learner
+differences in :mod:`~.rounds`) the ranks of a node are one learner
 (their gradients are averaged inside the node every step). A node that loses one of its ranks
 cannot take another step, so the survivors of a loss count the lost rank's whole node lost: its
 other ranks learn that they were left out and exit (:class:`~lightning_gossip.errors.
@@ -9,16 +9,17 @@ RankExcluded`), and the live nodes go on with
 
 * Lightning's collectives over the live ranks, a new group per node (the node's gradient and
   buffer all-reduce and gossip all-gather: a collective interrupted by the loss is issued
-  again on it, :class:`~.node_averaging.NodeAverager`), and per column (local rank ``l`` of
-  every live node) a new gossip data group and gloo control group (:meth:`NodeUnits.groups`);
+  again on it, :class:`~lightning_gossip.node_averaging.NodeAverager`), and per
+  column (local rank ``l`` of every live node) a new gossip data group and gloo control group
+  (:meth:`NodeUnits.groups`, named: :class:`ElasticGroups`);
 * the pairing over the live nodes, seen by each column (:meth:`NodeUnits.pairing`; ``dpsgd``:
   the topology over them; none for a lone node, which trains on without gossip);
 * the lost node's claimed but untrained batches returned to the shared cursor: the node claims
   as one (its local rank 0, the *claimant*, records the node's claims in the
-  :class:`~lightning_gossip.claim_ledger.ClaimLedger`).
+  :class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger`).
 
 A lost node's relaunched processes rejoin together (the members admit whole nodes only,
-:mod:`~.elastic_joins`). Not covered yet: ``start_timeout``, and the loss of node 0, whose rank
+:mod:`~.joins`). Not covered yet: ``start_timeout``, and the loss of node 0, whose rank
 0 hosts the store (the emergency checkpoint, as for flat fits). Example::
 
     >>> units = NodeUnits(devices=2)
@@ -37,13 +38,43 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
-
 from lightning_gossip import _compat
-from lightning_gossip.membership import Membership, group_name
+from lightning_gossip.elastic.membership import Membership, group_name
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 
-__all__ = ["RANKS", "NodeUnits"]
+__all__ = ["RANKS", "ElasticGroups", "NodeUnits"]
+
+
+@dataclass(frozen=True)
+class ElasticGroups:
+    """The process groups of one generation of an elastic fit, by name
+    (:meth:`NodeUnits.groups`; a founder's or newcomer's first ones too).
+
+    Attributes:
+        lightning: Lightning's collectives and the sync points, over every live rank (the
+            membership's group; a newcomer's or founder's default group).
+        control: gossip control messages (gloo), over this rank's column (flat: every live
+            rank).
+        data: gossip data, over this rank's column (flat: every live rank).
+        node: hierarchical: this rank's node (the node's all-reduce and all-gather).
+        node_control: hierarchical ``dpsgd``: a gloo group over the node (the survivors'
+            agreement on the step, the communication thread's all-gather of sharded rounds).
+        rounds: hierarchical ``dpsgd``: every live rank (the rounds' stop messages go to
+            column peers and node-mates).
+    """
+
+    lightning: Any
+    control: Any
+    data: Any
+    node: Any = None
+    node_control: Any = None
+    rounds: Any = None
+
+    @property
+    def gossip(self) -> Any:
+        """The group of ``dpsgd``'s rounds over every live rank: :attr:`rounds`
+        (hierarchical), else :attr:`data`."""
+        return self.rounds if self.rounds is not None else self.data
 
 
 @dataclass(frozen=True)
@@ -84,7 +115,7 @@ class NodeUnits:
         return RankPairing(Pairing(name, len(column), seed), column) if len(column) > 1 else None
 
     def groups(self, membership: Membership, backend: str,
-               newcomer: bool = False) -> list[dist.ProcessGroup]:
+               newcomer: bool = False) -> ElasticGroups:
         """The groups of :attr:`Membership.live <.membership.Membership.live>`, by name (see
         :meth:`~.membership.Membership.new_groups`): Lightning's (over every live rank; it
         becomes ``membership.group``), the gossip control (gloo) and data groups of this
@@ -94,7 +125,7 @@ class NodeUnits:
         default group (:meth:`~.membership.Membership.join_groups`)."""
         build = membership.join_groups if newcomer else membership.new_groups
         if self.devices == 1:
-            return build([backend, "gloo", backend])
+            return ElasticGroups(*build([backend, "gloo", backend]))
         live, rank, d = list(membership.live), membership.rank, self.devices
         column = [r for r in live if r % d == rank % d]
 
@@ -106,11 +137,11 @@ class NodeUnits:
         lightning = build([backend])[0]
         mates = [r for r in live if r // d == rank // d]
         node = over(mates, f"node{rank // d}", backend)
-        extra = [over(mates, f"nodecontrol{rank // d}", "gloo"), over(live, "rounds", backend)
-                 ] if self.synchronous else []
+        extra = (over(mates, f"nodecontrol{rank // d}", "gloo"), over(live, "rounds", backend)
+                 ) if self.synchronous else (None, None)
         control = over(column, f"control{rank % d}", "gloo")
         data = over(column, f"column{rank % d}", backend)
-        return [lightning, control, data, node, *extra]
+        return ElasticGroups(lightning, control, data, node, *extra)
 
 
 RANKS = NodeUnits()

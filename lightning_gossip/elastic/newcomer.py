@@ -1,4 +1,5 @@
-"""A process that joins a running elastic fit (``ADPSGDStrategy(elastic=True)``):
+"""A process that joins a running elastic fit (``ADPSGDStrategy`` or ``DPSGDStrategy`` with
+``elastic=True``):
 :func:`join_running_fit` and the state it is handed (:func:`hand_over`).
 
 A scheduler restarts a lost task with the lost rank's environment (``RANK`` or
@@ -11,7 +12,7 @@ one, the process
    find it beating when they watch it again);
 2. asks for its rank slot and waits until the members admit it: they find the request at a
    step boundary (at most a second late) and decide the next generation with it
-   (:class:`~lightning_gossip.membership.Membership`);
+   (:class:`~lightning_gossip.elastic.membership.Membership`);
 3. builds the generation's groups with them, its default group being the first (Lightning's
    collectives then run over it, and Lightning starts no group of its own);
 4. receives from the lowest member the state it resumes from: a full Lightning checkpoint whose
@@ -30,6 +31,7 @@ running fit, starts as usual.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,11 +41,12 @@ from torch import Tensor
 
 from lightning_gossip import _compat
 from lightning_gossip.consensus import all_average
+from lightning_gossip.elastic.membership import Membership
+from lightning_gossip.elastic.nodes import RANKS, ElasticGroups, NodeUnits
+from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.liveness import Heartbeat
-from lightning_gossip.membership import Membership
-from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 
-__all__ = ["Newcomer", "hand_over", "join_running_fit", "membership_store"]
+__all__ = ["MembersSide", "Newcomer", "hand_over", "join_running_fit", "membership_store"]
 
 HANDOVER_TAG = "lightning_gossip.handover"
 """What the lowest member sends a newcomer: ``{"checkpoint": ..., "step": ...}``."""
@@ -62,16 +65,16 @@ class Newcomer:
 
     Attributes:
         membership: its view of the fit (live ranks, generation, the groups' names).
-        groups: the generation's groups: Lightning's (this process's default group), gossip
-            control (gloo), gossip data (hierarchical: and its node's,
-            :meth:`~.elastic_nodes.NodeUnits.groups`).
+        groups: the generation's groups, by name: Lightning's (this process's default group),
+            gossip control (gloo), gossip data (hierarchical: and its node's,
+            :meth:`~.nodes.NodeUnits.groups`).
         heartbeat: its heartbeat, already beating.
         checkpoint: the checkpoint it resumes from (weights: the members' exact average).
         step: the lowest member's optimizer step at the handover.
     """
 
     membership: Membership
-    groups: list[Any]
+    groups: ElasticGroups
     heartbeat: Heartbeat
     checkpoint: dict[str, Any]
     step: int
@@ -105,7 +108,8 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
     lowest = min(r for r in membership.live if r != rank)
-    dist.recv_object_list(payload, group_src=membership.live.index(lowest), group=groups[0])
+    dist.recv_object_list(payload, group_src=membership.live.index(lowest),
+                          group=groups.lightning)
     handed = payload[0]
     if not isinstance(handed, dict) or handed.get("tag") != HANDOVER_TAG:
         raise RuntimeError(f"rank {rank}: the handover from the running fit is malformed")
@@ -124,3 +128,26 @@ def hand_over(flat: Tensor, old_group: Any, new_group: Any, newcomers: list[int]
     payload = {"tag": HANDOVER_TAG, "checkpoint": checkpoint(average), "step": step}
     for rank in newcomers:
         dist.send_object_list([payload], dst=rank, group=new_group)
+
+
+class MembersSide:
+    """The members' side of a join (the survivors' ``hand_over``): the exact average of
+    ``pack()`` over the members, and the lowest member's ``checkpoint(average)`` with it, at
+    the session's step (:func:`hand_over`).
+
+    Args:
+        session: the fit's session (the step handed over).
+        pack: this member's replica, flat (:meth:`~lightning_gossip.flat.FlatState.pack`).
+        checkpoint: ``(average)``: a full checkpoint whose weights are ``average`` (the
+            adapter's: Lightning's, with the replica swapped for the average).
+        timeout: the average's timeout.
+    """
+
+    def __init__(self, session: ElasticSession, pack: Callable[[], Tensor],
+                 checkpoint: Callable[[Tensor], Any], timeout: timedelta) -> None:
+        self.session, self.pack, self.checkpoint, self.timeout = (session, pack, checkpoint,
+                                                                  timeout)
+
+    def __call__(self, old: Any, new: Any, newcomers: list[int], lowest: bool) -> None:
+        hand_over(self.pack(), old, new, newcomers, lowest, self.checkpoint, self.session.step,
+                  self.timeout)

@@ -11,9 +11,9 @@ instead, before Lightning would make its group:
    and says that it came;
 2. rank 0 decides the fit's first generation with the rank slots that came, once every slot has,
    or once ``start_timeout`` seconds have passed and at least two came
-   (:meth:`~lightning_gossip.membership.Membership.found`);
+   (:meth:`~lightning_gossip.elastic.membership.Membership.found`);
 3. the founders build that generation's groups by name, the first one their default group (the
-   same groups a newcomer builds: :meth:`~lightning_gossip.membership.Membership.join_groups`),
+   same groups a newcomer builds: :meth:`~.membership.Membership.join_groups`),
    and start their heartbeats, not watching the free slots.
 
 The fit then runs as one whose free slots were lost before its first step: the shared cursor
@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from lightning_gossip import _compat
+from lightning_gossip.elastic.membership import Membership
+from lightning_gossip.elastic.newcomer import membership_store
+from lightning_gossip.elastic.nodes import ElasticGroups
 from lightning_gossip.liveness import Heartbeat
-from lightning_gossip.membership import Membership
-from lightning_gossip.strategies.newcomer import membership_store
 
 __all__ = ["Founders", "found_fit"]
 
@@ -45,8 +45,8 @@ class Founders:
 
     Attributes:
         membership: generation 0: the rank slots that came (:attr:`~.Membership.lost`: free).
-        groups: its groups: Lightning's (this process's default group), gossip control (gloo),
-            gossip data.
+        groups: its groups, by name: Lightning's (this process's default group), gossip
+            control (gloo), gossip data.
         heartbeat: this process's heartbeat, beating, the free slots not watched.
         store: rank 0's: the rendezvous store it serves for the whole run (kept alive here);
             the others': their client.
@@ -54,7 +54,7 @@ class Founders:
     """
 
     membership: Membership
-    groups: list[Any]
+    groups: ElasticGroups
     heartbeat: Heartbeat
     store: dist.Store
     founded: tuple[int, ...] = ()
@@ -77,7 +77,7 @@ def found_fit(run: str, rank: int, world_size: int, address: str, port: int,
     if membership is None:
         return None
     _compat.use_default_store(view)  # the keys a newcomer will share (the cursor, the claims)
-    groups = membership.join_groups([backend, "gloo", backend])
+    groups = ElasticGroups(*membership.join_groups([backend, "gloo", backend]))
     heartbeat = Heartbeat.connect(rank, world_size, heartbeat_timeout, fallback=store)
     heartbeat.forget(membership.lost, mark=False)  # free slots: nobody to watch there
     heartbeat.start()

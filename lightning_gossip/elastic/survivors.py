@@ -1,20 +1,24 @@
-"""The survivors' side of a lost rank in an elastic fit (``ADPSGDStrategy(elastic=True)``):
-:class:`Survivors`, owned by the strategy as ``strategy.survivors``, built from values.
+"""The survivors' side of a lost rank in an elastic fit (``ADPSGDStrategy(elastic=True)`` and
+``DPSGDStrategy(elastic=True)``): :class:`Survivors`, owned by the strategy as
+``strategy.survivors``, built from values and the fit's :class:`~.session.ElasticSession`.
 
 A loss surfaces in the training thread as :class:`~lightning_gossip.errors.PeerSilent` (the
 liveness monitor's finding at a step boundary, a gossip wait on the lost rank, a watched
 collective at a meeting). :meth:`Survivors.recover` then, on every survivor: (1) stops the gossip
-thread without ending its phase, applying the deltas already received (:meth:`~lightning_gossip.
-async_gossip.AsyncGossip.abandon`); (2) agrees with the others on the live ranks
-(:class:`~lightning_gossip.membership.Membership`) and stops watching the lost ones; (3) builds
-new groups over the live ranks (Lightning's collectives, gossip control and data; hierarchical:
-the lost rank's whole node leaves, :mod:`~.elastic_nodes`); (4) returns the lost ranks' claimed
-but untrained batches to the shared cursor; (5) starts a new gossip engine over the live ranks
-(``adpsgd``: its phase open; ``dpsgd``: from a step the survivors agree on); (6) warns, naming
-the lost ranks and the step, and logs ``gossip/live_learners``.
+engine without ending its phase, applying the deltas already received (:meth:`~lightning_gossip.
+async_gossip.AsyncGossip.abandon`; ``dpsgd``: its rounds in flight dropped); (2) agrees with the
+others on the live ranks (:class:`~lightning_gossip.elastic.membership.Membership`) and stops
+watching the lost ones; (3) builds new groups over the live ranks (Lightning's collectives,
+gossip control and data; hierarchical: the lost rank's whole node leaves, :mod:`~.nodes`) and
+puts them in the session; (4) returns the lost ranks' claimed but untrained batches to the
+shared cursor; (5) starts a new gossip engine over the live ranks (:class:`Engines`: ``adpsgd``
+its phase open, :class:`~.engines.PairwiseEngines`; ``dpsgd`` from a step the survivors agree
+on, :class:`~.rounds.RoundEngines`) and makes it the session's; (6) warns (rank 0), naming the
+lost ranks and the step, and logs ``gossip/live_learners``.
 
 A process that takes a lost rank's slot (:mod:`~.newcomer`) asks in the store;
-:meth:`Survivors.poll` finds the request at a step boundary and :meth:`Survivors.admit` lets it
+:meth:`Survivors.poll` finds the request at a step boundary (``dpsgd``: the members look at an
+agreed step, :meth:`~.rounds.ElasticRounds.admit_joins`) and :meth:`Survivors.admit` lets it
 in: steps 1-3 with the newcomer added, then the members' exact average and the lowest member's
 checkpoint are handed over (:func:`~.newcomer.hand_over`). The loss of the rank that hosts the
 rendezvous store (rank 0 under Lightning's launcher and ``srun``) is not survived: the fit falls
@@ -25,23 +29,24 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lightning_gossip.claim_ledger import ClaimLedger
+from lightning_gossip.elastic.claim_ledger import ClaimLedger
+from lightning_gossip.elastic.joins import NodeJoins
+from lightning_gossip.elastic.membership import POLL_EVERY_S, Membership
+from lightning_gossip.elastic.nodes import RANKS, ElasticGroups, NodeUnits
+from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.errors import PeerSilent, RankExcluded, lost_ranks
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
-from lightning_gossip.membership import POLL_EVERY_S, Membership
 from lightning_gossip.shared_cursor import default_store
-from lightning_gossip.strategies.elastic_joins import NodeJoins
-from lightning_gossip.strategies.elastic_nodes import RANKS, NodeUnits
 
-__all__ = ["LIVE_METRIC", "Engine", "Survivors"]
+__all__ = ["LIVE_METRIC", "Engine", "Engines", "Survivors"]
 
 log = logging.getLogger(__name__)
 
@@ -67,56 +72,63 @@ class Engine(Protocol):
         """Stop."""
 
 
+class Engines(Protocol):
+    """How the survivors build the fit's next engine (one signature for both strategies:
+    :class:`~.engines.PairwiseEngines`, :class:`~.rounds.RoundEngines`)."""
+
+    def over(self, live: Sequence[int], groups: ElasticGroups) -> Engine | None:
+        """A started engine over the live ranks ``live`` and their ``groups``; ``None``:
+        nothing to gossip with (a lone learner)."""
+
+
 class Survivors:
-    """Recovery from lost ranks (see the module docstring).
+    """Recovery from lost ranks and admission of newcomers (see the module docstring).
 
     Args:
+        session: the fit's session: its step is read, its engine, membership and groups are
+            replaced through it.
         run: the fit's name, the same on every rank (it prefixes its keys in the store).
         rank, world_size, timeout: those of the fit's
-            :class:`~lightning_gossip.membership.Membership`.
+            :class:`~lightning_gossip.elastic.membership.Membership`.
         heartbeat: this rank's heartbeat (its finding names the lost ranks; it must run).
         backend: the backend of Lightning's collectives and of the gossip data group.
-        make_engine: ``(live, *groups)``: a started gossip engine over the live ranks and
-            their groups (:meth:`~.elastic_nodes.NodeUnits.groups`); ``None``: no gossip.
-        set_engine: ``(engine)``: makes ``engine`` the fit's (``None``: none); returns the
-            one it replaces.
-        step: the current optimizer step.
+        engines: builds the engine over the live ranks after a loss or a join.
         epoch: the current epoch (the lost ranks' untrained batches of it go back to the
             shared cursor, through the :meth:`ledger` of the training loader).
         loggers: where :data:`LIVE_METRIC` goes (rank 0's loggers; empty elsewhere).
-        membership: a newcomer's or founder's; default: a new one, every rank live.
+        membership: a newcomer's or founder's, with its first ``groups``; default: a new one,
+            every rank live.
         hand_over: ``(old group, new group, newcomers, lowest)``: the members' side of a join
             (:func:`~.newcomer.hand_over` with the fit's values); ``None``: joins are refused.
         poll_joins: admit newcomers from :meth:`poll` (``False``: the owner calls :meth:`admit`
             itself, at a step every member agreed on: synchronous gossip).
         on_group: ``(group)``: told the new group of Lightning's collectives after every loss
-            and join (the module's metrics gather over it: ``collectives.sync_metrics_over``).
-        units: what leaves together (hierarchical: a node, :mod:`~.elastic_nodes`).
+            and join (the module's metrics gather over it); ``None``: nobody.
+        units: what leaves together (hierarchical: a node, :mod:`~.nodes`).
         node_union: hierarchical joins: ``(ranks)``: the union of what the node's ranks give
             (a node collective), so that they admit a node's newcomers at the same step.
     """
 
-    def __init__(self, run: str, rank: int, world_size: int, timeout: timedelta, *,
-                 heartbeat: Heartbeat | None, backend: str,
-                 make_engine: Callable[..., Engine | None],
-                 set_engine: Callable[[Any], Any],
-                 step: Callable[[], int], epoch: Callable[[], int],
-                 loggers: Sequence[Any] = (), membership: Membership | None = None,
+    def __init__(self, session: ElasticSession, run: str, rank: int, world_size: int,
+                 timeout: timedelta, *, heartbeat: Heartbeat | None, backend: str,
+                 engines: Engines, epoch: Callable[[], int], loggers: Sequence[Any] = (),
+                 membership: Membership | None = None, groups: ElasticGroups | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
-                 poll_joins: bool = True,
-                 on_group: Callable[[Any], None] = lambda group: None,
+                 poll_joins: bool = True, on_group: Callable[[Any], None] | None = None,
                  units: NodeUnits = RANKS,
                  node_union: Callable[[Sequence[int]], list[int]] | None = None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
         store = dist.PrefixStore(f"elastic/{run}/", default_store())
+        self.session = session
         self.membership = membership or Membership(store, rank, world_size, timeout, run)
+        session.begin(self.membership, groups)
         self.hand_over, self.poll_joins, self.on_group, self.units = (hand_over, poll_joins,
                                                                       on_group, units)
         self._polled = 0.0  # when the membership was last polled for joins
         #: hierarchical: when a node's ranks look for joins
-        self.node_joins = node_union and NodeJoins(self.membership, units, node_union, step,
+        self.node_joins = node_union and NodeJoins(session, units, node_union,
                                                    self.asked_to_join)
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -126,8 +138,8 @@ class Survivors:
         self.store_host = heartbeat.store_host
         #: how long the survivors may take to gather after a loss
         self.deadline_s = 3 * heartbeat.timeout + 30.0
-        self.make_engine, self.set_engine = make_engine, set_engine
-        self.step, self.epoch = step, epoch
+        self.engines = engines
+        self.epoch = epoch
         #: the training loader's claims (:meth:`ledger`; ``None``: not the shared cursor)
         self.claims: ClaimLedger | None = None
         self._timeout = timeout
@@ -137,13 +149,13 @@ class Survivors:
         #: one entry per loss survived: ``(step, lost ranks, wall time (time.time()) the
         #: recovery began, seconds it took)``
         self.losses: list[tuple[int, tuple[int, ...], float, float]] = []
-        self.log_live(len(self.membership.live), step())
+        self.log_live(len(self.membership.live), session.step)
 
     def ledger(self, key: str, on_wait: Callable[[], None] | None = None) -> ClaimLedger:
-        """A :class:`~lightning_gossip.claim_ledger.ClaimLedger` for the training loader's
-        shared cursor (``key``: the run's), whose end-of-epoch wait recovers from losses
-        (``on_wait``: run at each of its polls instead, e.g. a round of synchronous gossip
-        that recovers from losses itself)."""
+        """A :class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger` for the training
+        loader's shared cursor (``key``: the run's), whose end-of-epoch wait recovers from
+        losses (``on_wait``: run at each of its polls instead, e.g. a round of synchronous
+        gossip that recovers from losses itself)."""
         self.claims = ClaimLedger(default_store(), key, self.units.claimant(self.membership.rank),
                                   live=self._live_unless_left_out, on_wait=on_wait or self.poll,
                                   timeout=self._timeout.total_seconds())
@@ -159,7 +171,7 @@ class Survivors:
         return () if self.heartbeat.excluded or self._left else self.units.claimants(self.live)
 
     def epoch_opened(self, epoch: int) -> None:
-        """This rank began training ``epoch`` (:meth:`~lightning_gossip.claim_ledger.
+        """This rank began training ``epoch`` (:meth:`~lightning_gossip.elastic.claim_ledger.
         ClaimLedger.open`)."""
         if self.claims is not None:
             self.claims.open(epoch)
@@ -173,6 +185,11 @@ class Survivors:
         """Log :data:`LIVE_METRIC` (``live`` ranks at ``step``)."""
         for logger in self.loggers:
             logger.log_metrics({LIVE_METRIC: float(live)}, step=step)
+
+    def _warn(self, message: str) -> None:
+        """Warn on rank 0 only (the other ranks' logs would repeat it)."""
+        if self.membership.rank == 0:
+            warnings.warn(message, stacklevel=3)
 
     @property
     def group(self) -> dist.ProcessGroup | None:
@@ -194,11 +211,11 @@ class Survivors:
         """Recover when the liveness monitor found lost ranks (a read of one attribute
         otherwise), admit the processes that asked to join (a store read at most once a
         second): called at step boundaries and (``at_end``) while waiting at an epoch end.
-        Hierarchical: whole nodes, when :class:`~.elastic_joins.NodeJoins` says."""
+        Hierarchical: whole nodes, when :class:`~.joins.NodeJoins` says."""
         beat = self.heartbeat
         if beat.has_finding:
             try:
-                beat.check(f"rank {self.membership.rank} at step {self.step()}")
+                beat.check(f"rank {self.membership.rank} at step {self.session.step}")
             except PeerSilent as e:
                 self.survive(e)
         now = time.monotonic()
@@ -206,7 +223,7 @@ class Survivors:
             return
         if self.node_joins is not None:
             if joined := self.node_joins.look(at_end):
-                self.retry(lambda: self.admit(joined))
+                self.retry(self.admit, joined)
             return
         if now < self._polled + POLL_EVERY_S:
             return
@@ -216,13 +233,17 @@ class Survivors:
         # the others may have left that end for the epoch's meetings (docs/faults.md, SLURM)
         late = self.claims is not None and self.claims.arrived == self.epoch()
         if asked is not None and (not late or self.asked_to_join(self.membership.deciding)):
-            self.retry(lambda: self.admit(asked))
+            self.retry(self.admit, asked)
+
+    def poll_at_end(self) -> None:
+        """:meth:`poll` while this rank waits at an epoch's end for the others."""
+        self.poll(at_end=True)
 
     def asked_to_join(self, read: Callable[[], Any] | None = None) -> Any:
-        """The rank slots processes asked for (:meth:`~lightning_gossip.membership.Membership.
-        poll`; or what ``read`` reads); ``None`` when none did, or when the store could not be
-        read within the heartbeat timeout (a frozen or dead store host is not waited for: the
-        heartbeat monitor names it)."""
+        """The rank slots processes asked for (:meth:`~lightning_gossip.elastic.membership.
+        Membership.poll`; or what ``read`` reads); ``None`` when none did, or when the store
+        could not be read within the heartbeat timeout (a frozen or dead store host is not
+        waited for: the heartbeat monitor names it)."""
         try:
             return bounded(read or self.membership.poll, self.heartbeat.timeout,
                            "looking for joins")
@@ -250,9 +271,7 @@ class Survivors:
             node_left = whole is not None and self.membership.rank in set(whole) - set(lost)
             if node_left or self.heartbeat.excluded:  # this rank goes; the others go on
                 self.gone = True
-                engine = self.set_engine(None)
-                self._keep_at_exit(engine)
-                self.set_engine(engine)  # (only read)
+                self._keep_at_exit(self.session.engine)
             if node_left:
                 raise RankExcluded(f"rank {self.membership.rank}: rank(s) "
                                    f"{', '.join(map(str, lost))} of its node were lost; the "
@@ -275,72 +294,80 @@ class Survivors:
             time.sleep(0.1)
         return beat.found or None
 
-    def retry(self, operation: Callable[[], T]) -> T:
-        """``operation()``; when it fails because ranks were lost, recover and run it again
-        over the survivors (the meetings at epoch ends and before validation)."""
+    def retry(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``operation(*args, **kwargs)``; when it fails because ranks were lost, recover and
+        run it again over the survivors (the meetings at epoch ends and before validation)."""
         while True:
             try:
-                return operation()
+                return operation(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - survive() re-raises what is not a loss
                 self.survive(e)
+
+    def _regroup(self) -> ElasticGroups:
+        """The new generation's groups, put in the session; Lightning's told to
+        :attr:`on_group`."""
+        groups = self.units.groups(self.membership, self.backend)
+        self.session.regroup(groups)
+        if self.on_group is not None:
+            self.on_group(groups.lightning)
+        return groups
 
     def recover(self, lost: Sequence[int]) -> None:
         """Go on without ``lost`` (see the module docstring)."""
         start, wall = time.monotonic(), time.time()
-        membership = self.membership
+        membership, session = self.membership, self.session
         before = membership.live
         free = [r for r in lost if r not in before]  # slots nobody fills: not watched
         lost = tuple(r for r in self.units.whole(lost) if r in before and r != membership.rank)
         if not lost:
             self.heartbeat.forget(free, mark=False)  # a stale finding: watch on
             return
-        step = self.step()
-        old = self.set_engine(None)
+        step = session.step
+        old = session.swap_engine(None)
         if old is not None:
             old.abandon()
         self._keep_at_exit(old)
         live = membership.decide(lost, self.deadline_s, also_lost=self.heartbeat.silent)
         gone = tuple(r for r in before if r not in live)
         self.heartbeat.forget(gone)
-        groups = self.units.groups(membership, self.backend)
-        self.on_group(groups[0])
+        groups = self._regroup()
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
-        self.set_engine(self.make_engine(live, *groups))
+        session.swap_engine(self.engines.over(live, groups))
         took = time.monotonic() - start
         self.losses.append((step, gone, wall, took))
-        rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
-                       f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
-                       f"({', '.join(map(str, live))}) after {took:.1f} s")
+        self._warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "
+                   f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
+                   f"({', '.join(map(str, live))}) after {took:.1f} s")
         self.log_live(len(live), step)
 
     def admit(self, joined: Sequence[int]) -> None:
         """Let the processes that asked for rank slots ``joined`` in (see the module docstring;
         every member comes here, also one that found the join decided by the others)."""
         start, wall = time.monotonic(), time.time()
-        membership, step = self.membership, self.step()
+        membership, session = self.membership, self.session
+        step = session.step
         assert self.hand_over is not None
         before, old_group = membership.live, membership.group
         membership.announce(joined)  # members waiting at an epoch's end come (docs/faults.md)
-        old = self.set_engine(None)
+        old = session.swap_engine(None)
         if old is not None:  # every member is here: end the phase cleanly (no waits left)
             try:
                 old.quiesce()
             except BaseException:
-                self.set_engine(old)  # a loss in the meantime: recover() abandons it
+                session.swap_engine(old)  # a loss in the meantime: recover() abandons it
                 raise
             old.close()
         live = membership.decide((), self.deadline_s, joined=joined)
         new = [r for r in live if r not in before]
         self.heartbeat.forgotten.difference_update(new)
         self.heartbeat.forget(())  # watch them: they beat since before they asked
-        groups = self.units.groups(membership, self.backend)
-        self.on_group(groups[0])
-        self.hand_over(old_group, groups[0], new, membership.rank == min(before))
-        self.set_engine(self.make_engine(live, *groups))
+        groups = self._regroup()
+        self.hand_over(old_group, groups.lightning, new, membership.rank == min(before))
+        session.swap_engine(self.engines.over(live, groups))
         took = time.monotonic() - start
         self.joins.append((step, tuple(new), wall, took))
-        rank_zero_warn(f"elastic fit: rank(s) {', '.join(map(str, new))} joined at step {step} "
-                       f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
-                       f"after {took:.1f} s")
+        self._warn(f"elastic fit: rank(s) {', '.join(map(str, new))} joined at step {step} "
+                   f"of rank {membership.rank}; training goes on with {len(live)} rank(s) "
+                   f"after {took:.1f} s")
         self.log_live(len(live), step)

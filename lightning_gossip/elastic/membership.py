@@ -83,11 +83,12 @@ class Membership:
         name: the fit's name, the same on every rank: it prefixes the groups' names, which
             are unique within a process.
         live: the ranks in the fit now (default: every slot).
+        generation: the generation that decided ``live`` (a newcomer's: its admission's).
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int,
                  timeout: timedelta, name: str = "fit",
-                 live: Sequence[int] | None = None) -> None:
+                 live: Sequence[int] | None = None, generation: int = 0) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
@@ -97,7 +98,7 @@ class Membership:
         self.live: tuple[int, ...] = tuple(sorted(range(world_size) if live is None
                                                   else live))
         #: how many membership changes this fit has had
-        self.generation = 0
+        self.generation = int(generation)
         #: Lightning's collectives run over this group (``None``: the default group, everyone)
         self.group: dist.ProcessGroup | None = None
 
@@ -306,9 +307,7 @@ class Membership:
             if answer.startswith("admitted "):
                 gen = int(answer.split()[1])
                 agreed = cls.decided(store, gen)
-                member = cls(store, rank, world_size, timeout, name, live=agreed)
-                member.generation = gen
-                return member
+                return cls(store, rank, world_size, timeout, name, live=agreed, generation=gen)
             if time.monotonic() > deadline:
                 raise PeerSilent(f"rank {rank}: the fit did not admit this process within "
                                  f"{deadline_s:.0f} s (asked for rank slot {rank})", [])
