@@ -60,9 +60,23 @@ class NodeJoins:
         self.step, self.asked = step, asked
         self._checked, self._polled = -1, 0.0  # the step last checked; when last polled
 
-    def look(self, at_end: bool) -> list[int]:
+    def due(self) -> bool:
+        """Whether the node's ranks look at the current step (a multiple of
+        :data:`JOIN_CHECK_EVERY`, a rank slot free; once per step). Ask before surviving a loss
+        found at this step boundary: a node-mate may find it only inside the step's first node
+        collective, survive it there and issue that collective again; had this rank looked
+        because the loss just freed a slot, the two would enter different node collectives."""
+        step, membership = self.step(), self.membership
+        if (step % JOIN_CHECK_EVERY or step == self._checked
+                or len(membership.live) == membership.world_size):
+            return False
+        self._checked = step
+        return True
+
+    def look(self, at_end: bool, due: bool | None = None) -> list[int]:
         """The rank slots of whole nodes to admit now (empty: none; ``at_end``: this rank
-        waits at an epoch's end)."""
+        waits at an epoch's end; ``due``: :meth:`due`, asked before a loss was survived at
+        this step boundary; ``None``: ask now)."""
         membership = self.membership
         if at_end:
             now = time.monotonic()
@@ -71,10 +85,7 @@ class NodeJoins:
             self._polled = now
             asked = self.asked(membership.deciding) and self.asked()
         else:
-            step = self.step()
-            if (step % JOIN_CHECK_EVERY or step == self._checked
-                    or len(membership.live) == membership.world_size):
+            if not (self.due() if due is None else due):
                 return []
-            self._checked = step
             asked = self.node_union(self.asked() or ())
         return self.units.complete(asked or ())
