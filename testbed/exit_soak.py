@@ -23,6 +23,9 @@ Usage::
     python -m testbed.exit_soak --fits 200 --seed 0 --out /tmp/exit_soak \\
         --record benchmarks/results/exit_soak/soak_200.json
 
+``--kinds elastic --elastic hier-adpsgd`` draws only hierarchical ``adpsgd`` losses (2 nodes of
+2; the kind of seed 2's fit 24, where node-mates entered different node collectives).
+
 One JSON line per fit on stdout (and in ``OUT/fits.jsonl``); the record (commit, date, machine,
 counts, the failing fits) is rewritten after every fit, so an interrupted soak keeps its count.
 """
@@ -57,13 +60,20 @@ KINDS = ("elastic", "plain-srun", "plain-torchrun", "elastic", "plain-lightning"
 TIMEOUT_S = 300.0
 
 
-def elastic_case(rng: random.Random) -> dict[str, Any]:
-    """An elastic loss: the fuzz's draw, flat or hierarchical (2 nodes), either strategy."""
+DRAWS = ("any", "hier-adpsgd")
+"""What ``--elastic`` may restrict the elastic draw to: ``hier-adpsgd``, a hierarchical
+``adpsgd`` loss only (the kind of seed 2's fit 24)."""
+
+
+def elastic_case(rng: random.Random, draw: str = "any") -> dict[str, Any]:
+    """An elastic loss: the fuzz's draw, flat or hierarchical (2 nodes), either strategy
+    (``draw``: one of :data:`DRAWS`; ``any`` draws as before, seed for seed)."""
     strategy = rng.choice(("adpsgd", "dpsgd"))
     kind = rng.choice(("kill", "stop", "cont"))
-    if rng.random() < 0.3:
+    if draw == "hier-adpsgd" or rng.random() < 0.3:
         return {"ranks": 4, "nodes": 2, "victim": rng.randrange(2, 4), "kind": kind,
-                "epoch": rng.randrange(2), "batch": rng.randrange(1, 9), "strategy": strategy}
+                "epoch": rng.randrange(2), "batch": rng.randrange(1, 9),
+                "strategy": "adpsgd" if draw == "hier-adpsgd" else strategy}
     ranks = rng.choice((3, 4))
     return {"ranks": ranks, "victim": rng.randrange(1, ranks), "kind": kind,
             "epoch": rng.randrange(2), "batch": rng.randrange(1, 11), "strategy": strategy}
@@ -128,11 +138,12 @@ def plain_case(out: Path, kind: str, rng: random.Random) -> dict[str, Any]:
     return record
 
 
-def one_fit(out: Path, kind: str, rng: random.Random) -> dict[str, Any]:
-    """One fit of ``kind``: its record, ``statuses_ok`` the verdict."""
+def one_fit(out: Path, kind: str, rng: random.Random, draw: str = "any") -> dict[str, Any]:
+    """One fit of ``kind``: its record, ``statuses_ok`` the verdict (``draw``: the elastic
+    draw's, :func:`elastic_case`)."""
     if kind != "elastic":
         return plain_case(out, kind, rng)
-    case = elastic_case(rng)
+    case = elastic_case(rng, draw)
     result = run_case(out, case, timeout=TIMEOUT_S)
     result["kind"] = "elastic"
     result["statuses_ok"] = bool(result["statuses_ok"] and result["aborts"] == 0
@@ -184,7 +195,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--record", type=Path, help="the JSON record (rewritten per fit)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="the kinds drawn in turn, comma-separated (default: KINDS)")
+    parser.add_argument("--elastic", choices=DRAWS, default="any",
+                        help="restrict the elastic draw (hier-adpsgd: seed 2's fit 24's kind)")
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(KINDS)}")
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -192,7 +211,8 @@ def main() -> None:
     fits: list[dict[str, Any]] = []
     with open(args.out / "fits.jsonl", "a") as log:
         for i in range(args.fits):
-            fit = {"fit": i, **one_fit(args.out / f"fit{i}", KINDS[i % len(KINDS)], rng)}
+            fit = {"fit": i, **one_fit(args.out / f"fit{i}", kinds[i % len(kinds)], rng,
+                                       args.elastic)}
             fits.append(fit)
             line = json.dumps(fit)
             print(line, flush=True)

@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 #: ``devices`` slices of ``mine``'s length, in local-rank order)
 NodeGather = Callable[[Tensor, Tensor], None]
 
-__all__ = ["IDLE_EVERY_MAX_S", "AsyncGossip"]
+__all__ = ["FINISH_GRACE_S", "IDLE_EVERY_MAX_S", "AsyncGossip"]
 
 IDLE_EVERY_MAX_S = 1.0
 """The longest pause between two snapshots an idle active rank leaves
 (:meth:`AsyncGossip.idle`)."""
+
+FINISH_GRACE_S = 2.0
+"""Seconds :meth:`AsyncGossip.abandon` gives an exchange whose snapshots are on the wire to
+complete (with a live partner it completes on both sides or on neither)."""
 
 
 class AsyncGossip:
@@ -131,6 +135,9 @@ class AsyncGossip:
         #: sharded: an error of the work after the node's all-gather, raised before the next
         #: node collective of this engine instead (see :meth:`after_step`)
         self._deferred: BaseException | None = None
+        #: sharded: ``_mine`` holds slice deltas taken out of the mailbox and not yet in the
+        #: weights (the node's all-gather was entered and has not returned)
+        self._gathering = False
         #: ``gossip_every_n_steps="auto"``: this rank's period driver (``None``: fixed)
         self.auto = auto
 
@@ -342,29 +349,72 @@ class AsyncGossip:
         (training thread, outside the lock: the gossip thread goes on meanwhile)."""
         assert self._gather is not None and self._mine is not None
         assert self._gathered is not None
+        self._gathering = True  # an error in the all-gather leaves them to abandon()
         self._gather(self._mine, self._gathered)
         self.flat.add_(self._gathered[:self.flat.numel])
+        self._gathering = False
 
     def close(self) -> None:
         """Stop the thread (after :meth:`quiesce`; idempotent)."""
-        self._shared.request_stop()
+        self._stop(0.0)
+
+    def _stop(self, finish_s: float) -> None:
+        """Ask the thread to stop (an exchange on the wire gets ``finish_s`` seconds) and join
+        it for at most 5 s."""
+        self._shared.request_stop(finish_s)
         if self._thread is not None and self._thread is not threading.current_thread():
             # The thread is a daemon; after an error elsewhere it may be stuck in a receive.
             self._thread.join(timeout=min(5.0, self.timeout.total_seconds()))
         self._thread = None
 
-    def abandon(self) -> None:
+    def abandon(self) -> Tensor | None:
         """A peer was lost (elastic fit): stop the thread without ending the phase (no BYE:
-        peers are gone) and apply every delta already received (flat). The engine is not used
-        again; the survivors start a new one over the live ranks."""
-        self.close()
+        peers are gone), keeping every delta already received. The engine is not used again;
+        the survivors start a new one over the live ranks.
+
+        An exchange whose snapshots are on the wire gets :data:`FINISH_GRACE_S` to complete
+        (with a live partner both sides then apply their deltas; a lost partner's fails); a
+        wait for a control message is left at once (the partner then never gets this rank's
+        snapshot, and neither side applies a delta).
+
+        Flat, the deltas received are applied to the weights and ``None`` is returned.
+        Sharded, applying them needs the node's all-gather, which cannot be issued here (a
+        node-mate may be inside another node collective on the old group, abandoned): the slice
+        deltas not yet in the weights (those of the mailbox, and those of an all-gather the loss
+        interrupted) are returned, and the new engine over the node's new group takes them
+        (:meth:`carry`), so that its next all-gather applies them on every rank of the node.
+        """
+        self._stop(FINISH_GRACE_S)
         shared = self._shared
+        leftover: Tensor | None = None
         with shared.cv:
             shared.handoff.wait_for_thread()
             if self._gather is None:
                 shared.mailbox.apply_all(self._steps)
+            else:
+                assert self._mine is not None
+                leftover = torch.empty_like(self._mine)  # (an abandoned gather may hold _mine)
+                shared.mailbox.take_all(leftover, self._steps)
+                if self._gathering:
+                    leftover.add_(self._mine)
             if shared.clock.is_open:
                 shared.clock.close()
+        return leftover
+
+    def carry(self, leftover: Tensor) -> None:
+        """Take the slice deltas an abandoned engine of the same replica and shard left
+        (:meth:`abandon`) as pending deltas of this rank's slice: the node's next all-gather
+        (:meth:`after_step` or :meth:`quiesce`) adds them to the weights of every rank of the
+        node. Called from the training thread, also while the gossip thread runs."""
+        if self._mine is None or leftover.shape != self._mine.shape:
+            raise ValueError("carry() takes what abandon() returned for the same shard of a "
+                             f"sharded engine, not a tensor of shape {tuple(leftover.shape)}")
+        shared, box = self._shared, self._shared.mailbox
+        with shared.cv:
+            shared.handoff.wait_for_thread()
+            box.post_delta(leftover[:box.hi - box.lo], covered=box.gossiped)
+            shared.handoff.to_thread()
+            shared.cv.notify_all()
 
     def _run_thread(self) -> None:
         """The gossip thread: run the loop on the side stream; hand any error over."""

@@ -100,8 +100,11 @@ class GossipLoop:
         send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
         shared.waiting_on = f"the exchange of snapshots with rank {peer}"
         started = time.perf_counter()
+        # A stop leaves an exchange on the wire only after the stop's grace: the partner may
+        # have posted its side too, and would apply its delta alone (the sum not conserved).
         if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
-                                 self.rank, heartbeat=self.heartbeat, should_stop=self._stopping):
+                                 self.rank, heartbeat=self.heartbeat,
+                                 should_stop=shared.exchange_abandoned):
             raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
         shared.waiting_on = "nothing (idle)"
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)

@@ -10,6 +10,7 @@ computing for a long time) until it is asked to stop (:meth:`SharedState.idle_un
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +68,8 @@ class SharedState:
         stats: the :class:`GossipStats`.
         stop_requested: set by the training thread (:meth:`request_stop`); the gossip thread
             returns at its next idle moment.
+        stop_after: (monotonic seconds) from when an exchange already posted may be abandoned
+            too (:meth:`request_stop`'s ``finish_s``; ``inf`` while no stop was asked for).
         error: the exception that ended the gossip thread (written by it, once).
         waiting_on: what the gossip thread waits for now, naming the rank(s) (written by it;
             read for error messages only).
@@ -85,6 +88,7 @@ class SharedState:
         self.handoff = StreamHandoff(mailbox.view.device)
         self.stats = GossipStats()
         self.stop_requested = False
+        self.stop_after = math.inf
         self.error: BaseException | None = None
         self.waiting_on = "nothing (idle)"
         self.liveness: Callable[[str], None] | None = None
@@ -120,11 +124,20 @@ class SharedState:
             self.stats.staleness_waits += 1
             self.stats.staleness_wait_s += time.monotonic() - start
 
-    def request_stop(self) -> None:
-        """Ask the gossip thread to return (takes ``cv`` itself)."""
+    def request_stop(self, finish_s: float = 0.0) -> None:
+        """Ask the gossip thread to return (takes ``cv`` itself). ``finish_s``: an exchange
+        whose snapshots are already on the wire may take this many seconds more to complete
+        (both sides then apply their deltas); a wait for a control message is left at once. A
+        later call may shorten it, never lengthen it."""
         with self.cv:
             self.stop_requested = True
+            self.stop_after = min(self.stop_after, time.monotonic() + finish_s)
             self.cv.notify_all()
+
+    def exchange_abandoned(self) -> bool:
+        """Whether an exchange in flight is to be left (its wait's ``should_stop``): a stop was
+        asked for and its ``finish_s`` passed. Read without the lock (one float)."""
+        return self.stop_requested and time.monotonic() >= self.stop_after
 
     # -- gossip thread -------------------------------------------------------------------------
     def idle_until(self, predicate: Callable[[], bool]) -> bool:

@@ -93,9 +93,20 @@ class NodeJoins:
         self.steps = JoinSteps()
         self._polled = 0.0  # when last polled (at an epoch's end)
 
-    def look(self, at_end: bool) -> list[int]:
+    def due(self) -> bool:
+        """Whether the node's ranks look at the session's step (a multiple of
+        :data:`JOIN_CHECK_EVERY`, a rank slot free; once per step). Ask before surviving a loss
+        found at this step boundary: a node-mate may find it only inside the step's first node
+        collective, survive it there and issue that collective again; had this rank looked
+        because the loss just freed a slot, the two would enter different node collectives."""
+        membership = self.session.membership
+        assert membership is not None
+        return not membership.full and self.steps.due(self.session.step)
+
+    def look(self, at_end: bool, due: bool | None = None) -> list[int]:
         """The rank slots of whole nodes to admit now (empty: none; ``at_end``: this rank
-        waits at an epoch's end)."""
+        waits at an epoch's end; ``due``: :meth:`due`, asked before a loss was survived at
+        this step boundary; ``None``: ask now)."""
         membership = self.session.membership
         assert membership is not None
         if at_end:
@@ -105,7 +116,7 @@ class NodeJoins:
             self._polled = now
             asked = self.asked(membership.deciding) and self.asked()
         else:
-            if membership.full or not self.steps.due(self.session.step):
+            if not (self.due() if due is None else due):
                 return []
             asked = self.node_union(self.asked() or ())
         return self.units.complete(asked or ())

@@ -62,8 +62,12 @@ class Engine(Protocol):
 
     process_groups: tuple[Any, ...]
 
-    def abandon(self) -> None:
-        """Stop, a peer being lost: no wait on the others."""
+    def abandon(self) -> Any:
+        """Stop, a peer being lost: no wait on the others. Returns what the next engine
+        must :meth:`carry` (``None``: nothing)."""
+
+    def carry(self, leftover: Any) -> None:
+        """Take what the abandoned engine returned (only called with something)."""
 
     def quiesce(self) -> None:
         """Finish the exchanges in flight (every member is there)."""
@@ -213,16 +217,20 @@ class Survivors:
         second): called at step boundaries and (``at_end``) while waiting at an epoch end.
         Hierarchical: whole nodes, when :class:`~.joins.NodeJoins` says."""
         beat = self.heartbeat
+        joins = self.hand_over is not None and self.poll_joins
+        # hierarchical: whether the node looks at this step is decided before a loss is survived
+        # here: a node-mate may survive it in the step's first node collective instead
+        due = joins and not at_end and self.node_joins is not None and self.node_joins.due()
         if beat.has_finding:
             try:
                 beat.check(f"rank {self.membership.rank} at step {self.session.step}")
             except PeerSilent as e:
                 self.survive(e)
         now = time.monotonic()
-        if self.hand_over is None or not self.poll_joins or beat.has_finding:
+        if not joins or (beat.has_finding and not due):
             return
         if self.node_joins is not None:
-            if joined := self.node_joins.look(at_end):
+            if joined := self.node_joins.look(at_end, due):
                 self.retry(self.admit, joined)
             return
         if now < self._polled + POLL_EVERY_S:
@@ -324,8 +332,7 @@ class Survivors:
             return
         step = session.step
         old = session.swap_engine(None)
-        if old is not None:
-            old.abandon()
+        leftover = old.abandon() if old is not None else None
         self._keep_at_exit(old)
         live = membership.decide(lost, self.deadline_s, also_lost=self.heartbeat.silent)
         gone = tuple(r for r in before if r not in live)
@@ -333,7 +340,10 @@ class Survivors:
         groups = self._regroup()
         for rank in gone if self.claims is not None else ():
             self.claims.return_units(self.epoch(), rank)
-        session.swap_engine(self.engines.over(live, groups))
+        engine = self.engines.over(live, groups)
+        if engine is not None and leftover is not None:
+            engine.carry(leftover)  # sharded deltas not yet in the weights (AsyncGossip)
+        session.swap_engine(engine)
         took = time.monotonic() - start
         self.losses.append((step, gone, wall, took))
         self._warn(f"elastic fit: rank(s) {', '.join(map(str, gone))} lost at step {step} "

@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_gossip.errors import PeerSilent, RankExcluded
-from lightning_gossip.liveness.at_exit import spawn
+from lightning_gossip.liveness.at_exit import peer_lost, spawn
 from lightning_gossip.liveness.store import bounded, store_clients
 from lightning_gossip.liveness.waits import _ranks
 
@@ -233,6 +233,7 @@ class Heartbeat:
                 silent = self.silent(peers)
             except PeerSilent as e:  # the store is unreachable: its host is named
                 self._found = (e.ranks, str(e))
+                peer_lost()
                 return
             if generation != self._generation:  # stopped and restarted during the read
                 return
@@ -243,6 +244,7 @@ class Heartbeat:
             quiet = [r for r in silent if r not in down]
             if quiet or any(now - t >= self.down_grace_s for t in down_since.values()):
                 self._found = (tuple(silent), self.describe(silent))
+                peer_lost()
                 return
 
     @property
