@@ -169,8 +169,13 @@ def test_the_survivors_of_a_frozen_node_keep_every_delta(results, case):
     # node 0 exchanged TURNS times with node 1 and never with node 2
     assert [r["exchanges"] for r in ranks[:DEVICES]] == [TURNS] * DEVICES
     # the abandoned engines held deltas that were not in the weights yet (node 0's last
-    # exchange at least): what a sharded abandon dropped before it returned them
-    assert all(r["leftover"] > 1e-2 for r in ranks[:DEVICES]), ranks  # (far above atol)
+    # exchange at least): what a sharded abandon dropped before it returned them. Without
+    # delay-by-one that is certain; with it, whether node 0's last delta is still pending or
+    # already gathered when the loss is found depends on the thread's timing (it was gathered
+    # once in a loaded make test run): there the sum below is checked either way
+    leftovers = [r["leftover"] for r in ranks[:DEVICES]]
+    if not CASES[case]:
+        assert all(v > 1e-2 for v in leftovers), leftovers  # (far above atol)
     assert all(r["after"] >= 1 for r in ranks)  # the new engines gossiped
     # the ranks of a node hold bit-identical replicas
     assert torch.equal(x[0], x[1]) and torch.equal(x[2], x[3])
