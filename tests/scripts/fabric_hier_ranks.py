@@ -27,43 +27,21 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
+
+# the two-rank (here two-node) topology, the model and its offset: the flat Fabric test's
+from fabric_ranks import Pair, _model, _offset  # (a script of this folder)
 from lightning.fabric import Fabric
 from torch import nn
 
 import lightning_gossip
 from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
 from lightning_gossip.flat import FlatState
-from lightning_gossip.topology import Topology
 
 DEVICES = 2
 STEPS = {"dpsgd": 5, "adpsgd": 40}
 TRAIN_STEPS = 6
-
-
-class Pair(Topology):
-    """Two nodes, ``W_t = [[1 - a_t, a_t], [a_t, 1 - a_t]]`` with ``a_t = 0.1 (t mod 3 + 1)``."""
-
-    name = "pair"
-    is_time_varying = True
-
-    def mixing_matrix(self, step: int = 0) -> np.ndarray:
-        a = 0.1 * (step % 3 + 1)
-        return np.array([[1 - a, a], [a, 1 - a]])
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
-
-
-def _offset(model: nn.Module, node: int) -> None:
-    """Node-dependent replicas (after the broadcast of rank 0's weights)."""
-    with torch.no_grad():
-        for k, p in enumerate(model.parameters()):
-            p.add_((node + 1) * 0.1 * (k + 1) + 0.01 * torch.arange(p.numel()).view_as(p))
 
 
 def _batches(rank: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
