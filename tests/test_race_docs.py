@@ -51,6 +51,8 @@ def test_a_fair_record_renders_its_claims() -> None:
     sentence = " ".join(docs.results_sentence(fair).split())
     assert "(best peer `ddp_bf16`): `adpsgd_hier_bf16` 0.53x (0.64x the best peer's, faster in " \
         "every run)" in sentence, sentence
+    # what the claim rests on is said with it: the target, the seeds, R
+    assert "Races to 20 % the metric, one seed for every run, R not measured" in sentence, sentence
     loaded = [("x.json", fair_record(times, latency_ms=0.0))]
     assert "No claim from this race: no link latency emulated." in " ".join(
         docs.race_part(loaded, []).split())
@@ -116,14 +118,14 @@ def test_a_regime_record_takes_its_row_and_compares_auto_with_the_best_fixed_per
     assert auto["periods"] == [3, 4, 5] and auto["ratios"] == [2.0, 2.1, 2.2]
     fair = [("asr_2x2_200mbit_0.5ms.json", rec | {"comm_compute_ratio": None, "schema": 2,
                                                   "rate_mbit": 200.0})]
-    table = docs.decision_table([("asr_2x2_50mbit_0.5ms.json", rec)], fair)
-    mid = next(r for r in table.splitlines() if "regimes/asr_2x2_50mbit_0.5ms.json" in r)
+    table = docs.decision_table([("asr_2x2_30mbit_0.5ms.json", rec)], fair)
+    mid = next(r for r in table.splitlines() if "regimes/asr_2x2_30mbit_0.5ms.json" in r)
     assert mid.startswith("| 2.20 | none | 0.5 ms one way | `postlocal64`")
     assert "the runs of `adpsgd_hier_bf16` overlap its range" in mid
     assert "`dpsgd_hier_bf16_pauto` 1.05x `dpsgd_hier_bf16_p16` (met)" in mid
     assert "R 2.20 (measured)" in mid and "target 12 % dev WER" in mid
     assert "fair/asr_2x2_200mbit_0.5ms.json" in table  # R < 1 has no regime record yet
-    text = " ".join(docs.race_part(fair, [], [("asr_2x2_50mbit_0.5ms.json", rec)]).split())
+    text = " ".join(docs.race_part(fair, [], [("asr_2x2_30mbit_0.5ms.json", rec)]).split())
     assert "1.05x the median time of its family's fastest fixed period, " \
         "`dpsgd_hier_bf16_p16` (goal at most 1.10x: met)" in text
     assert "The earlier campaign's records (schema 2" in text

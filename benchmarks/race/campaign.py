@@ -31,11 +31,11 @@ fastest variant after the first runs; ``--ddp-reference`` for races without fp32
 
 Usage (the campaign of ``benchmarks/race/CAMPAIGN.md``; ``run_campaign.sh`` runs it)::
 
-    sudo python -m benchmarks.race.campaign --workload asr --nodes 2 --procs 2 --rate 50 \\
+    sudo python -m benchmarks.race.campaign --workload asr --nodes 2 --procs 2 --rate 30 \\
         --latency-ms 0.5 --target 12 --eval-every 160 --max-samples 9600 --runs 3 \\
         --narrow-after 1 --cases ddp_bf16 ddp_powersgd4 postlocal16 postlocal64 \\
         torchft_localsgd adpsgd_hier_bf16 --tuning-from TUNING.json --ddp-reference TUNING.json \\
-        --out benchmarks/results/race/regimes/asr_2x2_50mbit_0.5ms.json
+        --out benchmarks/results/race/regimes/asr_2x2_30mbit_0.5ms.json
 """
 
 from __future__ import annotations

@@ -113,6 +113,28 @@ def r_words(rec: dict[str, Any]) -> str:
     return f"R not measured (schema {rec.get('schema') or 'before 2'})"
 
 
+def record_terms(rec: dict[str, Any]) -> str:
+    """What a record's claims rest on, in words: its target, its seeds and its R.
+
+    >>> record_terms({"schema": 2, "target": 20.0, "metric": "dev WER, % (lower is better)",
+    ...               "cases": {"a": {"runs": [{"run": 0}, {"run": 1}]}}})
+    'to 20 % dev WER, one seed for every run, R not measured (schema 2)'
+    >>> record_terms({"schema": 3, "target": 12.0, "metric": "dev WER, % (lower is better)",
+    ...               "comm_compute_ratio": 2.31, "cases": {"a": {"runs": [
+    ...                   {"run": 0, "seed": 1}, {"run": 1, "seed": 2}]}}})
+    'to 12 % dev WER, a seed per run, R 2.31 (measured)'
+    """
+    metric = (rec.get("metric") or "").split(",")[0] or "the metric"
+    words = [f"to {rec['target']:g} % {metric}"]
+    cases = rec.get("cases") if isinstance(rec.get("cases"), dict) else {}
+    runs = [run for case in cases.values() for run in case.get("runs", [])]
+    seeded = bool(runs) and all(run.get("seed") is not None for run in runs)
+    words.append("a seed per run" if seeded and not rules.seed_problems(rec)
+                 else "one seed for every run")
+    words.append(r_words(rec))
+    return ", ".join(words)
+
+
 def withdrawal_reasons(rec: dict[str, Any]) -> list[str]:
     """Why a race record from before the rules is not evidence, read from the record.
 
@@ -165,6 +187,8 @@ def setting(rec: dict[str, Any]) -> str:
         words += f", {rec['latency_ms']:g} ms"
     if rec.get("slow_node") is not None:
         words += f", node {rec['slow_node']} slower"
+        if not rec.get("pin_nodes"):
+            words += ", nodes not pinned"
     if rules.remedies_race(rec):
         words += ", the remedies' race"
     return words
@@ -312,7 +336,7 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's one results sentence: per race with claims, the library case fastest
     against ddp among those faster than ddp in every run (median time over ddp's, and over
     the best peer's with what the ranges allow); the tables hold the rest."""
-    races = []
+    races: dict[str, list[str]] = {}  # what the claims rest on -> the races
     verdict = {"faster": "faster in every run", "slower": "slower in every run"}
     for _, rec in fair:
         score = rules.score(rec)
@@ -329,8 +353,8 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
         if best and row["vs_best_peer"] is not None:
             vs_best = (f" ({row['vs_best_peer']:.2f}x the best peer's, "
                        f"{verdict.get(row['claim_vs_best_peer'], 'the ranges overlap')})")
-        races.append(f"on {setting(rec)} (best peer `{best}`): `{case}` "
-                     f"{row['vs_ddp']:.2f}x{vs_best}")
+        races.setdefault(record_terms(rec), []).append(
+            f"on {setting(rec)} (best peer `{best}`): `{case}` {row['vs_ddp']:.2f}x{vs_best}")
     if not races:
         return wrap("No speed-up is claimed at present: the earlier races against DDP, its "
                     "compression hooks, post-local SGD and torchft are withdrawn (unequal "
@@ -339,10 +363,12 @@ def results_sentence(fair: list[tuple[str, dict[str, Any]]]) -> str:
                     "data), and no race has yet been run under the "
                     "[race rules](docs/races.md#race-rules); "
                     "[docs/choosing.md](docs/choosing.md) says how to choose meanwhile.")
-    return wrap("Under the [race rules](docs/races.md#race-rules) (equal tuning, a "
-                "converged target, 3 runs each, a claim only where the ranges do not overlap), "
-                "median time to the target over ddp's, for the library's fastest case "
-                + "; ".join(races) + " ([docs/choosing.md](docs/choosing.md)).")
+    return wrap("Under the [race rules](docs/races.md#race-rules) (equal tuning, 3 runs "
+                "each, a claim only where the ranges do not overlap), "
+                "median time to the target over ddp's, for the library's fastest case. "
+                + " ".join(f"Races {terms}: " + "; ".join(found) + "."
+                           for terms, found in races.items())
+                + " ([docs/choosing.md](docs/choosing.md))")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -479,15 +505,15 @@ class Regime:
 
 REGIMES = (
     Regime("low", "R < 1", "none", "0.5 ms one way", "200 Mbit/s (`low`)"),
-    Regime("mid", "1.5 <= R <= 4", "none", "0.5 ms one way", "50 Mbit/s (`mid`)"),
-    Regime("high", "R >= 6", "none", "0.5 ms one way", "16 Mbit/s (`high`)"),
+    Regime("mid", "1.5 <= R <= 4", "none", "0.5 ms one way", "30 Mbit/s (`mid`)"),
+    Regime("high", "R >= 6", "none", "0.5 ms one way", "8 Mbit/s (`high`)"),
     Regime("slow", "R < 1", "one node about 2x slower", "0.5 ms one way",
            "200 Mbit/s, node 1 slower, nodes pinned (`slow`)"),
     Regime("sites", "any", "none", "25 ms one way (two sites)", "100 Mbit/s (`sites`)"),
 )
 """The regimes of issue 47, in the table's order."""
 
-_RATES = {"mid": 50.0, "high": 16.0}
+_RATES = {"mid": 30.0, "high": 8.0}
 """A schema-2 record (R not measured) stands in for these regimes only at the campaign's link."""
 
 

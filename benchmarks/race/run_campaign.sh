@@ -6,8 +6,9 @@
 # race appends its record after each case: started again, this script goes on where it stopped
 # (finished races launch nothing). The records go to benchmarks/results/race/regimes/.
 #
-#   sudo bash benchmarks/race/run_campaign.sh                     # tune mid high low (~7.7 h)
-#   sudo RACES="slow sites" bash benchmarks/race/run_campaign.sh  # the second sitting (~2.7 h)
+#   sudo RACES=tune bash benchmarks/race/run_campaign.sh   # the tuning (2.25 h measured; done)
+#   sudo RACES=mid bash benchmarks/race/run_campaign.sh    # one race per sitting (2.5-3 h each:
+#                                                          # mid, high, low; slow, sites ~1.5/1.2 h)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -60,11 +61,11 @@ for r in $RACES; do
             --cases "${BASES[@]}" --out "$TUNE" ;;
     low) race low --rate 200 --latency-ms 0.5 --narrow-after 1 --cases "${LOW[@]}" \
            --tuning-from "$TUNE" --out $OUT/asr_2x2_200mbit_0.5ms.json ;;
-    mid) race mid --rate 50 --latency-ms 0.5 --narrow-after 1 --cases "${MID[@]}" \
-           --tuning-from "$TUNE" --ddp-reference "$TUNE" --out $OUT/asr_2x2_50mbit_0.5ms.json ;;
-    high) race high --rate 16 --latency-ms 0.5 --narrow-after 1 --cases "${HIGH[@]}" \
+    mid) race mid --rate 30 --latency-ms 0.5 --narrow-after 1 --cases "${MID[@]}" \
+           --tuning-from "$TUNE" --ddp-reference "$TUNE" --out $OUT/asr_2x2_30mbit_0.5ms.json ;;
+    high) race high --rate 8 --latency-ms 0.5 --narrow-after 1 --cases "${HIGH[@]}" \
             --tuning-from "$TUNE" --ddp-reference "$TUNE" \
-            --out $OUT/asr_2x2_16mbit_0.5ms.json ;;
+            --out $OUT/asr_2x2_8mbit_0.5ms.json ;;
     slow) race slow --rate 200 --latency-ms 0.5 --slow-node 1 --pin-nodes --cases "${SLOW[@]}" \
             --tuning-from "$TUNE" --ddp-reference "$TUNE" \
             --out $OUT/asr_2x2_200mbit_0.5ms_slow1_pinned.json ;;
