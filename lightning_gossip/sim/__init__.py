@@ -68,7 +68,6 @@ from lightning_gossip.mixing import Mixer
 from lightning_gossip.sim.adpsgd import ADPSGDSimulator, BatchFn
 from lightning_gossip.sim.base import Simulator
 from lightning_gossip.sim.dpsgd import DPSGDSimulator
-from lightning_gossip.sim.period import agreed_auto_period, auto_periods
 from lightning_gossip.sim.runners import SimResult, run_adpsgd, run_dpsgd
 from lightning_gossip.sim.workloads import ComputeModel, DataShards, LossFn, digits_problem
 
@@ -82,8 +81,6 @@ __all__ = [
     "Mixer",
     "SimResult",
     "Simulator",
-    "agreed_auto_period",
-    "auto_periods",
     "digits_problem",
     "run_adpsgd",
     "run_dpsgd",
