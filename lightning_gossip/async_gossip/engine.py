@@ -74,7 +74,8 @@ class AsyncGossip:
         auto: ``gossip_every_n_steps="auto"``: this rank's
             :class:`~lightning_gossip.gossip_period.auto.PeriodDriver` (``agree=False``), told
             the steps, the gossip thread's exchange times (:attr:`GossipStats.exchange_s
-            <lightning_gossip.async_gossip.state.GossipStats>`) and the sync points; a due
+            <lightning_gossip.async_gossip.state.GossipStats>`, timed from the moment both
+            sides had posted, and ``peer_wait_s``) and the sync points; a due
             decision calls :meth:`set_period` at the end of :meth:`after_step` (no
             collective). Start with ``period=1``.
 
@@ -214,8 +215,9 @@ class AsyncGossip:
         self._after(step)
         if auto is not None:
             with self._shared.cv:
-                exchanges, seconds = self.stats.exchanges, self.stats.exchange_s
-            auto.step_done(self, step, exchanges, seconds)
+                stats = self.stats
+                exchanges, seconds, waited = stats.exchanges, stats.exchange_s, stats.peer_wait_s
+            auto.step_done(self, step, exchanges, seconds, waited)
 
     def _after(self, step: int) -> None:
         """:meth:`after_step`'s work."""

@@ -5,6 +5,18 @@ Control messages are two int64 values ``[kind, phase]`` on the gloo *control* gr
 *data* group. One exchange at a time per rank
 makes every pairwise average atomic, and because only actives start exchanges no cycle of
 waiting ranks can form.
+
+**How an exchange is timed** (``GossipStats.exchange_s``, what ``gossip_every_n_steps="auto"``
+takes as the exchange time): from the moment *both* sides have posted it to holding the
+partner's snapshot, mixed. The swap cannot start before the later side posts (gloo sends once
+the receiver has posted its receive), and an active posts right after its request, while its
+passive may answer late: it serves one request at a time, so a request waits behind the
+exchanges of the passive's other actives, and its thread may be slow to wake on a loaded host.
+Timed from this rank's own posting, that wait would count as link time, and ``"auto"`` would
+pick too long a period. So each side posts a one-value *posted* marker to its partner on the
+control group (tag :data:`POSTED_TAG`) right before its snapshot, waits for the partner's
+marker first and times the swap from its arrival; the wait before it is kept apart in
+``GossipStats.peer_wait_s``. The marker travels next to the snapshot, so it adds no round trip.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from lightning_gossip.async_gossip.inbox import ControlInbox
 from lightning_gossip.async_gossip.state import SharedState
 from lightning_gossip.compression import pairwise_delta, quantize
 from lightning_gossip.errors import GossipStopped
-from lightning_gossip.exchange import pairwise_exchange, post, wait_all
+from lightning_gossip.exchange import check_finite, post, wait_all
 from lightning_gossip.liveness import Heartbeat
 from lightning_gossip.liveness.waits import blame, wait_done
 from lightning_gossip.pairing import Pairing
@@ -30,9 +42,12 @@ from lightning_gossip.pairing import Pairing
 if TYPE_CHECKING:
     from lightning_gossip.pairing import ColumnPairing
 
-__all__ = ["ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
+__all__ = ["POSTED_TAG", "ActiveLoop", "GossipLoop", "MessageKind", "PassiveLoop"]
 
 log = logging.getLogger("lightning_gossip.async_gossip")
+
+POSTED_TAG = 1
+"""The tag of the *posted* markers on the control group (requests and BYEs use tag 0)."""
 
 
 class MessageKind(IntEnum):
@@ -81,6 +96,9 @@ class GossipLoop:
                       else torch.empty(n, dtype=wire_dtype, device=device))
         self._theirs = torch.empty(n, dtype=wire_dtype, device=device)
         self._delta = torch.empty(n, dtype=torch.float32, device=device)
+        # the posted markers (control group, CPU): this side's, and the partner's
+        self._posted_out = torch.ones(1, dtype=torch.int64)
+        self._posted_in = torch.zeros(1, dtype=torch.int64)
         self._inbox = ControlInbox(control_group, timeout, rank)  # (a passive's)
 
     def run(self) -> None:
@@ -98,18 +116,11 @@ class GossipLoop:
                 shared.cv.notify_all()
         mine = box.view[box.lo:box.hi]  # only this thread swaps the view
         send = mine if self._send is None else quantize(mine, self.wire_dtype, out=self._send)
-        shared.waiting_on = f"the exchange of snapshots with rank {peer}"
         started = time.perf_counter()
-        # A stop leaves an exchange on the wire only after the stop's grace: the partner may
-        # have posted its side too, and would apply its delta alone (the sum not conserved).
-        if not pairwise_exchange(send, self._theirs, peer, self.data_group, self.timeout,
-                                 self.rank, heartbeat=self.heartbeat,
-                                 should_stop=shared.exchange_abandoned):
-            raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
-        shared.waiting_on = "nothing (idle)"
+        ready = self._swap(send, peer)  # the partner's marker came: both sides had posted
         # (q_theirs - q_mine) / 2: the partner's is its exact negative (mean-preserving)
         pairwise_delta(send, [(self._theirs, 0.5)], out=self._delta)
-        seconds = time.perf_counter() - started  # on the wire, and mixed
+        done = time.perf_counter()  # on the wire from when both had posted, and mixed
         mine.add_(self._delta)
         with shared.cv:
             # order after the training thread's latest reads of acc / writes of fresh (CUDA)
@@ -118,8 +129,36 @@ class GossipLoop:
             shared.handoff.to_training()
             shared.stats.exchanges += 1
             shared.stats.sent_bytes += send.numel() * send.element_size()
-            shared.stats.exchange_s += seconds
+            shared.stats.exchange_s += done - max(ready, started)
+            shared.stats.peer_wait_s += max(ready - started, 0.0)
             shared.cv.notify_all()
+
+    def _swap(self, send: torch.Tensor, peer: int) -> float:
+        """Swap ``send`` for the partner's snapshot (into ``_theirs``): post this side's posted
+        marker, then the snapshot; wait for the partner's marker, then for the rest. Returns
+        when the partner's marker came (``time.perf_counter()``); raises ``GossipStopped``
+        when a stop abandoned the exchange.
+
+        A stop leaves an exchange on the wire only after the stop's grace
+        (``SharedState.exchange_abandoned``): the partner may have posted its side too, and
+        would apply its delta alone (the sum not conserved)."""
+        shared, group = self.shared, self.control_group
+        what = f"pairwise gossip between rank {self.rank} and rank {peer}"
+        marks = post(self._posted_out, (peer,), [(peer, self._posted_in)], group, tag=POSTED_TAG)
+        works = post(send, (peer,), [(peer, self._theirs)], self.data_group)
+        shared.waiting_on = f"rank {peer} to post its side of the exchange of snapshots"
+        if not wait_all(marks[1:], self.timeout, f"{what}: waiting for rank {peer} to post "
+                        "its side", heartbeat=self.heartbeat, peers=(peer,),
+                        should_stop=shared.exchange_abandoned):
+            raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
+        ready = time.perf_counter()
+        shared.waiting_on = f"the exchange of snapshots with rank {peer}"
+        if not wait_all(works + marks[:1], self.timeout, what, heartbeat=self.heartbeat,
+                        peers=(peer,), should_stop=shared.exchange_abandoned):
+            raise GossipStopped(f"rank {self.rank}: stopped in the exchange with rank {peer}")
+        shared.waiting_on = "nothing (idle)"
+        check_finite(self._theirs, peer=peer, rank=self.rank)
+        return ready
 
     def send_control(self, kind: MessageKind, phase: int, dst: int) -> None:
         """Send ``[kind, phase]`` to ``dst`` on the control group (with the timeout)."""

@@ -39,8 +39,12 @@ class GossipStats:
         staleness_wait_s: seconds spent in those waits (training thread).
         sent_bytes: snapshot payload this rank sent (its shard, in the wire dtype; without the
             control messages and the node's all-gather) (gossip thread, under the lock).
-        exchange_s: seconds of those exchanges on the wire, summed (each from sending this
-            rank's snapshot to holding the partner's, mixed) (gossip thread, under the lock).
+        exchange_s: seconds of those exchanges on the wire, summed (each from the moment both
+            sides had posted it to holding the partner's snapshot, mixed: see
+            :mod:`~lightning_gossip.async_gossip.loops`) (gossip thread, under the lock).
+        peer_wait_s: seconds those exchanges waited, summed, after this rank had posted its
+            side, for the partner to post its own (a passive serving its other actives first,
+            a thread slow to wake): kept out of ``exchange_s`` (gossip thread, under the lock).
     """
 
     exchanges: int = 0
@@ -49,6 +53,7 @@ class GossipStats:
     staleness_wait_s: float = 0.0
     sent_bytes: int = 0
     exchange_s: float = 0.0
+    peer_wait_s: float = 0.0
 
 
 class SharedState:

@@ -17,11 +17,14 @@ happens inside the engine's calls), whether the loop calls ``before_step`` befor
 Trainer strategies) or at ``optimizer.step()`` (``attach``, Fabric). ``exchange_s``: the wire
 time of each exchange, measured where it runs (``SyncGossip``: the communication worker, from
 the moment every peer of the round had posted it to holding every peer's data, mixed, with the
-node's all-gather of a sharded round; ``AsyncGossip``: the gossip thread's pairwise exchange
-with its partner), handed to the training thread as cumulative seconds and counts in the
-engine's stats and diffed per step.
+node's all-gather of a sharded round; ``AsyncGossip``: the gossip thread, from the moment both
+sides of the pairwise exchange had posted it to holding the partner's snapshot, mixed), handed
+to the training thread as cumulative seconds and counts in the engine's stats and diffed per
+step. The waits for peers that posted later are counted apart (cumulative too) and reported
+with every decision (:attr:`PeriodSwitch.local_peer_wait_s`).
 
-**Why not from posting** (``dpsgd``): a synchronous round cannot complete before the last of
+**Why not from posting** (``dpsgd``; ``adpsgd`` alike, for a passive that answers late:
+:mod:`lightning_gossip.async_gossip.loops`): a synchronous round cannot complete before the last of
 its peers posts it, so a rank whose step is shorter than a neighbour's waits for that
 neighbour's compute inside every round; timed from its own posting, that wait would count as
 link time, the maximum over the ranks would take it, and R would be overestimated (on an
@@ -103,12 +106,17 @@ class PeriodSwitch:
     """One decision and where it took effect: ``step``, the first step under
     ``decision.period`` (the engine's step numbers); ``local_compute_s`` and
     ``local_exchange_s``, this rank's medians (``decision`` holds the values the policy was
-    given: for ``dpsgd`` the maxima over the ranks; a window without an exchange reports 0)."""
+    given: for ``dpsgd`` the maxima over the ranks; a window without an exchange reports 0);
+    ``local_peer_wait_s``, this rank's mean wait per exchange, since the previous decision (or
+    the engine's start), for peers that posted the exchange after it: the time kept out of
+    the exchange times (``SyncStats.peer_wait_seconds``, ``GossipStats.peer_wait_s``; 0
+    without an exchange)."""
 
     step: int
     local_compute_s: float
     local_exchange_s: float
     decision: PeriodDecision
+    local_peer_wait_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the decision's fields under ``"decision"``)."""
@@ -151,6 +159,8 @@ class PeriodDriver:
         self._inside = 0.0  # seconds inside before_step since then
         self._seen = (0, 0.0)  # the engine's exchange count and seconds at the last step
         self._compute_end: float | None = None
+        # the engine's exchange count and summed peer wait at the last decision, and now
+        self._waits_from = self._waits = (0, 0.0)
 
     @property
     def period(self) -> int:
@@ -163,10 +173,12 @@ class PeriodDriver:
         return self.tuner.decisions
 
     # -- the engine's calls (training thread) ---------------------------------------------------
-    def counts_from(self, exchanges: int, exchange_seconds: float) -> None:
+    def counts_from(self, exchanges: int, exchange_seconds: float,
+                    peer_wait_seconds: float = 0.0) -> None:
         """The engine's cumulative exchange counters when it is built (they may carry an
         earlier fit's): later steps count what was added to them."""
         self._seen = (exchanges, exchange_seconds)
+        self._waits_from = self._waits = (exchanges, peer_wait_seconds)
 
     def left(self, entered: float) -> None:
         """The engine's ``before_step``, entered at ``entered`` (``time.perf_counter()``), now
@@ -188,14 +200,17 @@ class PeriodDriver:
         self._since = None
 
     def step_done(self, engine: _Engine, step: int, exchanges: int,
-                  exchange_seconds: float) -> PeriodSwitch | None:
+                  exchange_seconds: float, peer_wait_seconds: float = 0.0
+                  ) -> PeriodSwitch | None:
         """The engine's ``after_step(step)`` did its work: record the step (its compute, the
-        exchanges completed since the last call: ``exchanges`` and ``exchange_seconds`` are
-        the engine's cumulative counters), decide when due. Returns the new switch, if any."""
+        exchanges completed since the last call: ``exchanges``, ``exchange_seconds`` and
+        ``peer_wait_seconds``, the waits for late peers kept out of them, are the engine's
+        cumulative counters), decide when due. Returns the new switch, if any."""
         end = self._compute_end if self._compute_end is not None else time.perf_counter()
         compute = 0.0 if self._since is None else max(end - self._since - self._inside, 0.0)
         count, seconds = exchanges - self._seen[0], exchange_seconds - self._seen[1]
         self._seen = (exchanges, exchange_seconds)
+        self._waits = (exchanges, peer_wait_seconds)
         tuner = self.tuner
         each = max(seconds, 0.0) / count if count > 0 else None
         for _ in range(count - 1):  # more than one exchange completed during the step
@@ -245,7 +260,10 @@ class PeriodDriver:
             decision = self.tuner.decide(max(local[0], _TINY_S), local[1])
         engine.set_period(decision.period)
         lc, lx = local if local is not None else (0.0, 0.0)
-        switch = PeriodSwitch(step + 1, lc, lx, decision)
+        count, waited = (a - b for a, b in zip(self._waits, self._waits_from))
+        self._waits_from = self._waits
+        switch = PeriodSwitch(step + 1, lc, lx, decision,
+                              max(waited, 0.0) / count if count > 0 else 0.0)
         self.switches.append(switch)
         log.info("rank %d: %s", self.rank, decision.describe())
         return switch

@@ -22,7 +22,10 @@ exchange once every ``n`` steps and the exchange has the ``n`` steps of its peri
 behind: per step, its time, host work and bytes are divided by ``n`` (ddp has no period).
 :func:`cluster_ratio` is the cluster's R (one bf16 replica over the inter-node link against a
 step's compute); :func:`predict_periods` gives the gossip rows at the period that
-``gossip_every_n_steps="auto"`` picks (:mod:`lightning_gossip.gossip_period`).
+``gossip_every_n_steps="auto"`` picks (:mod:`lightning_gossip.gossip_period`): one for all
+ranks of ``dpsgd``, each rank its own under ``adpsgd`` (:func:`adpsgd_auto_periods`: with
+stragglers, a slow rank a shorter one). The simulator (:mod:`lightning_gossip.sim`) models the
+same periods and, given the exchange time, the same step times.
 
 Example: 2 nodes of 2 GPUs, 1M parameters, 0.1 s of compute, a 25 MB/s network::
 
@@ -50,6 +53,7 @@ from lightning_gossip.plan.blocks import (
 )
 from lightning_gossip.plan.model import MODES, Cluster, Prediction, Workload
 from lightning_gossip.plan.period import (
+    adpsgd_auto_periods,
     auto_period,
     cluster_period,
     cluster_ratio,
@@ -58,6 +62,7 @@ from lightning_gossip.plan.period import (
 )
 from lightning_gossip.plan.predict import (
     adpsgd_exchange_time,
+    adpsgd_rank_compute,
     predict_adpsgd,
     predict_all,
     predict_ddp,
@@ -69,7 +74,9 @@ __all__ = [
     "Cluster",
     "Prediction",
     "Workload",
+    "adpsgd_auto_periods",
     "adpsgd_exchange_time",
+    "adpsgd_rank_compute",
     "auto_period",
     "cluster_period",
     "cluster_ratio",

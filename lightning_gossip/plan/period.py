@@ -14,7 +14,11 @@ node hides behind one step; above 1 it needs about R steps between exchanges.
 measures in its first steps, as the model predicts them for that row
 (:attr:`Prediction.exchange_s`, :attr:`Prediction.compute_s`): one exchange as the row sends it
 (its wire dtype, its peers, its shards, its host work) and the compute per step it hides
-behind in the row's scheduling mode.
+behind in the row's scheduling mode. ``dpsgd``'s ranks agree on one period (the slowest
+rank's compute decides); ``adpsgd``'s ranks decide each for itself
+(:func:`adpsgd_auto_periods`), so with stragglers its rows carry one period per rank, a
+straggler's shorter, as the strategy and the simulator (:mod:`lightning_gossip.sim.period`)
+pick them.
 
 >>> from lightning_gossip.plan.model import Cluster, Workload
 >>> c = Cluster(nodes=2, gpus_per_node=2, inter_bandwidth=25e6)
@@ -33,14 +37,16 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
+
 from lightning_gossip.gossip_period import DEFAULT_MARGIN, DEFAULT_MAX_PERIOD, choose_period
 from lightning_gossip.pairing import PairingName
 from lightning_gossip.plan.blocks import link_time
 from lightning_gossip.plan.model import Cluster, Mode, Prediction, Workload
-from lightning_gossip.plan.predict import predict_adpsgd, predict_dpsgd
+from lightning_gossip.plan.predict import adpsgd_rank_compute, predict_adpsgd, predict_dpsgd
 
-__all__ = ["auto_period", "cluster_period", "cluster_ratio", "predict_periods",
-           "replica_seconds"]
+__all__ = ["adpsgd_auto_periods", "auto_period", "cluster_period", "cluster_ratio",
+           "predict_periods", "replica_seconds"]
 
 #: the wire of R's reference replica: bf16, 2 bytes per value
 _BF16 = 2
@@ -115,11 +121,12 @@ def predict_periods(cluster: Cluster, workload: Workload, period: int | Literal[
     """The gossip rows of :func:`~lightning_gossip.plan.predict_all` (dpsgd and adpsgd, flat
     and hierarchical) at ``period`` local steps between exchanges, or with ``"auto"`` at the
     period each row's own measurements give (:func:`auto_period` of its prediction at period
-    1). ``margin`` and ``max_period``: those of the policy."""
+    1; ``adpsgd``: each rank's own, :func:`adpsgd_auto_periods`, so with stragglers the row
+    has one period per rank). ``margin`` and ``max_period``: those of the policy."""
     if period != "auto" and (not isinstance(period, int) or isinstance(period, bool)
                              or period < 1):
         raise ValueError(f"period must be an integer >= 1 or 'auto', got {period!r}")
-    def at(kind: str, hier: bool, n: int) -> Prediction:
+    def at(kind: str, hier: bool, n: int | np.ndarray) -> Prediction:
         if kind == "dpsgd":
             return predict_dpsgd(cluster, workload, topology, hier, mode, seed, stragglers,
                                  tolerance, period=n)
@@ -130,6 +137,38 @@ def predict_periods(cluster: Cluster, workload: Workload, period: int | Literal[
     for kind in ("dpsgd", "adpsgd"):
         for hier in (False, True):
             row = at(kind, hier, 1)
-            n = auto_period(row, margin, max_period) if period == "auto" else period
-            out.append(row if n == 1 else at(kind, hier, n))
+            n: int | np.ndarray = period if period != "auto" else (
+                auto_period(row, margin, max_period) if kind == "dpsgd" else
+                adpsgd_auto_periods(cluster, workload, pairing, hier, stragglers, margin,
+                                    max_period))
+            if isinstance(n, np.ndarray) and (n == n[0]).all():
+                n = int(n[0])  # every rank the same: the row of one period
+            out.append(row if isinstance(n, int) and n == 1 else at(kind, hier, n))
     return out
+
+
+def adpsgd_auto_periods(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
+                        hierarchical: bool = False, stragglers: Sequence[float] | None = None,
+                        margin: float = DEFAULT_MARGIN,
+                        max_period: int = DEFAULT_MAX_PERIOD) -> np.ndarray:
+    """The period ``"auto"`` picks on each rank of AD-PSGD (one per rank): every rank decides
+    for itself, from its own compute per step
+    (:func:`~lightning_gossip.plan.predict.adpsgd_rank_compute`: a straggler's is longer, so
+    its period shorter; hierarchical, the ranks of a node the same) and the time of one
+    exchange (the row's :attr:`Prediction.exchange_s`, the same for every rank). 1 without an
+    exchange; ``max_period`` for a rank without compute.
+
+    >>> from lightning_gossip.plan.model import Cluster, Workload
+    >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=25e6)
+    >>> w = Workload(params=1_000_000, compute_s=0.025, wire_bytes=2)  # exchange: 0.08 s
+    >>> adpsgd_auto_periods(c, w).tolist(), adpsgd_auto_periods(c, w, stragglers=[1, 4]
+    ...                                                          ).tolist()
+    ([4, 4], [4, 1])
+    """
+    exchange = predict_adpsgd(cluster, workload, pairing, hierarchical,
+                              stragglers=stragglers).exchange_s
+    compute = adpsgd_rank_compute(cluster, workload, hierarchical, stragglers)
+    if exchange <= 0:
+        return np.ones(len(compute), dtype=np.int64)
+    return np.array([choose_period(c, exchange, margin=margin, max_period=max_period)
+                     if c > 0 else max_period for c in compute], dtype=np.int64)

@@ -212,16 +212,25 @@ def adpsgd_exchange_time(cluster: Cluster, workload: Workload, pairing: PairingN
     return max(inter if cross > 0 else 0.0, intra if cross < 1 else 0.0), cross
 
 
-def _adpsgd_rank_step(compute: np.ndarray, t_x: float, unhidden: float) -> np.ndarray:
+def _adpsgd_rank_step(compute: np.ndarray, t_x: float | np.ndarray,
+                      unhidden: float | np.ndarray) -> np.ndarray:
     """Step time of ranks whose compute step is ``compute`` while a gossip thread runs
     exchanges of ``t_x`` back to back, each costing the training thread ``unhidden`` seconds:
     the fixed point of ``s = compute + unhidden * min(1, s / t_x)`` (a rank takes part in
     ``min(1, s / t_x)`` exchanges per step), i.e. ``min(compute / (1 - unhidden / t_x),
-    compute + unhidden)``.
+    compute + unhidden)``. ``t_x`` and ``unhidden`` may differ by rank (arrays: each rank's
+    own period).
 
     >>> _adpsgd_rank_step(np.array([0.1]), 0.2, 0.1).tolist()  # 0.1 / (1 - 1/2)
     [0.2]
+    >>> _adpsgd_rank_step(np.array([0.1, 0.1]), np.array([0.2, 0.1]), np.array([0.1, 0.1])
+    ...                   ).tolist()  # the second: all unhidden, in series
+    [0.2, 0.2]
     """
+    if np.ndim(t_x) or np.ndim(unhidden):
+        c, x, u = np.broadcast_arrays(np.asarray(compute, dtype=float), t_x, unhidden)
+        return np.array([_adpsgd_rank_step(np.array([ci]), float(xi), float(ui))[0]
+                         for ci, xi, ui in zip(c, x, u)])
     if t_x <= 0 or unhidden <= 0:
         return compute
     if unhidden >= t_x:  # the exchange is all unhidden: one per step, in series
@@ -229,9 +238,66 @@ def _adpsgd_rank_step(compute: np.ndarray, t_x: float, unhidden: float) -> np.nd
     return np.minimum(compute / (1.0 - unhidden / t_x), compute + unhidden)
 
 
+def _unit_periods(period: int | Sequence[int], n: int, gpus_per_node: int,
+                  hierarchical: bool) -> int | np.ndarray:
+    """``period`` as an int, or one period per unit (rank; node, ``hierarchical``, whose ranks
+    must agree) from one per rank; ``ValueError`` for a bad one."""
+    if isinstance(period, (int, np.integer)):
+        _check_period(period)
+        return int(period)
+    per = np.asarray(period)
+    if per.shape != (n,):
+        raise ValueError(f"period must be an integer or one per rank ({n}), got {per.shape}")
+    for p in per.tolist():
+        _check_period(p)
+    if not hierarchical:
+        return per.astype(np.int64)
+    nodes = per.reshape(-1, gpus_per_node)
+    if (nodes != nodes[:, :1]).any():
+        raise ValueError("hierarchical: the ranks of a node step together and take one period, "
+                         f"got {per.tolist()}")
+    return nodes[:, 0].astype(np.int64)
+
+
+def _node_fixed(cluster: Cluster, workload: Workload) -> float:
+    """Hierarchical AD-PSGD's blocking work in the node at every step: the gradient
+    all-reduce, the all-gather of the slices' changes and their host work (0 for one GPU)."""
+    L = cluster.gpus_per_node
+    if L == 1:
+        return 0.0
+    return (ring_allreduce_time(workload.params * workload.grad_bytes, L,
+                                cluster.intra_bandwidth, cluster.intra_latency)
+            + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
+                                  cluster.intra_latency)
+            + cluster.host_time((4 * workload.grad_bytes + 2 * 4) * (L - 1) / L
+                                * workload.params))
+
+
+def adpsgd_rank_compute(cluster: Cluster, workload: Workload, hierarchical: bool = False,
+                        stragglers: Sequence[float] | None = None) -> np.ndarray:
+    """The compute per step each rank of AD-PSGD measures for ``gossip_every_n_steps="auto"``
+    (one value per rank): ``compute_s`` times its straggler factor; hierarchical, its node's
+    step (the slowest GPU of the node, then the node's blocking all-reduce and all-gather), the
+    same on every rank of the node. What :func:`predict_adpsgd` steps at before gossip.
+
+    >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
+    >>> adpsgd_rank_compute(c, Workload(params=10, compute_s=0.1), stragglers=[1, 2]).tolist()
+    [0.1, 0.2]
+    """
+    N, L, n = cluster.nodes, cluster.gpus_per_node, cluster.world_size
+    f = np.ones(n) if stragglers is None else np.asarray(stragglers, dtype=float)
+    if f.shape != (n,):
+        raise ValueError(f"stragglers must have one factor per rank ({n}), got {f.shape}")
+    if not hierarchical:
+        return workload.compute_s * f
+    node = workload.compute_s * f.reshape(N, L).max(axis=1) + _node_fixed(cluster, workload)
+    return np.repeat(node, L)
+
+
 def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = "ring",
                    hierarchical: bool = False, max_staleness: int | None = 4,
-                   stragglers: Sequence[float] | None = None, period: int = 1) -> Prediction:
+                   stragglers: Sequence[float] | None = None,
+                   period: int | Sequence[int] = 1) -> Prediction:
     """Asynchronous gossip (AD-PSGD): the compute step never waits for gossip unless the
     exchanges cannot keep up. An exchange takes ``t_x`` (:func:`adpsgd_exchange_time`) and,
     because of how the engine hands snapshots over, the staleness bound lets a rank make
@@ -256,7 +322,11 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
     ``period`` steps, modelled as an exchange of ``t_x / period`` every step (its host work and
     unhidden share divided alike, and the staleness bound, which then counts periods:
     ``3 t_x / ((max_staleness + 2) period)``); bytes per step divided by ``period``. The
-    node's all-reduce and all-gather (hierarchical) stay every step.
+    node's all-reduce and all-gather (hierarchical) stay every step. ``period`` may also give
+    one period per rank (``gossip_every_n_steps="auto"`` lets each rank pick its own: a slow
+    rank a shorter one; hierarchical, the ranks of a node agree): each rank's step then
+    follows its own, the bytes are the mean over the ranks, and the row's ``period`` is the
+    longest (its note gives the range).
 
     >>> c = Cluster(nodes=2, gpus_per_node=1, inter_bandwidth=1e9)
     >>> w = Workload(params=1_000_000, compute_s=0.01)
@@ -267,25 +337,18 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
     >>> predict_adpsgd(c, w, max_staleness=0, period=4).step_s  # 0.01 + 4 ms / 4
     0.011
     """
-    _check_period(period)
     N, L, n = cluster.nodes, cluster.gpus_per_node, cluster.world_size
+    per = _unit_periods(period, n, L, hierarchical)
     f = np.ones(n) if stragglers is None else np.asarray(stragglers, dtype=float)
     if f.shape != (n,):
         raise ValueError(f"stragglers must have one factor per rank ({n}), got {f.shape}")
     link, cross = adpsgd_exchange_time(cluster, workload, hierarchical=hierarchical,
                                        pairing=pairing)
     replica = workload.params * workload.wire_bytes
-    fixed = 0.0
+    fixed = _node_fixed(cluster, workload) if hierarchical else 0.0
     if hierarchical:
         name = "adpsgd hier"
         host_x = 2 * replica / L
-        if L > 1:
-            fixed = (ring_allreduce_time(workload.params * workload.grad_bytes, L,
-                                         cluster.intra_bandwidth, cluster.intra_latency)
-                     + (L - 1) * link_time(workload.params * 4 / L, cluster.intra_bandwidth,
-                                           cluster.intra_latency)
-                     + cluster.host_time((4 * workload.grad_bytes + 2 * 4) * (L - 1) / L
-                                         * workload.params))
         compute = workload.compute_s * f.reshape(N, L).max(axis=1) + fixed  # per node
         units = L
     else:
@@ -295,8 +358,8 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
         units = 1
     h = cluster.host_time(host_x) if link > 0 else 0.0
     exchange = link + h
-    t_x = exchange / period  # one exchange every period steps: 1/period of one per step
-    unhidden = (h + (1.0 - cluster.overlap) * link) / period
+    t_x = exchange / per  # one exchange every period steps: 1/period of one per step
+    unhidden = (h + (1.0 - cluster.overlap) * link) / per
     if max_staleness is None:
         steps = _adpsgd_rank_step(compute, t_x, unhidden)
     elif max_staleness == 0:
@@ -307,11 +370,18 @@ def predict_adpsgd(cluster: Cluster, workload: Workload, pairing: PairingName = 
     with np.errstate(divide="ignore"):  # a step of 0 s: an infinite rate, a mean of 0
         step = float(n / (units * (1.0 / steps).sum()))
         mean_compute = float(n / (units * (1.0 / compute).sum())) - fixed
-    exchanges = float(min(1.0, step / t_x)) / period if t_x > 0 else 0.0
+    if isinstance(per, int):
+        exchanges = float(min(1.0, step / t_x)) / per if t_x > 0 else 0.0
+        row_period, note = per, ""
+    else:  # each unit its own: at most one exchange per period, at its own step rate
+        exchanges = (float(np.mean(np.minimum(1.0, steps / t_x) / per)) if exchange > 0
+                     else 0.0)
+        row_period = int(per.max())
+        note = f", periods {int(per.min())}-{row_period} by rank" if per.min() < row_period else ""
     per_rank = exchanges * cross * replica / (L if hierarchical else 1)
     return Prediction(name, step, step - mean_compute, per_rank, per_rank * L, None,
-                      f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes", period,
-                      mean_compute + fixed, exchange)
+                      f"{exchanges:.2f} exchanges/step, {cross:.2f} cross nodes{note}",
+                      row_period, mean_compute + fixed, exchange)
 
 
 def predict_all(cluster: Cluster, workload: Workload, topology: str = "random_ring",

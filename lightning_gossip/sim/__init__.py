@@ -28,12 +28,23 @@ Two algorithms:
   ``delay_by_one=True``, or at once with ``overlap=False``. Both sides receive
   ``(theirs - mine) / 2`` as computed at launch, so the sum of replicas is conserved.
 
+Both model the communication budget (``period``, the strategies' ``gossip_every_n_steps``,
+``"auto"`` included) and, given an ``exchange_time`` in virtual time units, the time of the
+exchanges on the link: D-PSGD's rounds every ``period`` steps follow the strategy's own
+:class:`~lightning_gossip.sync_gossip.schedule.RoundSchedule` and go over the link one after
+the other, so a period of ``n`` steps of compute ``c`` takes ``max(n c, exchange_time)``
+overlapped, what ``lightning-gossip plan`` predicts; an AD-PSGD active starts an exchange at
+most once every ``period`` of its steps, and an exchange occupies both learners for
+``exchange_time``. ``"auto"`` picks the period with the strategies' policy from the same two
+numbers (:mod:`~lightning_gossip.sim.period`).
+
 Both report :meth:`Simulator.absolute_consensus_distance`, ``mean_i ||x_i - mean||^2`` (the
 strategies log the relative :func:`lightning_gossip.consensus.consensus_distance`).
 
 Modules: :mod:`~lightning_gossip.sim.base` (stacked replicas, local SGD),
 :mod:`~lightning_gossip.sim.dpsgd`, :mod:`~lightning_gossip.sim.adpsgd`,
 :mod:`~lightning_gossip.sim.workloads` (data shards, step times, the digits task),
+:mod:`~lightning_gossip.sim.period` (the period ``"auto"`` picks for simulated learners),
 :mod:`~lightning_gossip.sim.runners` (timed runs and their curves); the mixing itself is
 :class:`lightning_gossip.mixing.Mixer`. Everything is deterministic for a seed.
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from lightning_gossip.budget import GossipPeriod, auto_period
+from lightning_gossip.gossip_period import AutoPeriod
 from lightning_gossip.pairing import Pairing, PairingName
 from lightning_gossip.sim.base import Simulator
+from lightning_gossip.sim.period import _periods, auto_periods
 from lightning_gossip.sim.workloads import ComputeModel, LossFn
 
 __all__ = ["ADPSGDSimulator", "BatchFn"]
@@ -35,6 +39,24 @@ class ADPSGDSimulator(Simulator):
       ``delay_by_one=True``;
     * ``k = 0`` (``overlap=False``): an atomic average right after the step (an idealisation).
 
+    **Gossip period** (``period``, the strategy's ``gossip_every_n_steps``): an active learner
+    starts an exchange after its step ``s`` only when ``period`` steps passed since the step
+    after which it started its last one (the engine's rule: a fresh snapshot at most every
+    ``period`` steps), so the first after step ``period``; ``period=1`` is one after every
+    step. A sequence gives each learner its own; ``"auto"`` (or an
+    :class:`~lightning_gossip.gossip_period.AutoPeriod`) gives each the period the strategy's
+    ``"auto"`` picks for it (:func:`~lightning_gossip.sim.period.auto_periods`: from its own
+    median step time and ``exchange_time``, each rank for itself), from the step after its
+    first ``warmup_steps + measure_steps`` steps, at period 1 until then.
+
+    **Exchange time** (``exchange_time``, virtual time units of one exchange on the link; 0,
+    the default, lands exchanges by steps alone as above): an exchange occupies the active and
+    the passive from its start, when both are free (a passive serves one exchange at a time, so
+    a request may wait behind another active's exchange), for ``exchange_time``; it lands at
+    the first step boundary of the active at or after both the ``k`` steps above and the end
+    of its exchange. An active whose last exchange is still on the link starts none at a step
+    boundary (its gossip thread is busy).
+
     Args:
         pairing: ``"ring"`` (default, as the strategy) or ``"random"`` (see
             :class:`~lightning_gossip.pairing.Pairing`).
@@ -43,6 +65,9 @@ class ADPSGDSimulator(Simulator):
         delay_by_one: apply each exchange one step boundary later (``k = 2``; implies
             ``overlap``).
         seed: seeds the random pairing.
+        period: local steps per exchange of an active: an int, one per learner, or
+            ``"auto"`` / an :class:`~lightning_gossip.gossip_period.AutoPeriod` (see above).
+        exchange_time: virtual time units of one exchange (see above).
         Other arguments: see :class:`~lightning_gossip.sim.Simulator`.
 
     Example::
@@ -72,6 +97,8 @@ class ADPSGDSimulator(Simulator):
         overlap: bool = True,
         delay_by_one: bool = False,
         seed: int = 0,
+        period: GossipPeriod | Sequence[int] = 1,
+        exchange_time: float = 0.0,
     ) -> None:
         super().__init__(model, loss_fn, world_size, lr, momentum, weight_decay)
         self.pairing = Pairing(pairing, self.world_size, seed)
@@ -92,8 +119,21 @@ class ADPSGDSimulator(Simulator):
         self._snapshot: torch.Tensor | None = None
         self._finish = self.compute.duration(np.arange(n), self.local_steps)
         self._active = np.array([self.pairing.is_active(r) for r in range(n)])
-        # per active: list of (due local step, partner, delta for me)
-        self._inflight: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+        if not (math.isfinite(exchange_time) and exchange_time >= 0):
+            raise ValueError(f"exchange_time must be a finite number >= 0, got {exchange_time!r}")
+        self.exchange_time = float(exchange_time)
+        settings = auto_period(period) if isinstance(period, (str, AutoPeriod)) else None
+        #: the period each learner uses once ``auto_from`` of its steps are done (before them:
+        #: 1); the fixed period(s) given: ``auto_from`` is 0
+        self.periods = (auto_periods(self.compute, self.exchange_time, settings)
+                        if settings is not None else _periods(period, n))
+        self.auto_from = 0 if settings is None else settings.warmup_steps + settings.measure_steps
+        # the local step after which each learner last started an exchange; when the link
+        # (exchange_time) frees each learner
+        self._launched = np.zeros(n, dtype=np.int64)
+        self._free = np.zeros(n)
+        # per active: list of (due local step, done time, partner, delta for me)
+        self._inflight: dict[int, list[tuple[int, float, int, torch.Tensor]]] = {}
         #: pairwise averages that landed on a replica while its gradient was being computed
         self.staleness_sum = 0
         self._hits = np.zeros(n, dtype=np.int64)
@@ -137,7 +177,7 @@ class ADPSGDSimulator(Simulator):
             self.staleness_sum += int(self._hits[done].sum())
             self.local_steps[done] += 1
             for i in done[self._active[done]]:
-                self._gossip(int(i))
+                self._gossip(int(i), t_next)
             self._hits[done] = 0  # what landed so far precedes their next snapshot
             self._snapshot[idx] = self.replicas[idx]
             self._snap_buffers[idx] = self.buffers[idx]
@@ -145,14 +185,26 @@ class ADPSGDSimulator(Simulator):
             self.time = t_next
         self.time = max(self.time, until)
 
-    def _gossip(self, i: int) -> None:
+    def period_of(self, rank: int) -> int:
+        """The period learner ``rank`` uses after its current step (1 during its first
+        ``auto_from`` steps with ``"auto"``)."""
+        return int(self.periods[rank]) if self.local_steps[rank] > self.auto_from else 1
+
+    def _gossip(self, i: int, now: float) -> None:
         step = int(self.local_steps[i])
         queue = self._inflight.setdefault(i, [])
-        while queue and queue[0][0] <= step:
-            _, j, delta = queue.pop(0)
+        while queue and queue[0][0] <= step and queue[0][1] <= now + 1e-9:
+            _, _, j, delta = queue.pop(0)
             self._apply_pair(i, j, delta)
+        period = self.period_of(i)
+        if step - self._launched[i] < period or self._free[i] > now + 1e-9:
+            return  # not due in this period, or its gossip thread is still exchanging
+        self._launched[i] = step
         j = self.pairing.partner(i, int(self.exchanges[i]))
         self.exchanges[i] += 1
+        done = max(now, self._free[i], self._free[j]) + self.exchange_time
+        if self.steps_in_flight:
+            self._free[i] = self._free[j] = done
         if self.steps_in_flight == 0:
             avg = (self.replicas[i] + self.replicas[j]) / 2
             self.replicas[i] = avg
@@ -165,7 +217,7 @@ class ADPSGDSimulator(Simulator):
         else:
             delta = torch.cat([(self.replicas[j] - self.replicas[i]) / 2,
                                (self.buffers[j] - self.buffers[i]) / 2])
-            queue.append((step + self.steps_in_flight, j, delta))
+            queue.append((step + self.steps_in_flight, done, j, delta))
 
     def _apply_pair(self, i: int, j: int, delta: torch.Tensor) -> None:
         d = self.replicas.shape[1]

@@ -9,9 +9,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from lightning_gossip.budget import GossipPeriod, auto_period, resolve_gossip_every_n_steps
 from lightning_gossip.pairing import PairingName
 from lightning_gossip.sim.adpsgd import ADPSGDSimulator
 from lightning_gossip.sim.dpsgd import DPSGDSimulator
+from lightning_gossip.sim.period import agreed_auto_period
 from lightning_gossip.sim.workloads import ComputeModel, DataShards, LossFn
 
 __all__ = ["SimResult", "run_adpsgd", "run_dpsgd"]
@@ -84,11 +86,21 @@ def run_dpsgd(
     eval_every: float = 10.0,
     progress: bool = False,
     delay_by_one: bool = False,
+    gossip_every_n_steps: GossipPeriod = 1,
+    exchange_time: float = 0.0,
 ) -> SimResult:
     """Run synchronous D-PSGD for ``duration`` virtual time units; record every ``eval_every``.
 
-    A synchronous step lasts as long as its slowest learner (``compute``; default 1 unit each).
-    ``overlap``, ``delay_by_one``: see :class:`~lightning_gossip.sim.DPSGDSimulator`.
+    A synchronous step lasts as long as its slowest learner (``compute``; default 1 unit each),
+    and a step that applies a round no shorter than the round's exchange (``exchange_time``
+    units each, one after the other on the link). ``overlap``, ``delay_by_one``, the rounds of
+    ``gossip_every_n_steps`` and the time model: see
+    :class:`~lightning_gossip.sim.DPSGDSimulator`. ``gossip_every_n_steps="auto"`` (or an
+    :class:`~lightning_gossip.gossip_period.AutoPeriod`): period 1 for the first
+    ``warmup_steps + measure_steps`` steps, then the rounds in flight are applied and the
+    period becomes :func:`~lightning_gossip.sim.period.agreed_auto_period`'s, as the strategy
+    switches. The result's ``extra`` holds ``period`` (the period at the end), ``exchanges``
+    (rounds started) and ``exchange_time``.
 
     Example::
 
@@ -101,14 +113,19 @@ def run_dpsgd(
         [0.0, 5.0]
     """
     n = shards.world_size
-    sim = DPSGDSimulator(model, loss_fn, topology, n, lr=lr, momentum=momentum, seed=seed,
-                         overlap=overlap, delay_by_one=delay_by_one)
     compute = compute or ComputeModel(np.ones(n))
+    settings = auto_period(gossip_every_n_steps)
+    sim = DPSGDSimulator(model, loss_fn, topology, n, lr=lr, momentum=momentum, seed=seed,
+                         overlap=overlap, delay_by_one=delay_by_one,
+                         period=resolve_gossip_every_n_steps(gossip_every_n_steps),
+                         exchange_time=exchange_time)
+    switch_at = None if settings is None else settings.warmup_steps + settings.measure_steps
     res = SimResult("dpsgd", sim.topology.name, n)
     ranks = np.arange(n)
-    t, next_eval = 0.0, 0.0
+    next_eval = 0.0
     with _progress(duration, f"dpsgd {sim.topology.name} n={n}", progress) as bar:
         while True:
+            t = sim.time
             if t >= next_eval - 1e-9:
                 res.record(t, sim.step_count, *sim.evaluate(*eval_data),
                            float(sim.absolute_consensus_distance()))
@@ -117,12 +134,16 @@ def run_dpsgd(
             dt = float(compute.duration(ranks, steps).max())
             if t + dt > duration + 1e-9:
                 break
-            sim.step(*shards.batch(ranks, steps))
-            t += dt
-            bar.update(dt)
-    if res.time[-1] < t - 1e-9:
-        res.record(t, sim.step_count, *sim.evaluate(*eval_data),
+            sim.step(*shards.batch(ranks, steps), duration=dt)
+            if settings is not None and sim.step_count == switch_at:
+                sim.quiesce()  # as the strategy, before it decides
+                sim.set_period(agreed_auto_period(compute, sim.exchange_time, settings))
+            bar.update(sim.time - t)
+    if res.time[-1] < sim.time - 1e-9:
+        res.record(sim.time, sim.step_count, *sim.evaluate(*eval_data),
                    float(sim.absolute_consensus_distance()))
+    res.extra = {"period": sim.period, "exchanges": sim.exchanges,
+                 "exchange_time": sim.exchange_time}
     return res
 
 
@@ -141,16 +162,22 @@ def run_adpsgd(
     progress: bool = False,
     overlap: bool = True,
     delay_by_one: bool = False,
+    gossip_every_n_steps: GossipPeriod = 1,
+    exchange_time: float = 0.0,
 ) -> SimResult:
     """Run AD-PSGD for ``duration`` virtual time units; record every ``eval_every``.
 
     ``steps`` in the result is the total number of local steps divided by the number of
-    learners (comparable with synchronous steps). ``overlap`` and ``delay_by_one``: see
-    :class:`~lightning_gossip.sim.ADPSGDSimulator`.
+    learners (comparable with synchronous steps). ``overlap``, ``delay_by_one``,
+    ``gossip_every_n_steps`` (a number, or ``"auto"``: each learner its own period) and
+    ``exchange_time``: see :class:`~lightning_gossip.sim.ADPSGDSimulator`. The result's
+    ``extra`` also holds ``periods`` (each learner's, after its first steps with ``"auto"``)
+    and ``exchanges`` (started by each learner).
     """
     n = shards.world_size
     sim = ADPSGDSimulator(model, loss_fn, n, lr=lr, momentum=momentum, pairing=pairing,
-                          compute=compute, overlap=overlap, delay_by_one=delay_by_one, seed=seed)
+                          compute=compute, overlap=overlap, delay_by_one=delay_by_one, seed=seed,
+                          period=gossip_every_n_steps, exchange_time=exchange_time)
     res = SimResult("adpsgd", pairing, n)
     t = 0.0
     with _progress(duration, f"adpsgd {pairing} n={n}", progress) as bar:
@@ -163,5 +190,6 @@ def run_adpsgd(
             sim.run_until(nxt, shards.batch)
             bar.update(nxt - t)
             t = nxt
-    res.extra = {"local_steps": sim.local_steps.tolist(), "mean_staleness": sim.mean_staleness}
+    res.extra = {"local_steps": sim.local_steps.tolist(), "mean_staleness": sim.mean_staleness,
+                 "periods": sim.periods.tolist(), "exchanges": sim.exchanges.tolist()}
     return res

@@ -143,6 +143,15 @@ class ComputeModel:
             times[world_size - slow:] = slow_factor
         return cls(times, jitter=jitter, seed=seed)
 
+    def medians(self) -> np.ndarray:
+        """Every learner's median step time: ``compute_times * exp(-jitter^2 / 2)`` (the median
+        of the log-normal factor; ``compute_times`` without jitter).
+
+        >>> ComputeModel([1.0, 2.0], jitter=0.0).medians().tolist()
+        [1.0, 2.0]
+        """
+        return self.compute_times * np.exp(-0.5 * self.jitter**2)
+
     def duration(self, ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Time units of learners ``ranks`` at their local ``steps`` (arrays of equal length)."""
         ranks = np.asarray(ranks, dtype=np.int64)

@@ -415,7 +415,9 @@ class GossipStrategy(ProcessGroupStrategy):
     def log_period_switches(self) -> None:
         """Log the period decisions taken since the last call as metrics (rank 0, at step =
         optimizer steps done): ``gossip/period``, ``gossip/comm_compute_ratio`` (R),
-        ``gossip/compute_ms`` and ``gossip/exchange_ms`` (the values the policy was given).
+        ``gossip/compute_ms`` and ``gossip/exchange_ms`` (the values the policy was given), and
+        ``gossip/peer_wait_ms``, rank 0's mean wait per exchange for peers that posted it later
+        (kept out of the exchange time; ``PeriodSwitch.local_peer_wait_s``).
         Each rank's driver logs the decision's line on Python's ``logging`` too."""
         driver = self.auto_period
         if driver is None or len(driver.switches) <= self._switches_logged:
@@ -427,7 +429,8 @@ class GossipStrategy(ProcessGroupStrategy):
             d = switch.decision
             metrics = {PERIOD_METRIC: float(d.period), "gossip/comm_compute_ratio": d.ratio,
                        "gossip/compute_ms": d.compute_s * 1e3,
-                       "gossip/exchange_ms": d.exchange_s * 1e3}
+                       "gossip/exchange_ms": d.exchange_s * 1e3,
+                       "gossip/peer_wait_ms": switch.local_peer_wait_s * 1e3}
             for logger in self.lightning_module.trainer.loggers:
                 logger.log_metrics(metrics, step=self.step)
 

@@ -125,7 +125,8 @@ class SyncGossip:
         #: ``gossip_every_n_steps="auto"``: the period's driver (``None``: a fixed period)
         self.auto = auto
         if auto is not None:
-            auto.counts_from(self._stats.exchanges_timed, self._stats.exchange_seconds)
+            auto.counts_from(self._stats.exchanges_timed, self._stats.exchange_seconds,
+                             self._stats.peer_wait_seconds)
 
     # ------------------------------------------------------------------------------------------
     # The training thread's API
@@ -233,7 +234,8 @@ class SyncGossip:
         auto.compute_ends()
         self._mix_after(step)
         stats = self._stats
-        auto.step_done(self, step, stats.exchanges_timed, stats.exchange_seconds)
+        auto.step_done(self, step, stats.exchanges_timed, stats.exchange_seconds,
+                       stats.peer_wait_seconds)
 
     def _mix_after(self, step: int) -> None:
         """:meth:`after_step`'s mixing."""
