@@ -88,7 +88,12 @@ from lightning_gossip.budget import (
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average, check_every
 from lightning_gossip.elastic.engines import PairwiseEngines
-from lightning_gossip.elastic.loop import ElasticLoop, check_loop_options, next_run
+from lightning_gossip.elastic.loop import (
+    ElasticLoop,
+    check_loop_options,
+    check_no_joins,
+    next_run,
+)
 from lightning_gossip.elastic.nodes import RANKS, ElasticGroups
 from lightning_gossip.elastic.rounds import RoundEngines
 from lightning_gossip.elastic.session import ElasticSession
@@ -176,6 +181,8 @@ class Gossip:
             the survivors go on without them. Needs ``heartbeat_timeout``; ``dpsgd`` needs a
             topology name; not with ``hierarchical``, ``global_average_every_n_steps`` or
             ``gossip_every_n_steps`` other than 1 (``ValueError``).
+        start_timeout: refused (``ValueError`` unless ``None``): a plain loop's processes start
+            together and none joins a running loop (the Trainer strategies offer both).
 
     The step count and the engine are the :attr:`session`'s
     (:class:`~lightning_gossip.elastic.session.ElasticSession`), which an elastic loop's
@@ -192,7 +199,8 @@ class Gossip:
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = None,
                  hierarchical: bool = False, layout: NodeLayout | None = None,
-                 node_gradients: str = "at_step", elastic: bool = False) -> None:
+                 node_gradients: str = "at_step", elastic: bool = False,
+                 start_timeout: float | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if node_gradients not in NODE_GRADIENTS:
@@ -201,6 +209,7 @@ class Gossip:
         #: the outer optimizer of the periodic global average (``None``: the plain average)
         self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                                           outer_nesterov, heartbeat_timeout)
+        check_no_joins(start_timeout)
         if elastic:  # (before any collective: every rank raises the same error)
             check_loop_options(strategy, topology=topology, heartbeat_timeout=heartbeat_timeout,
                                hierarchical=hierarchical,

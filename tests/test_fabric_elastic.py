@@ -74,6 +74,24 @@ def test_elastic_refuses_what_it_cannot_do(options: dict, match: str) -> None:
                                     **{"heartbeat_timeout": 3.0, **options})
 
 
+def test_no_process_joins_a_plain_loop() -> None:
+    """``start_timeout`` (a start with the ranks that came, the latecomers joining) is the
+    Trainer strategies' only: refused by name."""
+    import torch
+
+    import lightning_gossip
+    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
+
+    for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
+        with pytest.raises(ValueError, match=rf"{cls.__name__}\(start_timeout=60\) is not "
+                                             "offered.*no process joins a running loop"):
+            cls(elastic=True, start_timeout=60)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match=r"attach\(start_timeout=60\) is not offered"):
+        lightning_gossip.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), "adpsgd",
+                                elastic=True, heartbeat_timeout=3.0, start_timeout=60)
+
+
 def test_elastic_dpsgd_needs_a_topology_name() -> None:
     """The survivors rebuild the topology over themselves by its name."""
     import torch

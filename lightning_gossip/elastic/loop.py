@@ -20,10 +20,13 @@ groups over them in the session, a new engine over them):
   applies the deltas received; a loss met there is recovered from the same way (``dpsgd``: the
   local step is kept, the round's mixing is lost);
 * at a sync point (:meth:`ElasticLoop.sync`) ``dpsgd``'s live ranks first settle on one step
-  (:class:`~.even_rounds.EvenRounds`: after a loss their loops may be a round apart, the rank
-  that is ahead runs gossip-only rounds until the others come), then the sync point's work (the
-  engine's quiesce, the exact average over the live ranks' group, a barrier) runs, again over
-  the survivors when a loss interrupts it.
+  (:class:`~.even_rounds.EvenRounds`: after a loss their loops may be a round apart, and any
+  rank that comes early runs gossip-only rounds until the others come), then the sync point's
+  work runs (the engine's quiesce, then a collective of the live ranks' group: the exact
+  average, or a barrier), again over the survivors when a loss interrupts it. The collective
+  is what makes the sync point safe: a rank whose engine ended its phase without meeting the
+  lost rank still meets the loss there, with the others, instead of passing the sync point on
+  the old engine.
 
 What an elastic loop does not get that an elastic Trainer fit has: the lost rank's data is not
 taken over (the loop owns its data: no shared cursor), and no process joins (the members never
@@ -54,7 +57,7 @@ from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.elastic.survivors import Engines, Survivors
 from lightning_gossip.liveness import Heartbeat, watched_collective
 
-__all__ = ["ElasticLoop", "check_loop_options", "next_run"]
+__all__ = ["ElasticLoop", "check_loop_options", "check_no_joins", "next_run"]
 
 T = TypeVar("T")
 
@@ -98,6 +101,25 @@ def check_loop_options(strategy: str, *, topology: object, heartbeat_timeout: fl
         raise ValueError(f"{owner}(elastic=True) takes no global_average_every_n_steps (nor "
                          "an outer optimizer): average at the loop's own sync points "
                          "(Gossip.become_average)")
+
+
+def check_no_joins(start_timeout: float | None, owner: str = "attach") -> None:
+    """Raise ``ValueError`` for ``start_timeout`` (the Trainer strategies' start with the ranks
+    that came, whose latecomers join the running fit): a plain loop's processes start together
+    and no process joins a running loop.
+
+    >>> check_no_joins(None)
+    >>> check_no_joins(60.0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: attach(start_timeout=60.0) is not offered: a plain loop's processes start ...
+    """
+    if start_timeout is not None:
+        raise ValueError(
+            f"{owner}(start_timeout={start_timeout!r}) is not offered: a plain loop's processes "
+            "start together, and no process joins a running loop (a relaunched process cannot "
+            "take a lost rank's slot); the Trainer strategies (DPSGDStrategy, ADPSGDStrategy "
+            "with elastic=True) offer both")
 
 
 class ElasticLoop:

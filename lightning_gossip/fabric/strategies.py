@@ -52,7 +52,7 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.budget import GossipPeriod, check_gossip_every_n_steps
-from lightning_gossip.elastic.loop import check_loop_options
+from lightning_gossip.elastic.loop import check_loop_options, check_no_joins
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.plain_loop import Gossip, check_gossip_options
@@ -120,8 +120,10 @@ class FabricGossipStrategy(DDPStrategy):
                     outer_momentum: float, outer_nesterov: bool,
                     heartbeat_timeout: float | None, hierarchical: bool = False,
                     node_allreduce: NodeAllreduce = "after_backward",
-                    elastic: bool = False, topology: object = "ring") -> None:
+                    elastic: bool = False, topology: object = "ring",
+                    start_timeout: float | None = None) -> None:
         """Keep the options both strategies take (checked here, at construction)."""
+        check_no_joins(start_timeout, owner=type(self).__name__)
         if elastic:  # (what an elastic loop cannot do: ValueError naming this class)
             check_loop_options(self.kind, topology=topology, heartbeat_timeout=heartbeat_timeout,
                                hierarchical=hierarchical,
@@ -306,6 +308,8 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
             rebuilt over them from a step they agree on (``docs/fabric.md``, Elastic;
             :mod:`lightning_gossip.elastic.loop`). Not with ``hierarchical``,
             ``global_average_every_n_steps`` or ``gossip_every_n_steps`` other than 1.
+        start_timeout: refused (``ValueError`` unless ``None``): no process joins a Fabric loop
+            (the Trainer strategies offer joins and a start with the ranks that came).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Every rank must take the same number of optimizer steps between sync points (``elastic``:
@@ -333,14 +337,15 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
                  hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
-                 elastic: bool = False, process_group_backend: str | None = None,
+                 elastic: bool = False, start_timeout: float | None = None,
+                 process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
                          outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
-                         elastic, topology)
+                         elastic, topology, start_timeout)
         self.topology = topology
         self.seed = int(seed)
         self.overlap = bool(overlap)
@@ -394,6 +399,8 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
             (``docs/fabric.md``, Elastic; :mod:`lightning_gossip.elastic.loop`). Not with
             ``hierarchical``, ``global_average_every_n_steps`` or ``gossip_every_n_steps``
             other than 1.
+        start_timeout: refused (``ValueError`` unless ``None``): no process joins a Fabric loop
+            (the Trainer strategies offer joins and a start with the ranks that came).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Ranks may take different numbers of steps (hierarchical: nodes; the ranks of one node take
@@ -425,14 +432,15 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
                  hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
-                 elastic: bool = False, process_group_backend: str | None = None,
+                 elastic: bool = False, start_timeout: float | None = None,
+                 process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
                          outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
-                         elastic)
+                         elastic, start_timeout=start_timeout)
         self.pairing = pairing
         self.seed = int(seed)
         self.max_staleness = max_staleness
