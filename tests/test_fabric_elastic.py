@@ -192,7 +192,7 @@ def test_dpsgd_mixes_exactly_before_and_after_the_loss(run: Run) -> None:
     every round of the survivors is ``W_t X`` of the topology rebuilt over them (its seed moved
     on by the generation, its rounds numbered from the step they agreed on,
     :class:`~lightning_gossip.elastic.member_topology.MemberTopology`); the survivors' replicas
-    still differed when they went on."""
+    differed in several of those rounds."""
     if run.kind != "dpsgd":
         pytest.skip("dpsgd's rounds")
     from lightning_gossip.elastic.member_topology import MemberTopology
@@ -213,8 +213,10 @@ def test_dpsgd_mixes_exactly_before_and_after_the_loss(run: Run) -> None:
     for t, (x, mixed) in after.items():
         np.testing.assert_allclose(mixed, topology.mixing_matrix(t)[rows] @ x, **FP32,
                                    err_msg=f"step {t}")
-    x = after[min(after)][0]
-    assert np.abs(x - x.mean(0)).max() > 1e-3  # nothing trivial: they still differed
+    # nothing trivial: the survivors' replicas differed (the offset of the last phase) in
+    # several of the rounds checked
+    apart = [np.abs(x - x.mean(0)).max() > 1e-3 for x, _ in after.values()]
+    assert sum(apart) >= 3, apart
 
 
 @pytest.mark.multiprocess
