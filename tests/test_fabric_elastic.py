@@ -240,6 +240,7 @@ def test_adpsgd_keeps_the_survivors_sum(run: Run) -> None:
     assert sum(b["exchanges"] - a["exchanges"] for a, b in zip(q2, q3)) > 0
 
 
+@pytest.mark.multiprocess
 def test_the_checkpoint_and_finish_hold_the_survivors_exact_average(run: Run) -> None:
     """After the last sync point nobody steps: ``fabric.save``'s file (rank 0) and every
     survivor's replica after ``finish()`` are the exact average of the survivors' replicas."""
