@@ -47,6 +47,20 @@ engine then mixes the node replicas, local rank ``l`` exchanging slice ``l`` wit
 ``l`` of the peer nodes. The layout comes from torchrun's environment (``LOCAL_WORLD_SIZE``,
 ``GROUP_RANK``, ``LOCAL_RANK``) or from ``layout=``, and is checked over every rank.
 
+Elastic gossip (``elastic=True``, with a ``heartbeat_timeout``): a rank that is lost (killed,
+frozen past the heartbeat timeout, cut off) does not end the loop; the survivors go on
+without it, as the Trainer strategies' survivors do (:mod:`lightning_gossip.elastic.loop`).
+They find the loss at a step boundary (the hooks) or at a sync point, agree on the live ranks
+in the rendezvous store, build new groups over them and a new engine (``dpsgd``: the
+topology, by its name, over the survivors; ``adpsgd``: the pairing over them), and the loop's
+next ``optimizer.step()`` gossips among them; sync points average over the live ranks
+(:attr:`Gossip.live`). Rank 0 warns, naming the lost ranks and the step. Limits: the rank that
+hosts the rendezvous store must live (rank 0 unless torchrun's agent hosts it), and every
+rank must be started so that the others survive its loss (one process per launcher task, or
+one torchrun agent per rank: torchrun's agent stops every worker it started when one dies);
+the lost rank's data is not trained by the others; no process joins a running loop (the
+Trainer strategies offer joins); the user's own collectives run on :attr:`Gossip.live_group`.
+
 This module imports no Lightning.
 """
 
@@ -56,6 +70,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -64,17 +79,32 @@ from torch import nn
 
 from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
-from lightning_gossip.budget import GossipPeriod, auto_period, resolve_gossip_every_n_steps
+from lightning_gossip.budget import (
+    GossipPeriod,
+    auto_period,
+    check_gossip_every_n_steps,
+    resolve_gossip_every_n_steps,
+)
 from lightning_gossip.compression import check_wire_dtype
 from lightning_gossip.consensus import all_average, check_every
+from lightning_gossip.elastic.engines import PairwiseEngines
+from lightning_gossip.elastic.loop import (
+    ElasticLoop,
+    check_loop_options,
+    check_no_joins,
+    next_run,
+)
+from lightning_gossip.elastic.nodes import RANKS, ElasticGroups
+from lightning_gossip.elastic.rounds import RoundEngines
+from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.flat import FlatState
 from lightning_gossip.gossip_period.auto import PeriodDriver
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups, make_node_groups
-from lightning_gossip.liveness import Heartbeat
+from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.node_averaging import NodeAverager, node_layout
 from lightning_gossip.outer import OuterOptimizer, check_outer
 from lightning_gossip.pairing import ColumnPairing, Pairing
-from lightning_gossip.sync_gossip import SyncGossip
+from lightning_gossip.sync_gossip import SyncGossip, SyncStats
 from lightning_gossip.topology import Topology, build, resolve_learners
 
 __all__ = ["NODE_GRADIENTS", "STRATEGIES", "Gossip", "attach"]
@@ -147,6 +177,16 @@ class Gossip:
             :meth:`~lightning_gossip.node_averaging.NodeAverager.wrap` (the Fabric strategies),
             ``"after_backward"`` (one all-reduce after it) or ``"overlapped"`` (bucket by bucket
             during it); :meth:`before_step` then averages nothing.
+        elastic: survive lost ranks (the module docstring, :mod:`lightning_gossip.elastic.loop`):
+            the survivors go on without them. Needs ``heartbeat_timeout``; ``dpsgd`` needs a
+            topology name; not with ``hierarchical``, ``global_average_every_n_steps`` or
+            ``gossip_every_n_steps`` other than 1 (``ValueError``).
+        start_timeout: refused (``ValueError`` unless ``None``): a plain loop's processes start
+            together and none joins a running loop (the Trainer strategies offer both).
+
+    The step count and the engine are the :attr:`session`'s
+    (:class:`~lightning_gossip.elastic.session.ElasticSession`), which an elastic loop's
+    survivors change after a loss.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -159,7 +199,8 @@ class Gossip:
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = None,
                  hierarchical: bool = False, layout: NodeLayout | None = None,
-                 node_gradients: str = "at_step") -> None:
+                 node_gradients: str = "at_step", elastic: bool = False,
+                 start_timeout: float | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if node_gradients not in NODE_GRADIENTS:
@@ -168,6 +209,12 @@ class Gossip:
         #: the outer optimizer of the periodic global average (``None``: the plain average)
         self.outer = check_gossip_options(global_average_every_n_steps, outer_lr, outer_momentum,
                                           outer_nesterov, heartbeat_timeout)
+        check_no_joins(start_timeout)
+        if elastic:  # (before any collective: every rank raises the same error)
+            check_loop_options(strategy, topology=topology, heartbeat_timeout=heartbeat_timeout,
+                               hierarchical=hierarchical,
+                               global_average_every_n_steps=global_average_every_n_steps)
+            check_gossip_every_n_steps(gossip_every_n_steps, elastic=True, owner="attach")
         self.global_average_every_n_steps = global_average_every_n_steps
         period = resolve_gossip_every_n_steps(gossip_every_n_steps)  # ("auto": 1 at first)
         if not dist.is_available() or not dist.is_initialized():
@@ -178,6 +225,9 @@ class Gossip:
         self.algorithm = strategy  #: "dpsgd" or "adpsgd"
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        #: the step count and the engine (an elastic loop's survivors change both after a
+        #: loss, and its membership and groups): every part reads them here when it acts
+        self.session = ElasticSession()
         #: ``hierarchical`` with several processes per node: this rank's place in the nodes
         #: (``None``: flat, also with one process per node)
         self.layout: NodeLayout | None = None
@@ -189,8 +239,6 @@ class Gossip:
         if backend is None:
             backend = "nccl" if device.type == "cuda" else "gloo"
         wire = check_wire_dtype(wire_dtype)
-        #: optimizer steps seen so far (the ``t`` of ``W_t``)
-        self.step = 0
         self._handles: list[Any] = []
         if broadcast and self.world_size > 1:
             start = self.flat.pack()
@@ -215,18 +263,20 @@ class Gossip:
             self.auto = PeriodDriver(settings, agree=strategy == "dpsgd", rank=self.rank,
                                      timeout=self.timeout, group=self._meet,
                                      heartbeat=self.heartbeat)
-        #: the engine (``None`` with a single process, the loop then trains locally, or on
-        #: one hierarchical node, where there is nothing to gossip with)
-        self.engine: SyncGossip | AsyncGossip | None = None
         #: ``hierarchical``: the averaging over this rank's node (``None`` when flat)
         self.node: NodeAverager | None = None
+        #: ``elastic``: the recovery from lost ranks (``None``: not elastic, or alone)
+        self.elastic: ElasticLoop | None = None
         self._gradients_at_step = node_gradients == "at_step"
+        self._average_group = self._meet if device.type == "cpu" else None
+        self._sync_stats = SyncStats()  # an elastic dpsgd loop's, over its engines
         lay = self.layout
         exchanging = self.world_size > 1 and not (lay is not None and lay.num_nodes == 1)
         if lay is not None and lay.num_nodes == 1:
             warnings.warn(f"hierarchical gossip on one node of {lay.devices} processes: "
                           "gradients are averaged inside the node and there is nothing to "
                           "gossip with (plain data parallelism)", stacklevel=3)
+        engine: SyncGossip | AsyncGossip | None = None
         if self.world_size > 1 and strategy == "dpsgd":
             group = dist.new_group(backend=backend, timeout=self.timeout)
             groups: NodeGroups | None = None
@@ -234,11 +284,21 @@ class Gossip:
                 groups = make_node_groups(lay, backend, self.timeout,
                                           gossip_node_group="nccl" not in backend)
                 self.node = self._node_averager(groups, node_gradients)
-            if exchanging:
+            if elastic:  # the survivors' engines: the topology over them, by its name
+                assert isinstance(topology, str)
+                rounds = partial(SyncGossip, self.flat, self.rank, timeout=self.timeout,
+                                 overlap=overlap, delay_by_one=delay_by_one,
+                                 heartbeat=self.heartbeat, wire_dtype=wire,
+                                 stats=self._sync_stats)
+                engine = rounds(build(topology, self.world_size, seed=seed), group)
+                self.elastic = self._elastic(strategy, RoundEngines(
+                    self.session, RANKS, self.world_size, (topology, seed), rounds),
+                    ElasticGroups(self._average_group, None, group), backend)
+            elif exchanging:
                 topo = (resolve_learners(topology, lay.num_nodes, lay.devices, seed, True)
                         if lay is not None else topology if isinstance(topology, Topology)
                         else build(topology, self.world_size, seed=seed))
-                self.engine = SyncGossip(
+                engine = SyncGossip(
                     self.flat, self.rank, topo, group, self.timeout, overlap=overlap,
                     delay_by_one=delay_by_one, heartbeat=self.heartbeat, wire_dtype=wire,
                     period=period, auto=self.auto, layout=lay, groups=groups,
@@ -247,11 +307,20 @@ class Gossip:
             groups = make_async_groups(lay, backend, self.timeout)  # flat: control, data
             if lay is not None:
                 self.node = self._node_averager(groups, node_gradients)
-            if exchanging:
+            if elastic:  # the survivors' engines: the pairing over them
+                pairs = partial(AsyncGossip, self.flat, self.rank, timeout=self.timeout,
+                                max_staleness=max_staleness, delay_by_one=delay_by_one,
+                                heartbeat=self.heartbeat, wire_dtype=wire)
+                engine = pairs(Pairing(pairing, self.world_size, seed),
+                               control_group=groups.control, data_group=groups.column)
+                self.elastic = self._elastic(strategy, PairwiseEngines(
+                    self.session, RANKS, (pairing, seed), self.rank, pairs),
+                    ElasticGroups(self._average_group, groups.control, groups.column), backend)
+            elif exchanging:
                 over = Pairing(pairing, lay.num_nodes if lay is not None else self.world_size,
                                seed)
                 assert groups.control is not None
-                self.engine = AsyncGossip(
+                engine = AsyncGossip(
                     self.flat, self.rank, ColumnPairing(over, lay) if lay is not None else over,
                     control_group=groups.control, data_group=groups.column,
                     timeout=self.timeout, max_staleness=max_staleness,
@@ -259,42 +328,88 @@ class Gossip:
                     period=period, auto=self.auto,
                     shard=(lay.local, lay.devices) if lay is not None else (0, 1),
                     node_gather=self.node.all_gather if self.node is not None else None)
-        self._average_group = self._meet if device.type == "cpu" else None
-        if self.engine is not None:
-            self.engine.start()
+        self.session.swap_engine(engine)
+        if engine is not None:
+            engine.start()
         self._closed = False
         if optimizer is not None:
             self._handles = [optimizer.register_step_pre_hook(self._pre_hook),
                              optimizer.register_step_post_hook(self._post_hook)]
 
+    def _elastic(self, kind: str, engines: RoundEngines | PairwiseEngines, start: ElasticGroups,
+                 backend: str) -> ElasticLoop:
+        """The elastic loop's recovery (``start``: the groups the loop starts with; the sync
+        points' first)."""
+        return ElasticLoop(self.session, kind, run=next_run(), rank=self.rank,
+                           world_size=self.world_size, timeout=self.timeout,
+                           heartbeat=self.heartbeat, backend=backend, engines=engines,
+                           start=start)
+
     def _node_averager(self, groups: NodeGroups, node_gradients: str) -> NodeAverager:
         """The averaging over this rank's node (``hierarchical``), on the node's group."""
         assert self.layout is not None
         return NodeAverager(self.model, self.flat, self.layout, groups.node, self.timeout,
-                            self.heartbeat, step=self._current_step,
+                            self.heartbeat, step=self.session.current_step,
                             overlap=node_gradients == "overlapped")
 
-    def _current_step(self) -> int:
-        """The step count, for the node's error messages."""
-        return self.step
+    @property
+    def step(self) -> int:
+        """Optimizer steps seen so far (the ``t`` of ``W_t``; an elastic ``dpsgd`` loop's
+        survivors may move it to the step they agreed on): the :attr:`session`'s."""
+        return self.session.step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self.session.move_to(step)
+
+    @property
+    def engine(self) -> SyncGossip | AsyncGossip | None:
+        """The engine (``None`` with a single process, the loop then trains locally, on one
+        hierarchical node, where there is nothing to gossip with, or for the lone survivor of
+        an elastic loop): the :attr:`session`'s (after a loss, the survivors')."""
+        return self.session.engine
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        """The live ranks: every rank, except those an elastic loop lost."""
+        return self.elastic.live if self.elastic is not None else tuple(range(self.world_size))
+
+    @property
+    def live_group(self) -> Any:
+        """The group of the live ranks for the loop's own collectives: ``None`` (the default
+        group) unless elastic (its sync points' group: the survivors' after a loss)."""
+        return self.elastic.group if self.elastic is not None else None
+
+    @property
+    def losses(self) -> list[tuple[int, tuple[int, ...], float, float]]:
+        """An elastic loop's losses survived: ``(step, lost ranks, wall time the recovery
+        began, seconds it took)`` each (empty otherwise)."""
+        return list(self.elastic.survivors.losses) if self.elastic is not None else []
 
     # -- the step: called by the optimizer's hooks (or by an owner that drives it) ------------
     def before_step(self) -> None:
         """Before ``optimizer.step()`` (after backward): average the gradients over the node
         (``hierarchical``, ``node_gradients="at_step"``), then start step :attr:`step`'s
-        gossip."""
+        gossip (``elastic``: first recover from a loss found meanwhile)."""
+        if self.elastic is not None:
+            self.elastic.before_step()
+            return
         if self.heartbeat is not None and self.heartbeat.has_finding:
             self.heartbeat.check(f"rank {self.rank} at step {self.step}")
         if self.node is not None and self._gradients_at_step:
             self.node.average_gradients()
-        if isinstance(self.engine, AsyncGossip) and not self.engine.in_phase:
+        engine = self.engine
+        if isinstance(engine, AsyncGossip) and not engine.in_phase:
             dist.barrier(group=self._meet)  # every rank opens the phase together
-        if self.engine is not None:
-            self.engine.before_step(self.step)
+        if engine is not None:
+            engine.before_step(self.step)
 
     def after_step(self) -> None:
         """After ``optimizer.step()``: average the floating buffers over the node
         (``hierarchical``), then mix (D-PSGD) or apply the peers' deltas (AD-PSGD)."""
+        if self.elastic is not None:
+            self.elastic.after_step()
+            return
         if self.node is not None:
             self.node.average_buffers()
         if self.engine is not None:
@@ -313,21 +428,47 @@ class Gossip:
     # -- sync points ---------------------------------------------------------------------------
     @property
     def stats(self) -> Any:
-        """The engine's counters (``SyncStats`` or ``GossipStats``; ``None`` without one)."""
+        """The engine's counters (``SyncStats`` or ``GossipStats``; ``None`` without one; an
+        elastic ``dpsgd`` loop: over all its engines)."""
+        if self.elastic is not None and self.algorithm == "dpsgd":
+            return self._sync_stats
         return self.engine.stats if self.engine is not None else None
 
     def quiesce(self) -> None:
         """A sync point on every rank: finish every exchange in flight and apply it; until the
         next optimizer step nothing is sent, so collectives of the loop are safe."""
-        if self.engine is not None:
+        if self.elastic is not None:
+            self.elastic.quiesce()
+        elif self.engine is not None:
             self.engine.quiesce()
+
+    def barrier(self) -> None:
+        """A sync point: every live rank meets (on :attr:`live_group`, a watched wait:
+        a silent rank is named within about the heartbeat timeout; ``elastic``: a loss is
+        survived)."""
+        if self.elastic is not None:
+            self.elastic.barrier()
+            return
+        watched_collective(dist.barrier, what=f"rank {self.rank}: waiting at a barrier",
+                           timeout=self.timeout, group=self._meet, heartbeat=self.heartbeat)
 
     def average(self) -> torch.Tensor:
         """:meth:`quiesce`, then the exact average of all replicas as one fp32 vector (a
-        collective: every rank calls it); the replicas are left as they are."""
+        collective: every rank calls it); the replicas are left as they are (``elastic``:
+        of the live ranks, over their group)."""
+        if self.elastic is not None:
+            return self.elastic.sync(self._average_now)
         self.quiesce()
         return all_average(self.flat.pack(), self._average_group, timeout=self.timeout,
                            what="averaging the replicas")
+
+    def _average_now(self) -> torch.Tensor:
+        """An elastic loop's average (under its sync, again after a loss): quiesce the
+        session's engine, then average over the live ranks' group."""
+        assert self.elastic is not None
+        self.elastic.quiesce_engine()
+        return all_average(self.flat.pack(), self.elastic.group, timeout=self.timeout,
+                           what=f"rank {self.rank}: averaging the replicas of the live ranks")
 
     @contextlib.contextmanager
     def consensus(self) -> Iterator[None]:
@@ -378,6 +519,8 @@ class Gossip:
         self._handles = []
         if not self._closed:
             self._closed = True
+            if self.elastic is not None:
+                self.elastic.close()
             if self.engine is not None:
                 self.engine.close()
             if self.heartbeat is not None:
@@ -416,13 +559,18 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str = "
     ``overlap``, ``delay_by_one``, ``wire_dtype``, ``gossip_every_n_steps``, ``timeout``,
     ``backend``, ``broadcast``, ``global_average_every_n_steps``, ``outer_lr``,
     ``outer_momentum``, ``outer_nesterov``, ``heartbeat_timeout``, ``hierarchical``,
-    ``layout``). ``hierarchical=True`` under ``torchrun --nnodes N --nproc-per-node P``: the P
-    ranks of a node average their gradients at every ``optimizer.step()`` and gossip runs
-    between the N nodes.
+    ``layout``, ``elastic``). ``hierarchical=True`` under ``torchrun --nnodes N
+    --nproc-per-node P``: the P ranks of a node average their gradients at every
+    ``optimizer.step()`` and gossip runs between the N nodes. ``elastic=True`` (with
+    ``heartbeat_timeout``): the loop survives lost ranks, the others go on without them.
 
     >>> attach(None, None, strategy="ddp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: strategy must be one of ('dpsgd', 'adpsgd'), got 'ddp'
+    >>> attach(None, None, strategy="dpsgd", elastic=True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: attach(elastic=True) finds lost ranks by their heartbeat: give heartbeat_timeout ...
     """
     return Gossip(model, optimizer, strategy, **options)

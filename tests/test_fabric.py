@@ -41,7 +41,8 @@ def test_fabric_classes_take_the_strategies_options() -> None:
                                   "gossip_every_n_steps": 1,
                                   "global_average_every_n_steps": 8, "outer_lr": 0.7,
                                   "outer_momentum": 0.9, "outer_nesterov": True,
-                                  "heartbeat_timeout": 60.0, "hierarchical": False}
+                                  "heartbeat_timeout": 60.0, "hierarchical": False,
+                                  "elastic": False}
     a = FabricADPSGDStrategy(pairing="random", max_staleness=None, delay_by_one=True,
                              heartbeat_timeout=None)
     assert a.gossip_options() == {"pairing": "random", "seed": 0, "max_staleness": None,
@@ -49,7 +50,8 @@ def test_fabric_classes_take_the_strategies_options() -> None:
                                   "gossip_every_n_steps": 1,
                                   "global_average_every_n_steps": None, "outer_lr": None,
                                   "outer_momentum": 0.0, "outer_nesterov": True,
-                                  "heartbeat_timeout": None, "hierarchical": False}
+                                  "heartbeat_timeout": None, "hierarchical": False,
+                                  "elastic": False}
 
 
 @pytest.mark.parametrize(("options", "match"), [
@@ -65,14 +67,6 @@ def test_fabric_classes_refuse_bad_options(options: dict, match: str) -> None:
     for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
         with pytest.raises(ValueError, match=match):
             cls(**options)
-
-
-def test_fabric_classes_say_elastic_is_the_trainers() -> None:
-    from lightning_gossip.fabric import FabricADPSGDStrategy, FabricDPSGDStrategy
-
-    for cls in (FabricDPSGDStrategy, FabricADPSGDStrategy):
-        with pytest.raises(ValueError, match="elastic=True.*not available under Fabric"):
-            cls(elastic=True)
 
 
 def test_attach_needs_a_process_group() -> None:

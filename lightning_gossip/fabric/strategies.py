@@ -22,6 +22,13 @@ every rank, which ``fabric.save`` already is).
 ``fabric.no_backward_sync`` skips it for the micro-batches of a gradient accumulation, as under
 DDP) and their floating buffers after every optimizer step, and gossip runs between the N
 nodes.
+
+``elastic=True`` (``heartbeat_timeout`` on by default): a lost rank does not end the loop; the
+survivors go on without it (:mod:`lightning_gossip.elastic.loop`, the recovery of the Trainer
+strategies), at the next optimizer step or sync point. ``fabric.barrier``, ``fabric.all_reduce``
+and ``fabric.broadcast`` (given no group) then run over the live ranks; ``fabric.barrier`` (also
+the one in ``fabric.save``) is a sync point that survives a loss during it, the other two do not
+(a loss during one of them fails it).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, Literal, get_args
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment, Precision
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
@@ -44,6 +52,7 @@ from typing_extensions import override
 
 from lightning_gossip import _compat
 from lightning_gossip.budget import GossipPeriod, check_gossip_every_n_steps
+from lightning_gossip.elastic.loop import check_loop_options, check_no_joins
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.plain_loop import Gossip, check_gossip_options
@@ -111,12 +120,16 @@ class FabricGossipStrategy(DDPStrategy):
                     outer_momentum: float, outer_nesterov: bool,
                     heartbeat_timeout: float | None, hierarchical: bool = False,
                     node_allreduce: NodeAllreduce = "after_backward",
-                    elastic: bool = False) -> None:
+                    elastic: bool = False, topology: object = "ring",
+                    start_timeout: float | None = None) -> None:
         """Keep the options both strategies take (checked here, at construction)."""
-        if elastic:
-            raise ValueError(
-                f"{type(self).__name__}(elastic=True) is not available under Fabric: the "
-                f"Trainer strategies (DPSGDStrategy, ADPSGDStrategy) have it (docs/fabric.md)")
+        check_no_joins(start_timeout, owner=type(self).__name__)
+        if elastic:  # (what an elastic loop cannot do: ValueError naming this class)
+            check_loop_options(self.kind, topology=topology, heartbeat_timeout=heartbeat_timeout,
+                               hierarchical=hierarchical,
+                               global_average_every_n_steps=global_average_every_n_steps,
+                               owner=type(self).__name__)
+        self.elastic = bool(elastic)
         if node_allreduce not in get_args(NodeAllreduce):
             raise ValueError(f"node_allreduce must be one of {get_args(NodeAllreduce)}, got "
                              f"{node_allreduce!r}")
@@ -137,7 +150,8 @@ class FabricGossipStrategy(DDPStrategy):
         return {"global_average_every_n_steps": self.global_average_every_n_steps,
                 "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                 "outer_nesterov": self.outer_nesterov,
-                "heartbeat_timeout": self.heartbeat_timeout, "hierarchical": self.hierarchical}
+                "heartbeat_timeout": self.heartbeat_timeout, "hierarchical": self.hierarchical,
+                "elastic": self.elastic}
 
     @override
     def setup_module(self, module: Module) -> Module:
@@ -208,6 +222,41 @@ class FabricGossipStrategy(DDPStrategy):
         """The engine's counters (``None`` before set-up or with one process)."""
         return self.gossip.stats if self.gossip is not None else None
 
+    # -- Fabric's collectives (elastic: over the live ranks) -------------------------------------
+    def _elastic_gossip(self) -> Gossip | None:
+        """The attached gossip when it is elastic (``None`` otherwise)."""
+        gossip = self.gossip
+        return gossip if gossip is not None and gossip.elastic is not None else None
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        """Fabric's barrier; ``elastic``: a sync point of the live ranks that survives a loss
+        (:meth:`Gossip.barrier <lightning_gossip.plain_loop.Gossip.barrier>`)."""
+        gossip = self._elastic_gossip()
+        if gossip is None:
+            super().barrier(*args, **kwargs)
+            return
+        gossip.barrier()
+
+    @override
+    def all_reduce(self, tensor: Tensor, group: Any | None = None,
+                   reduce_op: Any | None = "mean") -> Tensor:
+        """Fabric's all-reduce; ``elastic`` with no ``group``: over the live ranks."""
+        gossip = self._elastic_gossip()
+        if gossip is not None and group is None:
+            group = gossip.live_group
+        return super().all_reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Fabric's broadcast; ``elastic``: over the live ranks (``src`` a global rank)."""
+        gossip = self._elastic_gossip()
+        if gossip is None:
+            return super().broadcast(obj, src)
+        box = [obj]
+        dist.broadcast_object_list(box, src, group=gossip.live_group)
+        return box[0]
+
     @override
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
         """The consensus weights (a collective: ``fabric.save`` runs this on every rank)."""
@@ -255,11 +304,17 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
             warning).
         node_allreduce: ``hierarchical``: the node's gradient all-reduce after backward
             (``"after_backward"``, default) or bucket by bucket during it (``"overlapped"``).
+        elastic: survive lost ranks: the survivors go on without them, the topology (a name)
+            rebuilt over them from a step they agree on (``docs/fabric.md``, Elastic;
+            :mod:`lightning_gossip.elastic.loop`). Not with ``hierarchical``,
+            ``global_average_every_n_steps`` or ``gossip_every_n_steps`` other than 1.
+        start_timeout: refused (``ValueError`` unless ``None``): no process joins a Fabric loop
+            (the Trainer strategies offer joins and a start with the ranks that came).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
-    Every rank must take the same number of optimizer steps between sync points.
-    ``elastic=True`` is the Trainer strategies' only: refused here with a ``ValueError`` that
-    says so.
+    Every rank must take the same number of optimizer steps between sync points (``elastic``:
+    the same number of loop iterations; after a loss the ranks settle on one step at every
+    sync point).
     """
 
     kind = "dpsgd"
@@ -282,26 +337,28 @@ class FabricDPSGDStrategy(FabricGossipStrategy):
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
                  hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
-                 elastic: bool = False, process_group_backend: str | None = None,
+                 elastic: bool = False, start_timeout: float | None = None,
+                 process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
                          outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
-                         elastic)
+                         elastic, topology, start_timeout)
         self.topology = topology
         self.seed = int(seed)
         self.overlap = bool(overlap)
         self.delay_by_one = bool(delay_by_one)
         self.wire_dtype = wire_dtype
-        self.gossip_every_n_steps = check_gossip_every_n_steps(gossip_every_n_steps)
+        self.gossip_every_n_steps = check_gossip_every_n_steps(
+            gossip_every_n_steps, elastic=self.elastic, owner=type(self).__name__)
 
     @override
     def gossip_options(self) -> dict[str, Any]:
         """``topology``, ``seed``, ``overlap``, ``delay_by_one``, ``wire_dtype``,
         ``gossip_every_n_steps``, the periodic average's, outer optimizer's and heartbeat's
-        options, and ``hierarchical``."""
+        options, ``hierarchical`` and ``elastic``."""
         return {"topology": self.topology, "seed": self.seed, "overlap": self.overlap,
                 "delay_by_one": self.delay_by_one, "wire_dtype": self.wire_dtype,
                 "gossip_every_n_steps": self.gossip_every_n_steps, **self._common_options()}
@@ -338,12 +395,17 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
             The node's ranks step together. One node: plain data parallelism (with a warning).
         node_allreduce: ``hierarchical``: the node's gradient all-reduce after backward
             (``"after_backward"``, default) or bucket by bucket during it (``"overlapped"``).
+        elastic: survive lost ranks: the survivors go on without them, ``pairing`` over them
+            (``docs/fabric.md``, Elastic; :mod:`lightning_gossip.elastic.loop`). Not with
+            ``hierarchical``, ``global_average_every_n_steps`` or ``gossip_every_n_steps``
+            other than 1.
+        start_timeout: refused (``ValueError`` unless ``None``): no process joins a Fabric loop
+            (the Trainer strategies offer joins and a start with the ranks that came).
         process_group_backend, timeout, start_method: Fabric's ``DDPStrategy``'s.
 
     Ranks may take different numbers of steps (hierarchical: nodes; the ranks of one node take
     the same); a phase of gossip opens at the first step after a sync point (after a meeting of
-    all ranks) and ends at the next sync point. ``elastic=True`` is the Trainer strategies'
-    only: refused here with a ``ValueError`` that says so.
+    all ranks) and ends at the next sync point.
     """
 
     kind = "adpsgd"
@@ -370,26 +432,28 @@ class FabricADPSGDStrategy(FabricGossipStrategy):
                  outer_lr: float | None = None, outer_momentum: float = 0.0,
                  outer_nesterov: bool = True, heartbeat_timeout: float | None = 60.0,
                  hierarchical: bool = False, node_allreduce: NodeAllreduce = "after_backward",
-                 elastic: bool = False, process_group_backend: str | None = None,
+                 elastic: bool = False, start_timeout: float | None = None,
+                 process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout,
                  start_method: StartMethod = "popen") -> None:
         super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io,
                          precision, process_group_backend, timeout, start_method)
         self._set_common(global_average_every_n_steps, outer_lr, outer_momentum,
                          outer_nesterov, heartbeat_timeout, hierarchical, node_allreduce,
-                         elastic)
+                         elastic, start_timeout=start_timeout)
         self.pairing = pairing
         self.seed = int(seed)
         self.max_staleness = max_staleness
         self.delay_by_one = bool(delay_by_one)
         self.wire_dtype = wire_dtype
-        self.gossip_every_n_steps = check_gossip_every_n_steps(gossip_every_n_steps)
+        self.gossip_every_n_steps = check_gossip_every_n_steps(
+            gossip_every_n_steps, elastic=self.elastic, owner=type(self).__name__)
 
     @override
     def gossip_options(self) -> dict[str, Any]:
         """``pairing``, ``seed``, ``max_staleness``, ``delay_by_one``, ``wire_dtype``,
         ``gossip_every_n_steps``, the periodic average's, outer optimizer's and heartbeat's
-        options, and ``hierarchical``."""
+        options, ``hierarchical`` and ``elastic``."""
         return {"pairing": self.pairing, "seed": self.seed,
                 "max_staleness": self.max_staleness, "delay_by_one": self.delay_by_one,
                 "wire_dtype": self.wire_dtype,
