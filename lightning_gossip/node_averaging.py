@@ -104,6 +104,22 @@ class NodeAverager:
         #: all-reduce that a loss elsewhere interrupted is issued again, on the node's new
         #: :attr:`group` (the survivors build one per membership change); ``None``: not elastic
         self.retry: Callable[[Callable[[], Tensor]], Tensor] | None = None
+        #: what every gradient all-reduce carries besides the gradients (:meth:`ride`;
+        #: ``None``: nothing)
+        self.rider: Any = None
+
+    def ride(self, rider: Any) -> None:
+        """Carry ``rider``'s values in every gradient all-reduce from now on:
+        ``rider.values()`` (a tensor of the same length on every rank of the node, at every
+        step) is summed over the node with the gradients, and ``rider.summed(sums)`` is told
+        the sums once the all-reduce returned, the same on every rank of the node. An elastic
+        fit's join flags ride here (:class:`~lightning_gossip.elastic.joins.NodeJoins`): a
+        collective of their own, entered by the ranks that think a look is due, could meet
+        a node-mate's gradient all-reduce. Not with ``overlap`` (``ValueError``)."""
+        if self.overlap:
+            raise ValueError("the overlapped gradient all-reduce carries no other values "
+                             "(node_allreduce='overlapped' with an elastic fit)")
+        self.rider = rider
 
     def wrap(self, closure: Any) -> Any:
         """``closure`` (forward/backward), then the gradients averaged over the node; with
@@ -137,15 +153,24 @@ class NodeAverager:
         rank of the node has a gradient for it (a branch only some ranks used this step), so
         the optimizer steps it on every rank alike; it stays without one when no rank has."""
         params = [p for p in self.module.parameters() if p.requires_grad]
-        if not params:
+        rider = self.rider.values() if self.rider is not None else None
+        if not params and rider is None:
             return
         grads = [p.grad for p in params]
-        flat = torch.cat([
+        parts = [
             g.detach().reshape(-1).float() if g is not None
             else torch.zeros(p.numel(), device=p.device)
             for p, g in zip(params, grads)
-        ] + [torch.tensor([float(g is not None) for g in grads], device=params[0].device)])
+        ]
+        if params:
+            parts.append(torch.tensor([float(g is not None) for g in grads],
+                                      device=params[0].device))
+        if rider is not None:  # (after the gradients: their sums go back to the rider)
+            parts.append(rider.to(params[0].device if params else rider.device, torch.float32))
+        flat = torch.cat(parts)
         self.all_reduce(flat, "gradient all-reduce")
+        if rider is not None:
+            flat, sums = flat.split([flat.numel() - rider.numel(), rider.numel()])
         flat.div_(self.layout.devices)
         *values, present = flat.split([p.numel() for p in params] + [len(params)])
         for p, g, v, has in zip(params, grads, values, present.tolist()):
@@ -153,6 +178,8 @@ class NodeAverager:
                 p.grad = g = torch.zeros_like(p)
             if g is not None:
                 g.copy_(v.view_as(g))
+        if rider is not None:
+            self.rider.summed(sums.cpu())
 
     @torch.no_grad()
     def average_buffers(self) -> None:

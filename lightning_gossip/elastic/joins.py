@@ -6,44 +6,64 @@ A flat ``adpsgd`` member looks for join requests at any step boundary, once a se
 (:meth:`~.survivors.Survivors.poll`). Members whose next collective couples them cannot: the
 admission's first collective must be the next one they issue together, so they look at the same
 step, every :data:`JOIN_CHECK_EVERY` steps (:class:`JoinSteps`), and take the union of what each
-read with one collective, so that a request one of them saw a moment before the others is
-admitted by all. Two kinds of members do: ``dpsgd``'s (their rounds couple them; the union over
-the survivors' gloo groups, :meth:`~.rounds.ElasticRounds.admit_joins`) and the ranks of a
-hierarchical ``adpsgd`` node (their node all-reduce is every step's; :class:`NodeJoins`, while
-a rank slot is free). At an epoch's end, where a node's ranks wait without a node collective,
-each only joins an admission another member began (as flat members that arrived there do).
-Only whole nodes are admitted: a node's relaunched processes ask one by one.
+read, so that a request one of them saw a moment before the others is admitted by all. Two kinds
+of members do: ``dpsgd``'s (their rounds couple them; the union over the survivors' gloo groups,
+:meth:`~.rounds.ElasticRounds.admit_joins`) and the ranks of a hierarchical ``adpsgd`` node
+(:class:`NodeJoins`).
+
+A node's ranks take the union inside the step's gradient all-reduce, which every rank of the
+node issues at every step whatever it knows (:class:`~lightning_gossip.node_averaging.
+NodeAverager` carries :meth:`NodeJoins.values`), never in a collective of its own: whether a
+rank looks depends on what it knows of the membership, and node-mates learn of a loss at
+different moments (one at a step boundary, the other while it waits for its node's claim or
+inside the step's gradient all-reduce), so a separate look could be entered by one rank while
+its node-mate entered the gradient all-reduce (the exit soak's hangs: the logs
+``soak_seed2_fit24_log.txt`` and ``soak_hier_seed25_fit1_log.txt`` in
+``benchmarks/results/exit_soak/``). Each rank gives a flag per rank slot asked for and
+its membership's generation; the node admits the whole nodes asked for (only whole nodes are
+admitted: a node's relaunched processes ask one by one) when every rank of the node looked at
+the same generation (the same live ranks), right after that step (:meth:`NodeJoins.take`,
+:meth:`~.survivors.Survivors.admit_agreed`), and not at all otherwise: the requests stay in the
+store for the next look. At an epoch's end, where a node's ranks wait without a node
+collective, each only joins an admission another member began (:meth:`NodeJoins.look`, as flat
+members that arrived there do).
 
 >>> from datetime import timedelta
 >>> import torch.distributed as dist
 >>> from lightning_gossip.elastic.membership import Membership
 >>> from lightning_gossip.elastic.nodes import NodeUnits
 >>> from lightning_gossip.elastic.session import ElasticSession
->>> session = ElasticSession(step=16)
->>> session.begin(Membership(dist.HashStore(), 0, 6, timedelta(seconds=5), live=(0, 1, 4, 5)))
->>> asked = [(2,)]
->>> joins = NodeJoins(session, NodeUnits(2), node_union=list, asked=lambda read=None: asked[0])
->>> joins.look(at_end=False)  # node 1's rank 3 has not asked yet
-[]
->>> asked[0] = (2, 3)
->>> session.move_to(24)
->>> joins.look(at_end=False), joins.look(at_end=False)  # (once per step)
-([2, 3], [])
+>>> def node_rank(rank, live):  # a rank of node 0, nodes of 2, node 1 (ranks 2, 3) lost
+...     session = ElasticSession(step=16)
+...     session.begin(Membership(dist.HashStore(), rank, 6, timedelta(seconds=5), live=live,
+...                              generation=1))
+...     return NodeJoins(session, NodeUnits(2), asked=lambda read=None: (2, 3))
+>>> a, b = node_rank(0, (0, 1, 4, 5)), node_rank(1, (0, 1, 4, 5))
+>>> sums = a.values() + b.values()  # the node's all-reduce
+>>> sums.tolist()  # a flag per slot asked for, then each local rank's generation + 1
+[0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+>>> a.summed(sums), b.summed(sums)
+(None, None)
+>>> a.take(), b.take(), a.take()  # both admit node 1 after the step (once)
+([2, 3], [2, 3], [])
+>>> a.values().tolist()  # (once per step)
+[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from lightning_gossip.elastic.membership import POLL_EVERY_S
+from lightning_gossip.elastic.membership import POLL_EVERY_S, Membership
 from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.session import ElasticSession
 
-__all__ = ["JOIN_CHECK_EVERY", "JoinSteps", "NodeJoins", "NodeUnion"]
+__all__ = ["JOIN_CHECK_EVERY", "JoinSteps", "NodeJoins"]
 
 JOIN_CHECK_EVERY = 8
 """Steps between the looks for join requests where the members must look at the same step
@@ -75,70 +95,67 @@ class JoinSteps:
 
 
 class NodeJoins:
-    """When this rank's node looks for joins (see the module docstring).
+    """How a hierarchical ``adpsgd`` node's ranks agree on joins (see the module docstring):
+    :meth:`values` for the step's gradient all-reduce, :meth:`summed` told the node's sums,
+    :meth:`take` after the step; :meth:`look` at an epoch's end.
 
     Args:
-        session: the fit's session (its membership: is a slot free?; its step, the same on a
-            node's ranks).
+        session: the fit's session (its membership: the generation, a free slot; its step,
+            the same on a node's ranks).
         units: the nodes.
-        node_union: ``(ranks)``: the union of what the node's ranks give (a node collective).
         asked: ``(read=None)``: the rank slots asked for (``read``: ``membership.deciding``,
             whether another member began an admission), or ``None``.
     """
 
     def __init__(self, session: ElasticSession, units: NodeUnits,
-                 node_union: Callable[[Sequence[int]], list[int]],
                  asked: Callable[..., Any]) -> None:
-        self.session, self.units, self.node_union, self.asked = session, units, node_union, asked
+        self.session, self.units, self.asked = session, units, asked
         self.steps = JoinSteps()
         self._polled = 0.0  # when last polled (at an epoch's end)
+        self._agreed: list[int] = []  # the slots the node agreed to admit (taken after the step)
 
-    def due(self) -> bool:
-        """Whether the node's ranks look at the session's step (a multiple of
-        :data:`JOIN_CHECK_EVERY`, a rank slot free; once per step). Ask before surviving a loss
-        found at this step boundary: a node-mate may find it only inside the step's first node
-        collective, survive it there and issue that collective again; had this rank looked
-        because the loss just freed a slot, the two would enter different node collectives."""
+    def _membership(self) -> Membership:
         membership = self.session.membership
         assert membership is not None
-        return not membership.full and self.steps.due(self.session.step)
+        return membership
 
-    def look(self, at_end: bool, due: bool | None = None) -> list[int]:
-        """The rank slots of whole nodes to admit now (empty: none; ``at_end``: this rank
-        waits at an epoch's end; ``due``: :meth:`due`, asked before a loss was survived at
-        this step boundary; ``None``: ask now)."""
-        membership = self.session.membership
-        assert membership is not None
-        if at_end:
-            now = time.monotonic()
-            if now < self._polled + POLL_EVERY_S:
-                return []
-            self._polled = now
-            asked = self.asked(membership.deciding) and self.asked()
-        else:
-            if not (self.due() if due is None else due):
-                return []
-            asked = self.node_union(self.asked() or ())
+    def values(self) -> Tensor:
+        """This rank's part of the step's gradient all-reduce: a flag per rank slot it found
+        asked for, then one value per local rank of the node, this rank's own set to its
+        membership's generation plus one; at a multiple of :data:`JOIN_CHECK_EVERY` (once per
+        step; it reads the store only while a slot is free in its view), zeros otherwise. The
+        same length on every rank, at every step."""
+        membership = self._membership()
+        world, devices = membership.world_size, self.units.devices
+        out = torch.zeros(world + devices)
+        if self.steps.due(self.session.step):
+            out[world + membership.rank % devices] = membership.generation + 1
+            if not membership.full:
+                out[list(self.asked() or ())] = 1.0
+        return out
+
+    def summed(self, sums: Tensor) -> None:
+        """The node's sums of :meth:`values` (the same on every rank of the node): when every
+        rank of the node looked, at the same generation, the whole nodes asked for are to be
+        admitted after the step (:meth:`take`); nothing otherwise."""
+        world = self._membership().world_size
+        flags, looked = sums[:world], sums[world:].tolist()
+        if min(looked) > 0 and max(looked) == min(looked):
+            if joined := self.units.complete(flags.nonzero().flatten().tolist()):
+                self._agreed = joined
+
+    def take(self) -> list[int]:
+        """The rank slots of whole nodes the node's ranks agreed to admit in this step's
+        gradient all-reduce (empty: none; once)."""
+        agreed, self._agreed = self._agreed, []
+        return agreed
+
+    def look(self) -> list[int]:
+        """At an epoch's end (this rank waits there, no node collective): the rank slots of
+        whole nodes in an admission another member began (empty: none; once a second)."""
+        now = time.monotonic()
+        if now < self._polled + POLL_EVERY_S:
+            return []
+        self._polled = now
+        asked = self.asked(self._membership().deciding) and self.asked()
         return self.units.complete(asked or ())
-
-
-class NodeUnion:
-    """``(ranks)``: the union of the rank slots the node's ranks give (one all-reduce of a
-    flag per slot on the node's group), so that they admit a node's newcomers at the same
-    step (:class:`NodeJoins`' ``node_union``).
-
-    Args:
-        node: this rank's node averaging (its ``all_reduce`` over the node's group:
-            :class:`~lightning_gossip.node_averaging.NodeAverager`).
-        world_size: the fit's rank slots.
-        device: the device of the node's all-reduce.
-    """
-
-    def __init__(self, node: Any, world_size: int, device: Any = None) -> None:
-        self.node, self.world_size, self.device = node, world_size, device
-
-    def __call__(self, ranks: Sequence[int]) -> list[int]:
-        flags = torch.zeros(self.world_size, device=self.device)
-        flags[list(ranks)] = 1.0
-        self.node.all_reduce(flags, "agreeing on joins in the node")
-        return flags.nonzero().flatten().tolist()

@@ -110,7 +110,7 @@ class ElasticParts:
                   epoch: Callable[[], int], loggers: Sequence[Any],
                   hand_over: Callable[[Any, Any, list[int], bool], None] | None,
                   on_group: Callable[[Any], None] | None, poll_joins: bool = True,
-                  node_union: Callable[[Sequence[int]], list[int]] | None = None) -> Survivors:
+                  node: Any = None) -> Survivors:
         """The fit's :class:`~.survivors.Survivors` over ``session`` (a newcomer or founder
         keeps its membership and first groups; what leaves together: :attr:`units`); the
         other arguments are the survivors' own."""
@@ -119,4 +119,4 @@ class ElasticParts:
                          backend=backend, engines=engines, epoch=epoch, loggers=loggers,
                          membership=self.membership, groups=first.groups if first else None,
                          hand_over=hand_over, poll_joins=poll_joins, on_group=on_group,
-                         units=self.units, node_union=node_union)
+                         units=self.units, node=node)

@@ -18,8 +18,9 @@ lost ranks and the step, and logs ``gossip/live_learners``.
 
 A process that takes a lost rank's slot (:mod:`~.newcomer`) asks in the store;
 :meth:`Survivors.poll` finds the request at a step boundary (``dpsgd``: the members look at an
-agreed step, :meth:`~.rounds.ElasticRounds.admit_joins`) and :meth:`Survivors.admit` lets it
-in: steps 1-3 with the newcomer added, then the members' exact average and the lowest member's
+agreed step, :meth:`~.rounds.ElasticRounds.admit_joins`; a hierarchical ``adpsgd`` node's ranks
+in their gradient all-reduce, :meth:`Survivors.admit_agreed`) and :meth:`Survivors.admit` lets
+it in: steps 1-3 with the newcomer added, then the members' exact average and the lowest member's
 checkpoint are handed over (:func:`~.newcomer.hand_over`). The loss of the rank that hosts the
 rendezvous store (rank 0 under Lightning's launcher and ``srun``) is not survived: the fit falls
 back to the emergency checkpoint (``docs/faults.md``).
@@ -109,8 +110,10 @@ class Survivors:
         on_group: ``(group)``: told the new group of Lightning's collectives after every loss
             and join (the module's metrics gather over it); ``None``: nobody.
         units: what leaves together (hierarchical: a node, :mod:`~.nodes`).
-        node_union: hierarchical joins: ``(ranks)``: the union of what the node's ranks give
-            (a node collective), so that they admit a node's newcomers at the same step.
+        node: hierarchical: this rank's node averaging (:class:`~lightning_gossip.
+            node_averaging.NodeAverager`); with joins, its every gradient all-reduce carries
+            the join flags (:class:`~.joins.NodeJoins`), so that the node's ranks admit a
+            node's newcomers together (:meth:`admit_agreed`).
     """
 
     def __init__(self, session: ElasticSession, run: str, rank: int, world_size: int,
@@ -119,8 +122,7 @@ class Survivors:
                  membership: Membership | None = None, groups: ElasticGroups | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
                  poll_joins: bool = True, on_group: Callable[[Any], None] | None = None,
-                 units: NodeUnits = RANKS,
-                 node_union: Callable[[Sequence[int]], list[int]] | None = None) -> None:
+                 units: NodeUnits = RANKS, node: Any = None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
@@ -131,9 +133,11 @@ class Survivors:
         self.hand_over, self.poll_joins, self.on_group, self.units = (hand_over, poll_joins,
                                                                       on_group, units)
         self._polled = 0.0  # when the membership was last polled for joins
-        #: hierarchical: when a node's ranks look for joins
-        self.node_joins = node_union and NodeJoins(session, units, node_union,
-                                                   self.asked_to_join)
+        #: hierarchical: how a node's ranks agree on joins (``None``: flat, or no joins)
+        self.node_joins: NodeJoins | None = None
+        if node is not None and hand_over is not None and poll_joins:
+            self.node_joins = NodeJoins(session, units, self.asked_to_join)
+            node.ride(self.node_joins)
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
         self.heartbeat = heartbeat
@@ -215,22 +219,21 @@ class Survivors:
         """Recover when the liveness monitor found lost ranks (a read of one attribute
         otherwise), admit the processes that asked to join (a store read at most once a
         second): called at step boundaries and (``at_end``) while waiting at an epoch end.
-        Hierarchical: whole nodes, when :class:`~.joins.NodeJoins` says."""
+        Hierarchical: only at an epoch's end, an admission another member began
+        (:meth:`~.joins.NodeJoins.look`); the node's ranks look in their gradient all-reduce
+        (:meth:`admit_agreed`)."""
         beat = self.heartbeat
         joins = self.hand_over is not None and self.poll_joins
-        # hierarchical: whether the node looks at this step is decided before a loss is survived
-        # here: a node-mate may survive it in the step's first node collective instead
-        due = joins and not at_end and self.node_joins is not None and self.node_joins.due()
         if beat.has_finding:
             try:
                 beat.check(f"rank {self.membership.rank} at step {self.session.step}")
             except PeerSilent as e:
                 self.survive(e)
         now = time.monotonic()
-        if not joins or (beat.has_finding and not due):
+        if not joins or beat.has_finding:
             return
         if self.node_joins is not None:
-            if joined := self.node_joins.look(at_end, due):
+            if at_end and (joined := self.node_joins.look()):
                 self.retry(self.admit, joined)
             return
         if now < self._polled + POLL_EVERY_S:
@@ -242,6 +245,14 @@ class Survivors:
         late = self.claims is not None and self.claims.arrived == self.epoch()
         if asked is not None and (not late or self.asked_to_join(self.membership.deciding)):
             self.retry(self.admit, asked)
+
+    def admit_agreed(self) -> None:
+        """Hierarchical: admit the whole nodes this rank's node agreed on in the step's
+        gradient all-reduce (:meth:`~.joins.NodeJoins.take`); called right after every
+        optimizer step, so the node's ranks come to the admission at the same point of their
+        node collectives. Nothing when flat, or when the node agreed on none."""
+        if self.node_joins is not None and (joined := self.node_joins.take()):
+            self.retry(self.admit, joined)
 
     def poll_at_end(self) -> None:
         """:meth:`poll` while this rank waits at an epoch's end for the others."""

@@ -26,6 +26,10 @@ LINGER_S = 2.5
 """Seconds a rank that failed stays alive after marking itself gone (:meth:`Heartbeat.leave`):
 a reader checks at most once a second and gives pending work a one-second grace."""
 
+ERROR_CHARS = 400
+"""The most characters of a failed rank's error that its peers repeat (:meth:`Heartbeat.
+tell_error`)."""
+
 _current: Heartbeat | None = None
 
 
@@ -42,6 +46,10 @@ def _key(rank: int) -> str:
     # torchrun's agent keeps its store across restarts: one key space per restart round
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"lightning_gossip/heartbeat/{restart}/{rank}"
+
+
+def _error_key(rank: int) -> str:
+    return f"{_key(rank)}/error"
 
 
 class Heartbeat:
@@ -173,6 +181,34 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - the store is gone or frozen: readers notice too
                 return
             time.sleep(max(0.0, linger_s))
+
+    def tell_error(self, error: BaseException) -> None:
+        """Leave this rank's own ``error`` (its type and message, cut to
+        :data:`ERROR_CHARS`) in the store, so that the peers that find this rank gone name it
+        with its error (:meth:`describe`) even if this process is killed before it prints its
+        traceback (a launcher that stops every task once one exits with an error, such as
+        ``srun --kill-on-bad-exit``, may stop it while it tells the others or lingers).
+        Call it before :meth:`leave` (``failed``). Never raises (bounded, like :meth:`leave`)."""
+        if self._unreachable:
+            return
+        text = " ".join(f"{type(error).__name__}: {error}".split())[:ERROR_CHARS]
+        try:
+            bounded(lambda: self.writer_store.set(_error_key(self.rank), text),
+                    min(self.timeout, 10.0), "leaving this rank's error in the store")
+        except Exception:  # noqa: BLE001 - the store is gone or frozen: the traceback remains
+            pass
+
+    def _told(self, ranks: Sequence[int]) -> str:
+        """The errors ``ranks`` left (:meth:`tell_error`), ``"rank 1: ValueError: ..."``, one
+        after another; empty when none did or the store cannot be read in a few seconds."""
+        keys = [_error_key(r) for r in ranks]
+        try:
+            found = bounded(lambda: [self.store.get(k).decode(errors="replace")
+                                     if self.store.check([k]) else "" for k in keys],
+                            min(self.timeout, 5.0), "reading the errors of ranks that left")
+        except Exception:  # noqa: BLE001 - the names are enough then
+            return ""
+        return "; ".join(f"rank {r}: {text}" for r, text in zip(ranks, found) if text)
 
     @property
     def store_unreachable(self) -> bool:
@@ -336,7 +372,9 @@ class Heartbeat:
         quiet = [r for r in silent if r not in down]
         parts = []
         if down:
-            parts.append(f"rank(s) {_ranks(down)} failed with an error and left the run")
+            told = self._told(down)
+            parts.append(f"rank(s) {_ranks(down)} failed with an error and left the run"
+                         + (f" ({told})" if told else ""))
         if quiet:
             limit = self.timeout if threshold is None else threshold
             parts.append(f"rank(s) {_ranks(quiet)} sent no heartbeat for more than "

@@ -25,7 +25,6 @@ from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
 from lightning_gossip.elastic.engines import PairwiseEngines, node_retries
-from lightning_gossip.elastic.joins import NodeUnion
 from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
@@ -197,11 +196,9 @@ class ADPSGDStrategy(GossipStrategy):
             self.engine.start()
             self.survivors = None
             if engines is not None:
-                union = (NodeUnion(self.node, self.world_size, self.root_device)
-                         if self.node else None)  # a node's ranks agree on joins
                 self.survivors = self._make_survivors(self.elastic_parts, trainer,
                                                       f"run{self._run_id}", engines,
-                                                      node_union=union)
+                                                      node=self.node)  # (joins ride on it)
                 node_retries(self.node, self.survivors.retry)  # a node all-reduce, again
             self.step = self.elastic_parts.open_phase(self.engine, self.step)  # a newcomer
             if self.elastic:  # its loader draws with the survivors' claims from now on
@@ -297,6 +294,8 @@ class ADPSGDStrategy(GossipStrategy):
             self.node.average_buffers()
         self.step += 1
         self.phases.after_step(self.step - 1)
+        if self.survivors is not None:  # hierarchical: the joins the node agreed on in the step
+            self.survivors.admit_agreed()
         self.log_period_switches()
         return out
 

@@ -11,7 +11,6 @@ override :meth:`GossipStrategy.quiesce` (how to quiet the network before a sync 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, ClassVar
@@ -276,8 +275,7 @@ class GossipStrategy(ProcessGroupStrategy):
 
     def _make_survivors(self, parts: ElasticParts, trainer: pl.Trainer, run: str,
                         engines: Engines, *, poll_joins: bool = True,
-                        node_union: Callable[[Sequence[int]], list[int]] | None = None
-                        ) -> Survivors:
+                        node: NodeAverager | None = None) -> Survivors:
         """An elastic fit's :class:`~lightning_gossip.elastic.survivors.Survivors` (both
         strategies; ``parts``: the strategy's :class:`~lightning_gossip.elastic.parts.
         ElasticParts`; ``run``: the fit's name; ``engines``: their engines): Lightning's side of
@@ -293,7 +291,7 @@ class GossipStrategy(ProcessGroupStrategy):
             engines=engines, epoch=lambda: trainer.current_epoch,
             loggers=trainer.loggers if self.is_global_zero else [], hand_over=hand_over,
             on_group=lambda group: sync_metrics_over(trainer.lightning_module, group),
-            poll_joins=poll_joins, node_union=node_union)
+            poll_joins=poll_joins, node=node)
 
     def _node_averager(self, layout: NodeLayout | None, groups: NodeGroups | None
                        ) -> NodeAverager:

@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_gossip import _compat
 from lightning_gossip.errors import GossipTimeout, RankExcluded
+from lightning_gossip.liveness import current
 from lightning_gossip.liveness.at_exit import record_exit
 from lightning_gossip.strategies.collectives import Watched, broadcast_object
 from lightning_gossip.strategies.sigterm import make_sigterm_check_local
@@ -208,6 +209,8 @@ class Resilience:
             self.stop_heartbeat(False)  # fall on a process relaunched in its slot)
             return
         lost = lost_peer(exception)
+        if lost is None and (beat := current()) is not None:  # this rank's own error:
+            beat.tell_error(exception)  # the peers that find it gone repeat it (before waits)
         if lost is not None and self.fit is not None:
             from lightning_gossip.strategies.emergency import write_emergency_checkpoint
 
