@@ -43,7 +43,8 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
     """Launch one case; return ``(events by (kind, rank), surviving rank pids, output)``.
 
     Ranks still alive 15 s after the launcher ended (besides ``frozen``) count as survivors
-    (then killed).
+    (then killed). Under torchrun the ``frozen`` rank is killed once the other ranks have
+    ended (``reap_stopped``: the agent would wait 30 s for it to honour its ``SIGTERM``).
     """
     out = tmp_path / name
     out.mkdir()
@@ -56,7 +57,8 @@ def run_case(tmp_path: Path, name: str, spec: dict, launcher: str, nprocs: int,
     else:
         cmd = torchrun_command(SCRIPT, str(path), nprocs=nprocs, port=port)
         env = base_env()
-    launched = launch_processes([(cmd, env)], timeout)
+    launched = launch_processes([(cmd, env)], timeout,
+                                reap_stopped=frozen is not None and launcher == "torchrun")
     text = launched.stdout
     (out / "output.txt").write_text(text)
     (out / "returncodes.json").write_text(json.dumps(launched.returncodes))
@@ -348,7 +350,7 @@ def test_watched_collective_names_a_frozen_rank(tmp_path):
     script = tmp_path / "watched.py"
     script.write_text(WATCHED_RANK)
     cmd = torchrun_command(script, nprocs=2, port=free_port())
-    launched = launch_processes([(cmd, base_env())], 300)
+    launched = launch_processes([(cmd, base_env())], 300, reap_stopped=True)
     text = launched.stdout
     assert not launched.timed_out, text[-8000:]
     named = [line for line in text.splitlines() if "NAMED" in line]
