@@ -155,9 +155,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     The files are ordered for ``make test`` (pytest-xdist, ``--dist loadfile``: all tests of a
     file on one worker, so a module's fixtures run once; ``--no-loadscope-reorder``: the
-    workers take the files in collection order): :func:`_file_order`, the longest first.
-    Within a file the tests that use a shared launch come first (a launch another worker has
-    begun is then waited for early).
+    workers take the files in collection order): :func:`_file_order`, the longest first; the
+    tests of a file stay together (in one process, ``TEST_WORKERS=0``, a module's fixtures
+    then run once too). Within a file the tests that use a shared launch come first (a launch
+    another worker has begun is then waited for early).
 
     Tests marked ``slow`` (the fuzz subset, soak runs, benchmark smoke runs) are deselected by
     the ``-m "not slow"`` in ``pyproject.toml``'s ``addopts``; ``make test-slow`` (``-m slow``)
@@ -173,8 +174,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "shared_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)
-    order = _file_order(items)
-    items.sort(key=lambda item: (order[Path(str(item.path))],
+    order, first = _file_order(items), {}
+    for i, item in enumerate(items):
+        first.setdefault(Path(str(item.path)), i)
+    items.sort(key=lambda item: (order[Path(str(item.path))], first[Path(str(item.path))],
                                  "shared_run" not in getattr(item, "fixturenames", ())))
 
 
