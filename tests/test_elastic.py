@@ -8,12 +8,7 @@ exactly once among the survivors; every survivor recorded the same loss, ends wi
 replica (the final average over the survivors) and rank 0's logger saw ``gossip/live_learners``
 go from 4 to 3; the warning names the lost rank; validation with a ``sync_dist`` metric and
 ``ModelCheckpoint`` ran over the survivors (``last.ckpt`` exists). The loss of rank 0 (the
-store's host) falls back to the emergency checkpoint.
-
-The elastic tests are three files, each a few minutes of launches, so that ``make test``'s
-workers (``--dist loadfile``: a file runs on one worker) share them: this one (losses),
-``test_elastic_replacements.py`` (a replacement joins) and ``test_elastic_joins.py`` (a late
-rank, a whole node, a rank without a batch). The checks they share are defined here."""
+store's host) falls back to the emergency checkpoint."""
 
 from __future__ import annotations
 
@@ -21,13 +16,19 @@ import csv
 import json
 import random
 import re
+import shlex
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from testbed.elastic_fuzz import EXIT_ABORT, fuzz_case, run_case
-from testbed.launch import run_fake_slurm_each
+from testbed.launch import (
+    fake_slurm_commands,
+    launch_processes,
+    relaunched_once,
+    run_fake_slurm_each,
+)
 
 SCRIPT = "testbed.elastic_fit"
 SAMPLES, EPOCHS = 192, 3  # as in the script
@@ -132,6 +133,196 @@ def test_a_hierarchical_fit_goes_on_without_the_node_of_a_lost_rank(
     check_epoch_values(done)
     assert live_learners(tmp_path) == [float(ranks), float(ranks - 2)]
     assert (tmp_path / "ckpts" / "last.ckpt").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["adpsgd", pytest.param("dpsgd", marks=pytest.mark.slow)])
+def test_a_lost_node_rejoins_a_hierarchical_fit(tmp_path: Path, strategy: str) -> None:
+    """2 nodes of 2 ranks as ``srun`` starts them: rank 3 is killed, its node-mate 2 exits
+    (RankExcluded) and node 0 goes on; both of node 1's tasks are then relaunched with their
+    environments. The members admit the node whole (after both asked), at a step node 0's
+    ranks agreed on (``dpsgd``: every member, at a multiple of ``JOIN_CHECK_EVERY``); the
+    newcomers resume from the members' exact average, claim as a node under keys of their own,
+    and all four finish with the same replica, every sample trained once per epoch among all
+    processes. (``dpsgd`` in ``make test-slow``: a minute per case.)"""
+    ranks = 4
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), "3", "3", ntasks=ranks, nodes=2,
+                                   env={"ELASTIC_FIT_STEP_S": "1.0", "ELASTIC_FIT_NODES": "2",
+                                        "ELASTIC_FIT_STRATEGY": strategy})
+    for slot in (2, 3):  # the relaunched tasks, once the first ones are gone
+        commands.append(relaunched_once(commands[slot], tmp_path / "recovered", 2 * slot - 2))
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    assert result.returncodes[3] == -9 and result.returncodes[2] == 1, (result.returncodes, out)
+    # launches 4 and 5 are the relaunched ranks 2 and 3, whose results are the slots'
+    results = {i: tmp_path / f"done{i - 2 if i > 3 else i}.json" for i in (0, 1, 4, 5)}
+    check_exits(result, results, out)
+    assert "elastic fit: rank(s) 2, 3 joined at step" in result.stdout, out
+    check_each_sample_once(tmp_path, ranks)
+    done = {r: json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)}
+    assert done[2]["joined"] and done[3]["joined"] and not done[0]["joined"], done
+    assert all(d["joins"][0][0] == [2, 3] for r, d in done.items() if r < 2), done
+    assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
+    assert all(d["exchanges"] > 0 for d in done.values()), done  # node 1 gossips again
+    check_epoch_values(list(done.values()))
+    assert live_learners(tmp_path) == [4.0, 2.0, 4.0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("strategy", "victims"), [("adpsgd", (2,)), ("adpsgd", (2, 3)),
+                                                   ("dpsgd", (2, 3))])
+def test_a_replacement_takes_the_lost_ranks_slot_and_trains(
+        tmp_path: Path, strategy: str, victims: tuple[int, ...]) -> None:
+    """Rank 2 (or ranks 2 and 3, at the same batch) is killed mid-epoch; once the survivors
+    went on, a replacement is started with the last victim's environment (as ``srun``
+    relaunching the task would): it is admitted at the survivors' next step boundary
+    (``dpsgd``: the next multiple of ``JOIN_CHECK_EVERY``, every member at the same step, the
+    topology rebuilt over the new members), resumes from the lowest survivor's state (the
+    survivors' exact average), takes batches from the shared cursor, and all finish every epoch
+    with the same final replica; every sample is trained once per epoch among all processes.
+    With two victims the fit goes on with slot 2 free after the join (the newcomer's default
+    group numbers the ranks 0, 1, 3 from 0).
+
+    A newcomer admitted as the shared cursor runs out trains no batch in that epoch: it
+    validates late with the members (``Phases.end_epoch``). Before that fix the fit ended with
+    a collective mismatch in 2 of 7 runs."""
+    ranks, slot = 4, victims[-1]
+    # 1 s steps: the fit lasts while the replacement starts
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), ",".join(map(str, victims)), "3",
+                                   ntasks=ranks, env={"ELASTIC_FIT_STEP_S": "1.0",
+                                                      "ELASTIC_FIT_STRATEGY": strategy})
+    commands.append(relaunched_once(commands[slot], tmp_path / "recovered"))
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    assert [result.returncodes[v] for v in victims] == [-9] * len(victims), (
+        result.returncodes, out)
+    # launch 4 is the replacement, whose results are the slot's
+    live = [r for r in range(ranks) if r not in victims or r == slot]
+    results = {i: tmp_path / f"done{slot if i == 4 else i}.json"
+               for i in (*[r for r in live if r != slot], 4)}
+    check_exits(result, results, out)
+    assert f"elastic fit: rank(s) {slot} joined at step" in result.stdout, out
+    check_each_sample_once(tmp_path, ranks)
+    done = {r: json.loads((tmp_path / f"done{r}.json").read_text()) for r in live}
+    assert done[slot]["joined"] and not done[0]["joined"], done
+    lost_at = json.loads((tmp_path / "victim.json").read_text())["t"]
+    assert any(rec["t"] > lost_at for rec in trained(tmp_path, slot))  # the replacement's
+    assert all(d["joins"] and d["joins"][0][0] == [slot] for r, d in done.items()
+               if r != slot), done
+    assert len({round(d["sum"], 5) for d in done.values()}) == 1, done
+    check_epoch_values(list(done.values()))
+    learners = live_learners(tmp_path)
+    # two victims may be found in one agreement or in two (they die a step apart)
+    assert learners[0] == 4 and learners[-1] == len(live), learners
+    assert min(learners) == ranks - len(victims), learners
+
+
+@pytest.mark.multiprocess
+def test_a_join_asked_while_members_wait_at_the_epochs_end_is_admitted(tmp_path: Path) -> None:
+    """``adpsgd``: rank 2 is killed in epoch 0; in epoch 1 rank 1 pauses 15 s in a batch, so
+    ranks 0 and 3 run out of batches and wait for it at the epoch's end, and the replacement of
+    rank 2 asks to join during the pause. A member that has arrived at its epoch's end must not
+    begin the admission (the others may have gone on to the epoch's meetings: the SLURM hang of
+    5 Dec 2026); rank 1, still training, begins it at its next step boundary and the arrived
+    members take part. All four finish every epoch; the join came in epoch 1; every sample once
+    per epoch among all processes; the same final replica."""
+    victim, ranks, pause_s = 2, 4, 20
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), str(victim), "3", ntasks=ranks,
+                                   env={"ELASTIC_FIT_PAUSE": f"1,1,5,{pause_s}"})
+    commands.append(relaunched_once(commands[victim], tmp_path / "paused"))
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    assert result.returncodes[victim] == -9, (result.returncodes, out)
+    check_exits(result, {i: tmp_path / f"done{victim if i == 4 else i}.json" for i in (0, 1, 3, 4)},
+                out)
+    paused = float((tmp_path / "paused").read_text())
+    joined = [rec["t"] for rec in trained(tmp_path, victim)
+              if rec["t"] > json.loads((tmp_path / "victim.json").read_text())["t"]]
+    assert joined and min(joined) > paused, (joined, paused)  # the replacement came at the pause
+    check_each_sample_once(tmp_path, ranks)
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)]
+    assert all(d["joins"] and d["joins"][0][0] == [victim] for r, d in enumerate(done)
+               if r != victim), done
+    # no member began the admission while rank 1 paused (ranks 0 and 3 waited at the end)
+    began = min(d["joins"][0][3] for r, d in enumerate(done) if r != victim)
+    assert began > paused + pause_s - 1, (began - paused, done)
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    check_epoch_values(done)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("strategy", "late"), [("adpsgd", True), ("adpsgd", False),
+                                                ("dpsgd", True)])
+def test_a_fit_starts_with_the_ranks_that_came_and_a_late_one_joins(
+        tmp_path: Path, strategy: str, late: bool) -> None:
+    """``start_timeout=4``: ranks 0-2 start, rank 3 only once rank 0 has trained a batch (long
+    after the start timeout): the three found the fit and train, rank 3 joins the running fit
+    as a replacement would (its slot was never filled), and all four finish every epoch with
+    the same replica, every sample trained once per epoch. ``late=False``: all four come in
+    time and found the fit together (their groups built by name, as a newcomer's)."""
+    ranks = 4
+    env = {"ELASTIC_FIT_STEP_S": "0.5", "ELASTIC_FIT_START_TIMEOUT": "4",
+           "ELASTIC_FIT_STRATEGY": strategy}
+    commands = fake_slurm_commands(SCRIPT, str(tmp_path), "-1", "0", ntasks=ranks, env=env)
+    if late:
+        argv, slot_env = commands[3]
+        commands[3] = (["bash", "-c", f"while [ ! -s {tmp_path}/rank0.jsonl ]; do sleep 0.2; "
+                                      f"done; exec {shlex.join(argv)}"], slot_env)
+    result = launch_processes(commands, timeout=300)
+    out = result.stdout[-8000:]
+    assert not result.timed_out, out
+    check_exits(result, {r: tmp_path / f"done{r}.json" for r in range(ranks)}, out)
+    check_each_sample_once(tmp_path, ranks)
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)]
+    founders = [0, 1, 2] if late else [0, 1, 2, 3]
+    assert [d["founders"] for d in done] == [founders] * (3 if late else 4) + (
+        [None] if late else []), done
+    assert [d["joined"] for d in done] == [False, False, False, late], done
+    if late:
+        assert "elastic fit: rank(s) 3 joined at step" in result.stdout, out
+        assert all(d["joins"] and d["joins"][0][0] == [3] for d in done[:3]), done
+        assert trained(tmp_path, 3), "the late rank trained no batch"
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    check_epoch_values(done)
+    learners = live_learners(tmp_path)
+    assert learners[0] == len(founders) and learners[-1] == ranks, learners
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["adpsgd", "dpsgd"])
+def test_a_rank_the_cursor_leaves_without_a_batch_validates_with_the_others(
+        tmp_path: Path, strategy: str) -> None:
+    """3 ranks, 2 batches an epoch, nobody lost: some rank trains no batch in an epoch.
+    Lightning validates after an epoch's last batch, so that rank must validate with the others
+    from its epoch's end (under ``dpsgd`` the fit timed out before: it went on to the next
+    epoch while the others averaged for validation), and take part in the reductions of the
+    epoch's logged training values, which it never logged (before that fix: a collective
+    mismatch, found under the real SLURM). Every rank validates every epoch, every sample is
+    trained once per epoch, and all end with the same replica and epoch values."""
+    samples, ranks = 8, 3
+    result = run_fake_slurm_each(SCRIPT, str(tmp_path), "-1", "0", ntasks=ranks, timeout=180,
+                                 env={"ELASTIC_FIT_STRATEGY": strategy,
+                                      "ELASTIC_FIT_SAMPLES": str(samples)})
+    out = result.stdout[-6000:]
+    check_exits(result, {r: tmp_path / f"done{r}.json" for r in range(ranks)}, out)
+    batches = {(r, e): 0 for r in range(ranks) for e in range(EPOCHS)}
+    for epoch in range(EPOCHS):
+        seen = Counter()
+        for r in range(ranks):
+            for rec in trained(tmp_path, r):
+                if rec["epoch"] == epoch:
+                    seen.update(rec["idx"])
+                    batches[r, epoch] += 1
+        assert seen == Counter(range(samples)), (epoch, seen)
+    assert 0 in batches.values(), batches  # the case happened (2 batches, 3 ranks)
+    done = [json.loads((tmp_path / f"done{r}.json").read_text()) for r in range(ranks)]
+    assert [d["validations"] for d in done] == [EPOCHS] * ranks, (done, batches)
+    assert len({round(d["sum"], 5) for d in done}) == 1, done
+    assert len({d["val_loss"] for d in done}) == 1, done
+    check_epoch_values(done, samples)
 
 
 @pytest.mark.multiprocess
