@@ -34,7 +34,8 @@ demo: setup
 	$(PY) -m recipes.asr.demo
 
 # Unit tests, doctests, the multi-process fits, every fault kind, the recipes' smoke runs; not
-# the tests marked `slow` (pyproject.toml's addopts deselects them). About 15 minutes.
+# the tests marked `slow` (pyproject.toml's addopts deselects them). About 20 minutes on the idle
+# machine (tests/README.md).
 test: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 $(DOCTESTS) tests
 
