@@ -3,9 +3,12 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export OMP_NUM_THREADS ?= 1
 # make test runs on this many pytest-xdist workers (the multi-process tests wait more than
-# they compute); TEST_WORKERS=0 runs in one process.
+# they compute); TEST_WORKERS=0 runs in one process. A file runs on one worker (loadfile); the
+# workers take the files in the order tests/conftest.py gives them, the longest first
+# (--no-loadscope-reorder: xdist's own order, the files with the most tests first, started the
+# long launch files last).
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # Doctests: the `>>>` examples of the library's modules (all pure: none needs a process group),
 # and of benchmarks/ and testbed/ (the race's scoring and rules among them; importing those
 # modules starts nothing and edits no sys.path: tests/test_benchmarks_layout.py).
@@ -31,7 +34,8 @@ demo: setup
 	$(PY) -m recipes.asr.demo
 
 # Unit tests, doctests, the multi-process fits, every fault kind, the recipes' smoke runs; not
-# the tests marked `slow` (pyproject.toml's addopts deselects them). About 15 minutes.
+# the tests marked `slow` (pyproject.toml's addopts deselects them). About 20 minutes on the idle
+# machine (tests/README.md).
 test: bytecode
 	$(PY) -m pytest -q $(XDIST) --durations=25 $(DOCTESTS) tests
 

@@ -11,7 +11,11 @@ re-runs it for the other ranks). Every variant goes through :func:`launch_proces
   ``PYTHONFAULTHANDLER``), so a hang can be located from the output, then kills them all;
 * kills every process it started, and their descendants, on any exit (an error, ``Ctrl-C``,
   ``SIGTERM`` of the caller). torchrun starts its ranks in sessions of their own, so the
-  process tree is walked in ``/proc`` rather than signalling one process group.
+  process tree is walked in ``/proc`` rather than signalling one process group;
+* with ``reap_stopped=True`` (a torchrun launch with a rank frozen by ``SIGSTOP``), kills a
+  stopped rank as soon as every other rank has ended: torchrun's agent stops its ranks with
+  ``SIGTERM``, which a stopped process does not handle until it runs again, and kills it only
+  30 s later.
 
 With ``LG_NO_LAUNCH=1`` (``make test-fast``) every launch fails at once, naming the marker a
 test that launches processes must carry (``multiprocess``).
@@ -105,6 +109,47 @@ def _kill_tree(procs: Sequence[subprocess.Popen]) -> None:
             os.killpg(p.pid, signal.SIGKILL)
 
 
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """``pid -> (parent pid, state letter)`` of every process, read from ``/proc``."""
+    table: dict[int, tuple[int, str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            table[int(stat.parent.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def stopped_alone(roots: Sequence[int], table: dict[int, tuple[int, str]]) -> list[int]:
+    """The children of ``roots`` (torchrun agents: their children are the ranks) that are
+    stopped (state ``T``: ``SIGSTOP``) once no other child of any root runs (each has ended:
+    gone, or a zombie not yet reaped): the frozen ranks nobody can wait on any more, which the
+    agents are now only waiting for.
+
+    >>> table = {10: (1, "S"), 11: (10, "Z"), 12: (10, "T"), 13: (10, "S"), 20: (1, "S"),
+    ...          21: (20, "T")}
+    >>> stopped_alone([10, 20], table)  # rank 13 (of the other agent than 21) still runs
+    []
+    >>> table[13] = (10, "Z")
+    >>> stopped_alone([10, 20], table)
+    [12, 21]
+    """
+    ranks = [pid for pid, (ppid, _) in table.items() if ppid in roots]
+    if any(table[pid][1] not in "TZX" for pid in ranks):
+        return []
+    return sorted(pid for pid in ranks if table[pid][1] == "T")
+
+
+def _reap_stopped(procs: Sequence[subprocess.Popen], done: threading.Event,
+                  killed: list[int], every_s: float = 0.5) -> None:
+    """Until ``done``: kill (``SIGKILL``) the ranks :func:`stopped_alone` finds under
+    ``procs``, recording their pids in ``killed``."""
+    while not done.wait(every_s):
+        for pid in stopped_alone([p.pid for p in procs], _proc_table()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+
 def dump_stacks(procs: Sequence[subprocess.Popen]) -> str:
     """Make every process of the launch show its Python stacks; returns text to add to the log.
 
@@ -189,6 +234,7 @@ def launch_processes(
     timeout: float,
     log: TextIO | None = None,
     on_line: Callable[[str], None] | None = None,
+    reap_stopped: bool = False,
 ) -> Launched:
     """Start every ``(argv, env)`` in ``ROOT`` and wait for all of them, at most ``timeout`` s.
 
@@ -196,6 +242,12 @@ def launch_processes(
     passed to ``on_line`` line by line. On timeout the stacks of every process are dumped
     (:func:`dump_stacks`) and everything is killed; ``timed_out`` is then set. Whatever
     happens, no process of the launch outlives this call.
+
+    ``reap_stopped`` (torchrun launches: each command an agent whose children are the ranks):
+    a rank stopped by ``SIGSTOP`` (a frozen rank) is killed as soon as every other rank of
+    the launch has ended (:func:`stopped_alone`, checked every 0.5 s), as its agent kills it
+    after 30 s; the output then says so. Not for Lightning's launcher, whose rank 0 is the
+    other ranks' parent (and kills them itself with ``SIGKILL``).
     """
     if os.environ.get("LG_NO_LAUNCH") == "1":  # set by `make test-fast`
         raise AssertionError("this test launches processes: mark it @pytest.mark.multiprocess "
@@ -215,6 +267,8 @@ def launch_processes(
 
     timed_out, diagnostics = False, ""
     stragglers: list[int] = []
+    reaped: list[int] = []
+    reaping = threading.Event()
     with _sigterm_raises():
         try:
             for argv, env in commands:
@@ -226,6 +280,9 @@ def launch_processes(
                 reader.thread = threading.Thread(target=pump, args=(reader,), daemon=True)
                 reader.thread.start()
                 readers.append(reader)
+            if reap_stopped:
+                threading.Thread(target=_reap_stopped, daemon=True,
+                                 args=([r.proc for r in readers], reaping, reaped)).start()
             deadline = time.monotonic() + timeout
             for r in readers:
                 try:
@@ -242,12 +299,16 @@ def launch_processes(
                 while time.monotonic() < end and any(r.proc.poll() is None for r in readers):
                     time.sleep(0.1)
         finally:
+            reaping.set()
             _kill_tree([r.proc for r in readers])
             signal_all(stragglers, signal.SIGKILL)
             for r in readers:
                 r.proc.wait()
                 if r.thread is not None:
                     r.thread.join(timeout=10)
+    if reaped:
+        diagnostics += (f"[launch] killed the stopped process(es) {sorted(set(reaped))} once "
+                        "every other rank had ended\n")
     if timed_out:
         diagnostics += f"[launch] timed out after {timeout}s; every process was killed\n"
     with lock:

@@ -451,10 +451,8 @@ ATTACH_AUTO = {"warmup_steps": 1, "measure_steps": 3, "recheck_every": None, "ma
 
 
 @pytest.mark.multiprocess
-def test_attach_takes_the_period_for_both_engines(tmp_path):
-    from tests.scripts.engine_ranks import spawn_ranks
-
-    results = spawn_ranks(_attached_ranks, WORLD, tmp_path, timeout=300)
+def test_attach_takes_the_period_for_both_engines(attach_runs):
+    results = [r["attached"] for r in attach_runs]
     topo = T.build("random_ring", WORLD, 5)
     for name, overlap in (("overlap", True), ("blocking", False)):
         rs = [r[name] for r in results]
@@ -563,12 +561,24 @@ def _auto_measure_ranks(rank: int, world: int) -> dict:
     return out
 
 
+def _attach_ranks(rank: int, world: int) -> dict:
+    """The attach loops of this file on every rank, in one launch (process start-up is most of
+    a launch): :func:`_attached_ranks`, then :func:`_auto_measure_ranks`."""
+    return {"attached": _attached_ranks(rank, world), "auto": _auto_measure_ranks(rank, world)}
+
+
 @pytest.fixture(scope="module")
-def auto_measure(tmp_path_factory) -> list[dict]:
+def attach_runs(tmp_path_factory) -> list[dict]:
+    """What :func:`_attach_ranks` returned on each of ``WORLD`` gloo ranks."""
     from tests.scripts.engine_ranks import spawn_ranks
 
-    return spawn_ranks(_auto_measure_ranks, WORLD, tmp_path_factory.mktemp("auto"),
-                       timeout=300)
+    return spawn_ranks(_attach_ranks, WORLD, tmp_path_factory.mktemp("attach"), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def auto_measure(attach_runs) -> list[dict]:
+    """Each rank's :func:`_auto_measure_ranks` loops (``slow``, ``requeue``)."""
+    return [r["auto"] for r in attach_runs]
 
 
 @pytest.mark.multiprocess

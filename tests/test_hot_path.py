@@ -352,7 +352,7 @@ def sharded_run(tmp_path_factory) -> tuple[Path, str]:
                                   nnodes=2, node_rank=node, port=port), base_env())
                 for node in range(2)]
     try:
-        launched = launch_processes(commands, timeout=900)
+        launched = launch_processes(commands, timeout=900, reap_stopped=True)
     finally:
         pid = out / "pid3"
         if pid.exists():  # a stopped rank may be outside the killed process groups
