@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from lightning_gossip.elastic.joins import JOIN_CHECK_EVERY, NodeJoins
 from lightning_gossip.elastic.membership import Membership
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.hierarchy import NodeLayout
 
 
 def _node_rank(rank: int, session: ElasticSession,
@@ -36,7 +36,7 @@ def _node_rank(rank: int, session: ElasticSession,
         unions.append(list(ranks))
         return list(ranks)
 
-    return members, NodeJoins(mine, NodeUnits(2), node_union=union,
+    return members, NodeJoins(mine, NodeLayout(2, 2, rank // 2, rank % 2), node_union=union,
                               asked=lambda read=None: None)
 
 
@@ -57,7 +57,7 @@ def test_a_loss_survived_at_a_step_boundary_makes_no_look_due_there() -> None:
     # asked after the decision, the look was due: what rank 1 did before (fit 24)
     late_session = ElasticSession(JOIN_CHECK_EVERY)
     late_session.begin(rank1)
-    late = NodeJoins(late_session, NodeUnits(2), node_union=lambda ranks: [9],
+    late = NodeJoins(late_session, NodeLayout(2, 2, 0, 1), node_union=lambda ranks: [9],
                      asked=lambda read=None: None)
     assert late.due()
     # the next multiple: both look, one all-reduce each, and once per step only

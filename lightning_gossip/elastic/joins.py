@@ -17,12 +17,13 @@ Only whole nodes are admitted: a node's relaunched processes ask one by one.
 >>> from datetime import timedelta
 >>> import torch.distributed as dist
 >>> from lightning_gossip.elastic.membership import Membership
->>> from lightning_gossip.elastic.nodes import NodeUnits
 >>> from lightning_gossip.elastic.session import ElasticSession
+>>> from lightning_gossip.hierarchy import NodeLayout
 >>> session = ElasticSession(step=16)
 >>> session.begin(Membership(dist.HashStore(), 0, 6, timedelta(seconds=5), live=(0, 1, 4, 5)))
 >>> asked = [(2,)]
->>> joins = NodeJoins(session, NodeUnits(2), node_union=list, asked=lambda read=None: asked[0])
+>>> layout = NodeLayout(num_nodes=3, devices=2, node=0, local=0)  # (rank 0's view)
+>>> joins = NodeJoins(session, layout, node_union=list, asked=lambda read=None: asked[0])
 >>> joins.look(at_end=False)  # node 1's rank 3 has not asked yet
 []
 >>> asked[0] = (2, 3)
@@ -40,8 +41,8 @@ from typing import Any
 import torch
 
 from lightning_gossip.elastic.membership import POLL_EVERY_S
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.hierarchy import NodeLayout
 
 __all__ = ["JOIN_CHECK_EVERY", "JoinSteps", "NodeJoins", "NodeUnion"]
 
@@ -80,16 +81,17 @@ class NodeJoins:
     Args:
         session: the fit's session (its membership: is a slot free?; its step, the same on a
             node's ranks).
-        units: the nodes.
+        layout: the fit's nodes (a node is admitted whole).
         node_union: ``(ranks)``: the union of what the node's ranks give (a node collective).
         asked: ``(read=None)``: the rank slots asked for (``read``: ``membership.deciding``,
             whether another member began an admission), or ``None``.
     """
 
-    def __init__(self, session: ElasticSession, units: NodeUnits,
+    def __init__(self, session: ElasticSession, layout: NodeLayout,
                  node_union: Callable[[Sequence[int]], list[int]],
                  asked: Callable[..., Any]) -> None:
-        self.session, self.units, self.node_union, self.asked = session, units, node_union, asked
+        self.session, self.layout, self.node_union, self.asked = (session, layout, node_union,
+                                                                  asked)
         self.steps = JoinSteps()
         self._polled = 0.0  # when last polled (at an epoch's end)
 
@@ -119,7 +121,7 @@ class NodeJoins:
             if not (self.due() if due is None else due):
                 return []
             asked = self.node_union(self.asked() or ())
-        return self.units.complete(asked or ())
+        return self.layout.complete_nodes(asked or ())
 
 
 class NodeUnion:
