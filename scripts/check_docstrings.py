@@ -30,6 +30,7 @@ MODULES = (
     "lightning_gossip.flat",
     "lightning_gossip.exchange",
     "lightning_gossip.consensus",
+    "lightning_gossip.replicas",
     "lightning_gossip.cursor",
     "lightning_gossip.cursor.loader",
     "lightning_gossip.liveness",

@@ -41,12 +41,13 @@ import torch
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_gossip" / "strategies"
 #: the adapters' modules, the elastic package's (issue 49) and the parts the strategies own that
 #: live outside ``strategies/`` because they need no Lightning (the Fabric strategies and
-#: ``attach()`` own the node averaging too; the cursor's requeue position): their classes are
-#: checked
+#: ``attach()`` own the node averaging too; the replicas, the cursor's requeue position): their
+#: classes are checked
 MODULES = sorted(f"lightning_gossip.{p.parent.name}.{p.stem}"
                  for folder in (PACKAGE, PACKAGE.parent / "elastic")
                  for p in folder.glob("*.py") if p.stem != "__init__") + [
-    "lightning_gossip.node_averaging", "lightning_gossip.cursor.resume"]
+    "lightning_gossip.node_averaging", "lightning_gossip.replicas",
+    "lightning_gossip.cursor.resume"]
 
 
 # -- the check --------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_cursor_resume_saves_and_restarts_the_claims() -> None:
 
 def test_replicas_swap_in_and_out_with_one_replica() -> None:
     from lightning_gossip.flat import FlatState
-    from lightning_gossip.strategies.replicas import Replicas
+    from lightning_gossip.replicas import Replicas
 
     model = torch.nn.Linear(3, 2)
     flat = FlatState(model)
