@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.cursor.resume import CURSOR_KEY
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
 from testbed.launch import ROOT, base_env, check, free_port, launch_processes, run_fake_slurm

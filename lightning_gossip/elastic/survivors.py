@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
+from lightning_gossip.cursor.store import default_store
 from lightning_gossip.elastic.claim_ledger import ClaimLedger
 from lightning_gossip.elastic.joins import NodeJoins
 from lightning_gossip.elastic.membership import POLL_EVERY_S, Membership
@@ -45,7 +46,6 @@ from lightning_gossip.errors import PeerSilent, RankExcluded, lost_ranks
 from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
-from lightning_gossip.cursor.store import default_store
 
 __all__ = ["LIVE_METRIC", "Engine", "Engines", "Survivors"]
 

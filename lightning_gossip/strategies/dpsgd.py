@@ -25,10 +25,10 @@ from typing_extensions import override
 
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
+from lightning_gossip.cursor.resume import CursorResume
 from lightning_gossip.elastic.engines import node_retries
 from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.elastic.rounds import ElasticRounds, RoundEngines
-from lightning_gossip.cursor.resume import CursorResume
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.strategies.dpsgd_elastic import attach, training_loader
