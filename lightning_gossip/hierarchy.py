@@ -5,6 +5,22 @@ one learner: gradients are averaged inside the node every step, so the node's ra
 bit-identical weights, and gossip runs between nodes only. Lightning numbers ranks
 ``global_rank = node_rank * devices + local_rank``; :class:`NodeLayout` holds that numbering.
 
+:class:`NodeLayout` is the package's one type for where ranks sit among nodes. It is a
+description of the whole fit (``num_nodes`` nodes of ``devices`` ranks) seen from one rank
+(``node``, ``local``), so it answers both kinds of question: this rank's (:attr:`~NodeLayout.rank`,
+its column, its slice of the replica, its node's :attr:`~NodeLayout.leader`) and the fit's, the
+same on every rank (:meth:`~NodeLayout.node_ranks`, :meth:`~NodeLayout.whole_nodes`: what
+leaves an elastic fit together, :meth:`~NodeLayout.complete_nodes`: what may join it,
+:meth:`~NodeLayout.leaders`: who claims the shared cursor's batches for a node). A flat fit is
+the layout of nodes of one rank (:meth:`NodeLayout.flat`). The fit-wide answers read only
+``devices`` and ``num_nodes``, so they stay methods of the one type rather than a second,
+rank-free type: every user builds its layout from the same four numbers (Lightning's ranks, or
+torchrun's environment), and an elastic fit's live ranks are a subset of that layout's ranks,
+never a new numbering. What is not about where a rank sits stays with its own concept: how a
+node's claims of the shared cursor wait at an epoch's end and under which key a rejoined node
+claims (:class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger`), which groups an elastic
+generation builds (:func:`~lightning_gossip.elastic.nodes.generation_groups`).
+
 The inter-node exchange is sharded: the flat replica is cut into ``devices`` equal slices
 (zero-padded), local rank ``l`` exchanges slice ``l`` with local rank ``l`` of the peer nodes
 on its *column* group (the ranks with local rank ``l`` on every node), and the node then
@@ -29,6 +45,13 @@ Example::
     (0, 3)
     >>> layout.shard_size(5)  # 5 values in 2 slices of 3 (one padding value)
     3
+    >>> layout.leader, layout.whole_nodes((3,)), layout.leaders((0, 1, 3))
+    (2, (2, 3), (0, 2))
+    >>> three.complete_nodes((2, 3, 4))  # rank 5 of node 2 is missing
+    [2, 3]
+    >>> flat = NodeLayout.flat(world_size=4, rank=3)  # each rank alone
+    >>> flat.node, flat.whole_nodes((3,)), flat.leaders((0, 2))
+    (3, (3,), (0, 2))
     >>> check_layout([(0, 0, 0), (1, 0, 1), (2, 1, 0)], num_nodes=2, devices=2)
     Traceback (most recent call last):
     ...
@@ -38,6 +61,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -50,18 +74,51 @@ __all__ = ["NodeGroups", "NodeLayout", "check_layout", "make_async_groups", "mak
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Where this rank sits: ``num_nodes`` nodes of ``devices`` ranks, this rank's node and
-    local rank."""
+    """Where ranks sit among nodes: ``num_nodes`` nodes of ``devices`` ranks, numbered
+    ``rank = node * devices + local``, seen from the rank at ``node`` and ``local`` (see the
+    module docstring: this rank's questions and the fit's, the same on every rank)."""
 
     num_nodes: int
     devices: int
     node: int
     local: int
 
+    @classmethod
+    def flat(cls, world_size: int, rank: int) -> NodeLayout:
+        """A flat fit: each of ``world_size`` ranks alone, a node of one (seen from
+        ``rank``)."""
+        return cls(world_size, 1, rank, 0)
+
     @property
     def rank(self) -> int:
         """This rank's global rank, ``node * devices + local``."""
         return self.node * self.devices + self.local
+
+    @property
+    def leader(self) -> int:
+        """This rank's node's leader, its local rank 0 (:meth:`leader_of`)."""
+        return self.leader_of(self.rank)
+
+    def leader_of(self, rank: int) -> int:
+        """The local rank 0 of ``rank``'s node: the rank that speaks for the node (it claims
+        the shared cursor's batches for it, and is its claimant in an elastic fit's ledger)."""
+        return rank - rank % self.devices
+
+    def leaders(self, ranks: Iterable[int]) -> tuple[int, ...]:
+        """The leaders of the nodes of ``ranks``, sorted."""
+        return tuple(sorted({self.leader_of(r) for r in ranks}))
+
+    def whole_nodes(self, ranks: Iterable[int]) -> tuple[int, ...]:
+        """Every rank of the nodes of ``ranks``, sorted (in an elastic fit a rank lost takes
+        its node with it)."""
+        d = self.devices
+        return tuple(sorted({r - r % d + k for r in ranks for k in range(d)}))
+
+    def complete_nodes(self, ranks: Iterable[int]) -> list[int]:
+        """The ranks of ``ranks`` whose whole node is in it (an elastic fit admits a node whole;
+        its processes ask to join one by one)."""
+        ranks = set(ranks)
+        return sorted(r for r in ranks if set(self.whole_nodes((r,))) <= ranks)
 
     def node_ranks(self, node: int) -> list[int]:
         """The global ranks of ``node``."""
@@ -172,7 +229,7 @@ def make_node_groups(layout: NodeLayout, backend: str | None, timeout: timedelta
                 node_gossip = g
         assert node_gossip is not None
     assert node_group is not None and column_group is not None
-    return NodeGroups(node_group, column_group, node_gossip)
+    return NodeGroups(node=node_group, column=column_group, node_gossip=node_gossip)
 
 
 def make_async_groups(layout: NodeLayout | None, backend: str | None,
@@ -184,7 +241,7 @@ def make_async_groups(layout: NodeLayout | None, backend: str | None,
     if layout is None:
         control = dist.new_group(backend="gloo", timeout=timeout)
         data = dist.new_group(backend=backend, timeout=timeout)
-        return NodeGroups(data, data, control=control)
+        return NodeGroups(node=data, column=data, control=control)
     groups, control = make_node_groups(layout, backend, timeout), None
     for k in range(layout.devices):
         g = dist.new_group(layout.column_ranks(k), backend="gloo", timeout=timeout)

@@ -94,7 +94,7 @@ from lightning_gossip.elastic.loop import (
     check_no_joins,
     next_run,
 )
-from lightning_gossip.elastic.nodes import RANKS, ElasticGroups
+from lightning_gossip.elastic.nodes import ElasticGroups
 from lightning_gossip.elastic.rounds import RoundEngines
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.flat import FlatState
@@ -292,8 +292,9 @@ class Gossip:
                                  stats=self._sync_stats)
                 engine = rounds(build(topology, self.world_size, seed=seed), group)
                 self.elastic = self._elastic(strategy, RoundEngines(
-                    self.session, RANKS, self.world_size, (topology, seed), rounds),
-                    ElasticGroups(self._average_group, None, group), backend)
+                    self.session, NodeLayout.flat(self.world_size, self.rank), (topology, seed),
+                    rounds),
+                    ElasticGroups(lightning=self._average_group, control=None, data=group), backend)
             elif exchanging:
                 topo = (resolve_learners(topology, lay.num_nodes, lay.devices, seed, True)
                         if lay is not None else topology if isinstance(topology, Topology)
@@ -314,8 +315,10 @@ class Gossip:
                 engine = pairs(Pairing(pairing, self.world_size, seed),
                                control_group=groups.control, data_group=groups.column)
                 self.elastic = self._elastic(strategy, PairwiseEngines(
-                    self.session, RANKS, (pairing, seed), self.rank, pairs),
-                    ElasticGroups(self._average_group, groups.control, groups.column), backend)
+                    self.session, NodeLayout.flat(self.world_size, self.rank), (pairing, seed),
+                    pairs),
+                    ElasticGroups(lightning=self._average_group, control=groups.control,
+                                  data=groups.column), backend)
             elif exchanging:
                 over = Pairing(pairing, lay.num_nodes if lay is not None else self.world_size,
                                seed)

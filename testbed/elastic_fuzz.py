@@ -36,12 +36,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_gossip.elastic.nodes import NodeUnits
+from lightning_gossip.hierarchy import NodeLayout
 from testbed.elastic_fit import BATCH_SIZE, SAMPLES, outcome
 from testbed.launch import fake_slurm_commands, launch_processes
 
 EXIT_ABORT = "terminate called without an active exception"
 """What a process that dies of ``SIGABRT`` at exit prints (issue 48: never accepted)."""
+
+
+def fit_layout(case: dict[str, Any]) -> NodeLayout:
+    """The case's nodes, seen from rank 0 (one node: each rank alone, a flat fit)."""
+    nodes, ranks = case.get("nodes", 1), case["ranks"]
+    return NodeLayout(nodes, ranks // nodes, 0, 0) if nodes > 1 else NodeLayout.flat(ranks, 0)
 
 
 def expected_statuses(case: dict[str, Any], lost: bool) -> list[int]:
@@ -51,12 +57,10 @@ def expected_statuses(case: dict[str, Any], lost: bool) -> list[int]:
     recovery (``cont``) 1 (``RankExcluded``), as its node-mates that left with it (a
     hierarchical fit)."""
     victims = case["victim"] if isinstance(case["victim"], list) else [case["victim"]]
-    nodes = case.get("nodes", 1)
     codes = [0] * case["ranks"]
     if not lost:
         return codes
-    units = NodeUnits(case["ranks"] // nodes if nodes > 1 else 1)
-    for r in units.whole(victims):
+    for r in fit_layout(case).whole_nodes(victims):
         codes[r] = 1  # a node-mate: RankExcluded
     for r in victims:
         codes[r] = 1 if case["kind"] == "cont" else -9
@@ -109,8 +113,8 @@ def run_case(out: Path, case: dict[str, Any], timeout: float = 300) -> dict[str,
     result: dict[str, Any] = dict(case, wall_s=round(time.monotonic() - start, 1),
                                   codes=launched.returncodes, hang=launched.timed_out,
                                   orphans=orphans(out))
-    units = NodeUnits(case["ranks"] // nodes if nodes > 1 else 1)  # node-mates leave too
-    left = tuple(r for r in units.whole(victims) if r not in victims)
+    left = tuple(r for r in fit_layout(case).whole_nodes(victims)  # node-mates leave too
+                 if r not in victims)
     survivors = [r for r in range(case["ranks"]) if r not in victims and r not in left]
     result["finished"] = not launched.timed_out and all(
         launched.returncodes[r] == 0 and (out / f"done{r}.json").exists() for r in survivors)

@@ -14,10 +14,11 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from lightning_gossip.cursor.batches import SharedBatchSampler
+from lightning_gossip.cursor.claims import Claims
+from lightning_gossip.cursor.sampler import SharedCursorSampler
 from lightning_gossip.elastic.claim_ledger import ClaimLedger
-from lightning_gossip.node_claims import Claims, NodeShare
-from lightning_gossip.shared_batches import SharedBatchSampler
-from lightning_gossip.shared_cursor import SharedCursorSampler
+from lightning_gossip.hierarchy import NodeLayout
 
 UNITS, WORLD, VICTIM = 40, 4, 3
 CLAIMED, TRAINED = 5, 2  # the victim dies holding CLAIMED - TRAINED unfinished units
@@ -262,8 +263,8 @@ def test_a_lost_nodes_claims_go_back_whole_to_a_live_node() -> None:
     store, live = dist.HashStore(), [0, 2]
     ledgers = {r: ClaimLedger(store, "run", r - r % 2, lambda: live, poll_s=0.01, timeout=WAIT)
                for r in range(4)}
-    claims = {r: Claims(store, "run", NodeShare(node=r // 2, local=r % 2, devices=2),
-                        ledgers[r]) for r in range(4)}
+    claims = {r: Claims(store, "run", NodeLayout(num_nodes=2, devices=2, node=r // 2,
+                                                  local=r % 2), ledgers[r]) for r in range(4)}
     for ledger in ledgers.values():
         ledger.open(0)
     units = 8  # 4 node claims
@@ -279,7 +280,7 @@ def test_a_lost_nodes_claims_go_back_whole_to_a_live_node() -> None:
 
 
 def test_a_lockstep_nodes_ranks_wait_at_the_end_equally_often() -> None:
-    """Hierarchical dpsgd (``NodeShare(lockstep=True)``): each wait at an epoch's end is a
+    """Hierarchical dpsgd (a ledger with ``lockstep=True``): each wait at an epoch's end is a
     gossip-only round, a collective of the node's ranks, so they must make the same number of
     them. Node 0's claimant (rank 0) waits for node 1's (rank 2), which arrives 0.3 s later;
     its node-mate (rank 1) makes one wait per wait rank 0 announced, and both end together."""
@@ -293,9 +294,8 @@ def test_a_lockstep_nodes_ranks_wait_at_the_end_equally_often() -> None:
         return on_wait
 
     ledgers = {r: ClaimLedger(store, "run", r - r % 2, lambda: live, on_wait=counted(r),
-                              poll_s=0.01, timeout=WAIT) for r in (0, 1)}
-    claims = {r: Claims(store, "run", NodeShare(0, r, 2, lockstep=True), ledgers[r])
-              for r in (0, 1)}
+                              poll_s=0.01, timeout=WAIT, lockstep=True) for r in (0, 1)}
+    claims = {r: Claims(store, "run", NodeLayout(2, 2, 0, r), ledgers[r]) for r in (0, 1)}
     other = ClaimLedger(store, "run", 2, lambda: live, poll_s=0.01, timeout=WAIT)
     for ledger in (*ledgers.values(), other):
         ledger.open(0)
@@ -309,6 +309,21 @@ def test_a_lockstep_nodes_ranks_wait_at_the_end_equally_often() -> None:
                         2: arrive_late})
     assert ends == {0: None, 1: None, 2: None}
     assert calls[0] > 3 and calls[1] == calls[0], calls
+
+
+def test_a_rejoined_nodes_claims_are_keyed_by_its_incarnation() -> None:
+    """A node whose processes were admitted in generation 2 (the ledger's ``incarnation``)
+    claims under keys of its own: the claim its earlier processes left under the same counter
+    (``node0/claim0``) is not read again, so its other rank takes the unit its leader claimed."""
+    store, live = dist.HashStore(), [0]
+    store.set("run/epoch0/node0/claim0", "3")  # the node's earlier processes' first claim
+    ledgers = {r: ClaimLedger(store, "run", 0, lambda: live, poll_s=0.01, timeout=WAIT,
+                              incarnation=2) for r in (0, 1)}
+    claims = {r: Claims(store, "run", NodeLayout(1, 2, 0, r), ledgers[r]) for r in (0, 1)}
+    for ledger in ledgers.values():
+        ledger.open(0)
+    assert [claims[r].next(0, 4) for r in (0, 1)] == [0, 1]
+    assert store.get("run/epoch0/node0.2/claim0") == b"0"
 
 
 def test_the_samplers_draw_through_the_ledger() -> None:

@@ -1,6 +1,6 @@
-"""The balanced epoch end (``lightning_gossip.end_balance``): claimants of different speeds on
-one shared counter, simulated on a clock of their own (each claims one unit ahead, as under
-Lightning's fetcher), and the guarantee that no unit is left unclaimed.
+"""The balanced epoch end (``lightning_gossip.cursor.end_balance``): claimants of different
+speeds on one shared counter, simulated on a clock of their own (each claims one unit ahead, as
+under Lightning's fetcher), and the guarantee that no unit is left unclaimed.
 
 The multi-process run of the same option (a 2 x 2 fit with a slow node) is
 ``tests/test_hierarchical_adpsgd.py::test_a_balanced_end_leaves_the_last_batches_to_the_fast_node``.
@@ -14,8 +14,9 @@ from collections import deque
 import pytest
 import torch.distributed as dist
 
-from lightning_gossip.end_balance import EndBalance, should_claim
-from lightning_gossip.node_claims import Claims, NodeShare
+from lightning_gossip.cursor.claims import Claims
+from lightning_gossip.cursor.end_balance import EndBalance, should_claim
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies import ADPSGDStrategy
 
 
@@ -106,11 +107,11 @@ def test_when_every_other_claimant_stopped_the_last_takes_the_units():
 def test_a_node_that_stops_stops_all_its_ranks():
     """Hierarchical claims: local rank 0 decides for the node; its other ranks end with it."""
     store, fast_now, slow_now = dist.HashStore(), [0.0], [0.0]
-    fast = Claims(store, "n", NodeShare(0, 0, 2),
+    fast = Claims(store, "n", NodeLayout(2, 2, 0, 0),
                   balance=EndBalance(store, "n/b", 0, 2, ahead=0, clock=lambda: fast_now[0]))
-    slow0 = Claims(store, "n", NodeShare(1, 0, 2),
+    slow0 = Claims(store, "n", NodeLayout(2, 2, 1, 0),
                    balance=EndBalance(store, "n/b", 1, 2, ahead=0, clock=lambda: slow_now[0]))
-    slow1 = Claims(store, "n", NodeShare(1, 1, 2))
+    slow1 = Claims(store, "n", NodeLayout(2, 2, 1, 1))
     units = 40  # 20 node claims; the fast node claims once a second, the slow one every 10 s
 
     def slow_claims(t: float) -> tuple[int | None, int | None]:

@@ -20,7 +20,8 @@
   Lightning name) imports ``lightning``, ``pytorch_lightning`` or ``lightning_fabric``, anywhere
   in the module (function bodies and ``TYPE_CHECKING`` blocks included), nor names one to
   ``importlib.import_module`` / ``__import__``.
-* The elastic package (``lightning_gossip/elastic/``) imports nothing of the adapters either.
+* The elastic package (``lightning_gossip/elastic/``) and the shared cursor's
+  (``lightning_gossip/cursor/``) import nothing of the adapters either.
 """
 
 from __future__ import annotations
@@ -293,3 +294,18 @@ def test_the_elastic_package_sits_below_the_adapters():
               for name in modules}
     assert not any(upward.values()), upward
     assert f"{PACKAGE}.elastic.session" in graph[f"{PACKAGE}.elastic.survivors"]  # (the walk)
+
+
+def test_the_cursor_package_sits_below_the_adapters():
+    """``lightning_gossip.cursor`` (the shared cursor: claims, samplers, the loader's sampler,
+    the requeue position) imports no Lightning and nothing of ``strategies/`` or ``fabric/``,
+    type-only imports included: the adapters rebuild their loaders with it."""
+    modules = [name for name in MODULES
+               if name == f"{PACKAGE}.cursor" or name.startswith(f"{PACKAGE}.cursor.")]
+    assert len(modules) >= 6 and not any(_is_adapter(name) for name in modules)
+    graph = import_graph(functions=True, type_only=True)
+    upward = {name: sorted(d for d in graph[name]
+                           if d.startswith((f"{PACKAGE}.strategies", f"{PACKAGE}.fabric")))
+              for name in modules}
+    assert not any(upward.values()), upward
+    assert f"{PACKAGE}.cursor.claims" in graph[f"{PACKAGE}.cursor.sampler"]  # (the walk)

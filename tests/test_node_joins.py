@@ -41,7 +41,6 @@ from lightning_gossip import _compat
 from lightning_gossip.elastic.engines import PairwiseEngines, node_retries
 from lightning_gossip.elastic.joins import JOIN_CHECK_EVERY, NodeJoins
 from lightning_gossip.elastic.membership import Membership
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.elastic.survivors import Survivors
 from lightning_gossip.flat import FlatState
@@ -61,7 +60,7 @@ def _node_rank(rank: int, live: tuple[int, ...], generation: int) -> NodeJoins:
     session = ElasticSession(JOIN_CHECK_EVERY)
     session.begin(Membership(dist.HashStore(), rank, SLOTS, timedelta(seconds=5), live=live,
                              generation=generation))
-    return NodeJoins(session, NodeUnits(2), asked=lambda read=None: tuple(
+    return NodeJoins(session, NodeLayout(2, 2, 0, rank), asked=lambda read=None: tuple(
         r for r in (2, 3) if r not in live))
 
 
@@ -114,11 +113,11 @@ def node_step(rank: int, world: int) -> dict:
     heartbeat = Heartbeat.connect(rank, SLOTS, HEARTBEAT_S, fallback=_compat.default_store())
     node = NodeAverager(module, FlatState(module), NodeLayout(2, 2, 0, rank), node_group,
                         TIMEOUT, heartbeat, step=session.current_step)
-    units = NodeUnits(2)
-    engines = PairwiseEngines(session, units, ("ring", 0), rank, make=_refuse, node=node)
+    layout = NodeLayout(2, 2, 0, rank)
+    engines = PairwiseEngines(session, layout, ("ring", 0), make=_refuse, node=node)
     survivors = Survivors(session, "joins", rank, SLOTS, TIMEOUT, heartbeat=heartbeat,
                           backend="gloo", engines=engines, epoch=lambda: 0, hand_over=_refuse,
-                          units=units, node=node)
+                          layout=layout, node=node)
     node_retries(node, survivors.retry)
     dist.barrier()
     heartbeat.start()  # node 1's slots never beat: found silent after HEARTBEAT_S

@@ -40,12 +40,14 @@ import torch
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_gossip" / "strategies"
 #: the adapters' modules, the elastic package's (issue 49) and the parts the strategies own that
-#: live outside ``strategies/`` because the Fabric strategies and ``attach()`` own them too (no
-#: Lightning there): their classes are checked
+#: live outside ``strategies/`` because they need no Lightning (the Fabric strategies and
+#: ``attach()`` own the node averaging too; the replicas, the cursor's requeue position): their
+#: classes are checked
 MODULES = sorted(f"lightning_gossip.{p.parent.name}.{p.stem}"
                  for folder in (PACKAGE, PACKAGE.parent / "elastic")
                  for p in folder.glob("*.py") if p.stem != "__init__") + [
-    "lightning_gossip.node_averaging"]
+    "lightning_gossip.node_averaging", "lightning_gossip.replicas",
+    "lightning_gossip.cursor.resume"]
 
 
 # -- the check --------------------------------------------------------------------------------
@@ -221,8 +223,8 @@ def test_both_strategies_hold_their_groups_as_node_groups() -> None:
 def test_cursor_resume_saves_and_restarts_the_claims() -> None:
     import torch.distributed as dist
 
-    from lightning_gossip.node_claims import Claims
-    from lightning_gossip.strategies.cursor_resume import CURSOR_KEY, CursorResume
+    from lightning_gossip.cursor.claims import Claims
+    from lightning_gossip.cursor.resume import CURSOR_KEY, CursorResume
 
     claims = Claims(dist.HashStore(), "run0", None)
     resume = CursorResume()
@@ -243,7 +245,7 @@ def test_cursor_resume_saves_and_restarts_the_claims() -> None:
 
 def test_replicas_swap_in_and_out_with_one_replica() -> None:
     from lightning_gossip.flat import FlatState
-    from lightning_gossip.strategies.replicas import Replicas
+    from lightning_gossip.replicas import Replicas
 
     model = torch.nn.Linear(3, 2)
     flat = FlatState(model)

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_gossip.cursor.resume import CURSOR_KEY
 from lightning_gossip.hierarchy import NodeLayout
-from lightning_gossip.strategies.cursor_resume import CURSOR_KEY
 from lightning_gossip.sync_gossip import StopAgreement
 from lightning_gossip.topology import build
 from testbed.launch import ROOT, base_env, check, free_port, launch_processes, run_fake_slurm
@@ -184,7 +184,7 @@ def _resumed_epoch_batches(path: Path, samples: int = 96) -> int:
     import torch.distributed as dist
 
     from lightning_gossip import ADPSGDStrategy
-    from lightning_gossip.shared_cursor import SharedCursorSampler
+    from lightning_gossip.cursor.sampler import SharedCursorSampler
 
     strategy = ADPSGDStrategy()
     strategy.load_checkpoint(path)

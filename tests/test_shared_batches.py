@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, TensorDataset
 
-from lightning_gossip.shared_batches import SharedBatches, SharedBatchSampler
-from lightning_gossip.shared_cursor import SharedCursorSampler
+from lightning_gossip.cursor.batches import SharedBatches, SharedBatchSampler
+from lightning_gossip.cursor.sampler import SharedCursorSampler
 from lightning_gossip.strategies.shared_loader import shared_cursor_loader
 
 
@@ -164,8 +164,8 @@ def test_a_resumed_epoch_claims_only_what_was_not_claimed_before_the_requeue() -
     """``Claims.start`` (from the requeue checkpoint): the interrupted epoch's counter starts
     past the claims made before, so before + after is the epoch, each unit once; other epochs
     start at 0; ``position`` reads the counter (what the checkpoint saves)."""
-    from lightning_gossip.node_claims import Claims, NodeShare
-    from lightning_gossip.shared_cursor import SharedCursorSampler
+    from lightning_gossip.cursor.claims import Claims
+    from lightning_gossip.hierarchy import NodeLayout
 
     before = SharedCursorSampler(40, chunk_size=4, store=dist.HashStore(), key="k", seed=3)
     it = iter(before)
@@ -180,7 +180,7 @@ def test_a_resumed_epoch_claims_only_what_was_not_claimed_before_the_requeue() -
     assert len(list(after)) == 40  # the next epoch from its start
 
     store = dist.HashStore()  # hierarchical: a node's claims, 2 units each
-    a, b = (Claims(store, "n", NodeShare(0, local, 2)) for local in (0, 1))
+    a, b = (Claims(store, "n", NodeLayout(1, 2, 0, local)) for local in (0, 1))
     a.start = b.start = {0: 2}
     units = [(a.next(0, 9), b.next(0, 9)) for _ in range(4)]
     assert units == [(4, 5), (6, 7), (8, 0), (None, None)], units

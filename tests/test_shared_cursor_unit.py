@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from lightning_gossip._compat import default_store
-from lightning_gossip.shared_cursor import SharedCursorSampler
+from lightning_gossip.cursor.sampler import SharedCursorSampler
 from tests.scripts.engine_ranks import spawn_ranks
 
 pytestmark = pytest.mark.multiprocess

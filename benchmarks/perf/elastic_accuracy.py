@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.common.harness import describe_machine, machine_info, progress, write_json
 from benchmarks.perf.elastic_accuracy_rank import ASR_CORPUS, HEARTBEAT_S, LOSS_BATCH
-from lightning_gossip.elastic.nodes import NodeUnits
+from lightning_gossip.hierarchy import NodeLayout
 from testbed.launch import ROOT, run_fake_slurm_each
 
 RANKS, VICTIM = 4, 2
@@ -46,7 +46,8 @@ def fit(folder: Path, workload: str, seed: int, victim: int, strategy: str,
                                    str(seed), str(victim), strategy, ntasks=ranks, nodes=nodes,
                                    timeout=1800)
     codes = launched.returncodes
-    gone = set(NodeUnits(2 if nodes > 1 else 1).whole([victim]))  # its node leaves with it
+    layout = NodeLayout(nodes, 2, 0, 0) if nodes > 1 else NodeLayout.flat(ranks, 0)
+    gone = set(layout.whole_nodes([victim]))  # its node leaves with it
     if any(codes[r] != 0 for r in range(ranks) if r not in gone):
         log = Path(tempfile.gettempdir()) / f"elastic_accuracy_{folder.name}.log"
         log.write_text(launched.stdout)  # (the folder is temporary: the whole output kept)

@@ -9,8 +9,9 @@ the live ranks, their generation and its groups, by name), as torchft's algorith
 
 * :mod:`~.membership`: the live ranks agreed in the rendezvous store, generation after
   generation, and process groups built by name over them (:class:`Membership`);
-* :mod:`~.nodes`: what leaves together (a rank, or a hierarchical fit's node:
-  :class:`NodeUnits`) and the named groups of a generation (:class:`ElasticGroups`);
+* :mod:`~.nodes`: the named groups of a generation (:class:`ElasticGroups`,
+  :func:`generation_groups`); what leaves together (a rank, or a hierarchical fit's node) is
+  the fit's :class:`~lightning_gossip.hierarchy.NodeLayout`;
 * :mod:`~.session`: :class:`ElasticSession`;
 * :mod:`~.claim_ledger`: the shared cursor's claims, so that a lost rank's untrained batches go
   back (:class:`ClaimLedger`);
@@ -30,14 +31,13 @@ from lightning_gossip.elastic.claim_ledger import ClaimLedger
 from lightning_gossip.elastic.even_rounds import EvenRounds
 from lightning_gossip.elastic.member_topology import MemberTopology
 from lightning_gossip.elastic.membership import Membership
-from lightning_gossip.elastic.nodes import RANKS, ElasticGroups, NodeUnits
+from lightning_gossip.elastic.nodes import ElasticGroups, generation_groups
 from lightning_gossip.elastic.rounds import ElasticRounds, RoundEngines
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.elastic.survivors import LIVE_METRIC, Survivors
 
 __all__ = [
     "LIVE_METRIC",
-    "RANKS",
     "ClaimLedger",
     "ElasticGroups",
     "ElasticRounds",
@@ -45,7 +45,7 @@ __all__ = [
     "EvenRounds",
     "MemberTopology",
     "Membership",
-    "NodeUnits",
     "RoundEngines",
     "Survivors",
+    "generation_groups",
 ]

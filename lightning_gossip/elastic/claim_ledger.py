@@ -1,6 +1,6 @@
 """Elastic shared cursor: a lost rank's claimed but unfinished units go back to the survivors.
 
-With the shared cursor (:mod:`~lightning_gossip.node_claims`) the ranks of an ``adpsgd`` fit
+With the shared cursor (:mod:`~lightning_gossip.cursor.claims`) the ranks of an ``adpsgd`` fit
 draw the units of an epoch (chunks of samples, or whole batches) through an atomic counter in
 the c10d store. When a rank dies mid-epoch, the units it had claimed but not trained yet (the
 loader's prefetch, the batch in flight) would be missing from the epoch. :class:`ClaimLedger`
@@ -24,8 +24,12 @@ untrained units for that epoch (the others have left it). So does a rank that di
 claiming on the counter and recording the claim (two store calls in a row). A unit the lost
 rank trained but did not yet count as finished is trained again. A rank found lost that is
 merely frozen and comes back would train its claims a second time. A node that claims as one
-(hierarchical adpsgd, :class:`~lightning_gossip.node_claims.NodeShare`) is one claimant here,
-its local rank 0: its units are the node's claims, and a lost node's go back whole.
+(hierarchical, :class:`~lightning_gossip.cursor.claims.Claims` with a node layout) is one
+claimant here, its leader (local rank 0): its units are the node's claims, and a lost node's go
+back whole. Two settings of the ledger change how such a node claims: ``lockstep`` (its
+``on_wait`` is a node collective, hierarchical ``dpsgd``'s gossip-only round: the node's other
+ranks make each call in step with the leader) and ``incarnation`` (the generation that admitted
+this process: a rejoined node's claim keys are its own, not its earlier processes').
 
 Store keys, under ``key``: ``epoch{e}/claims/{rank}`` (the claimed units, appended ``"u,"``),
 ``epoch{e}/finished/{rank}`` (a counter), ``epoch{e}/returned_by/{lost}`` (elects the one
@@ -85,6 +89,11 @@ class ClaimLedger:
         poll_s: seconds between polls of :meth:`wait_at_end` and :meth:`return_units`.
         timeout: seconds :meth:`wait_at_end` (and a survivor waiting for another's push in
             :meth:`return_units`) waits before :class:`TimeoutError`.
+        lockstep: ``on_wait`` is a collective of this rank's node: a node that claims as one
+            makes each call on every one of its ranks, in step with its leader
+            (:class:`~lightning_gossip.cursor.claims.Claims`).
+        incarnation: the generation that admitted this process (0: it started the fit); a
+            node's claim keys are named by it.
 
     Every store call goes through :func:`~lightning_gossip.liveness.heartbeat.store_call`
     (bounded while a heartbeat runs), as the claims do.
@@ -92,7 +101,7 @@ class ClaimLedger:
 
     def __init__(self, store: dist.Store, key: str, rank: int, live: Callable[[], Sequence[int]],
                  *, on_wait: Callable[[], None] = lambda: None, poll_s: float = 0.05,
-                 timeout: float = 1800.0) -> None:
+                 timeout: float = 1800.0, lockstep: bool = False, incarnation: int = 0) -> None:
         self.store = store
         self.key = key
         self.rank = int(rank)
@@ -100,6 +109,8 @@ class ClaimLedger:
         self.on_wait = on_wait
         self.poll_s = float(poll_s)
         self.timeout = float(timeout)
+        self.lockstep = bool(lockstep)
+        self.incarnation = int(incarnation)
         self._tried: dict[int, int] = {}  # epoch -> queue positions this rank tried to take
         #: the epoch this rank trains (:meth:`open`); the end of no other one is waited at
         self.opened: int | None = None

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightning_gossip.elastic.nodes import ElasticGroups, NodeUnits
+from lightning_gossip.elastic.nodes import ElasticGroups
 from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.pairing import Pairing, PairingName, RankPairing
 
 __all__ = ["PairwiseEngines", "node_regroup", "node_retries"]
@@ -40,26 +41,28 @@ class PairwiseEngines:
 
     Args:
         session: the fit's session (the step the new engine's phase opens at).
-        units: what leaves together (hierarchical: nodes; their columns pair).
+        layout: the fit's nodes, seen from this rank (hierarchical: nodes leave together;
+            their columns pair).
         pairing: the pairing's name and seed.
-        rank: this rank.
         make: ``(pairing, control_group=, data_group=)``: an engine, not started
             (:class:`~lightning_gossip.async_gossip.AsyncGossip` with the fit's values).
         node: hierarchical: this rank's node averaging (it goes on over the new node group);
             ``None``: flat.
     """
 
-    def __init__(self, session: ElasticSession, units: NodeUnits,
-                 pairing: tuple[PairingName, int], rank: int, make: Callable[..., Any],
+    def __init__(self, session: ElasticSession, layout: NodeLayout,
+                 pairing: tuple[PairingName, int], make: Callable[..., Any],
                  node: Any = None) -> None:
-        self.session, self.units, self.pairing, self.rank = session, units, pairing, rank
+        self.session, self.layout, self.pairing = session, layout, pairing
         self.make, self.node = make, node
 
     def pairing_over(self, live: Sequence[int]) -> RankPairing | None:
         """The pairing of this rank's engine over the live ranks ``live`` (the same on every
         member; hierarchical: over the live nodes, in this rank's column); ``None`` with fewer
         than two."""
-        return self.units.pairing(*self.pairing, live, self.rank)
+        name, seed = self.pairing
+        column = tuple(c + self.layout.local for c in self.layout.leaders(live))
+        return RankPairing(Pairing(name, len(column), seed), column) if len(column) > 1 else None
 
     def first(self, pairing: Pairing, live: Sequence[int] | None) -> Pairing | RankPairing:
         """The pairing of this process's first engine: ``pairing`` (every rank slot), or over

@@ -13,7 +13,7 @@ instead, before Lightning would make its group:
    or once ``start_timeout`` seconds have passed and at least two came
    (:meth:`~lightning_gossip.elastic.membership.Membership.found`);
 3. the founders build that generation's groups by name, the first one their default group (the
-   same groups a newcomer builds: :meth:`~.membership.Membership.join_groups`),
+   same groups a newcomer builds: :func:`~.nodes.generation_groups`),
    and start their heartbeats, not watching the free slots.
 
 The fit then runs as one whose free slots were lost before its first step: the shared cursor
@@ -33,7 +33,8 @@ import torch.distributed as dist
 from lightning_gossip import _compat
 from lightning_gossip.elastic.membership import Membership
 from lightning_gossip.elastic.newcomer import membership_store
-from lightning_gossip.elastic.nodes import ElasticGroups
+from lightning_gossip.elastic.nodes import ElasticGroups, generation_groups
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.liveness import Heartbeat
 
 __all__ = ["Founders", "found_fit"]
@@ -77,7 +78,8 @@ def found_fit(run: str, rank: int, world_size: int, address: str, port: int,
     if membership is None:
         return None
     _compat.use_default_store(view)  # the keys a newcomer will share (the cursor, the claims)
-    groups = ElasticGroups(*membership.join_groups([backend, "gloo", backend]))
+    groups = generation_groups(NodeLayout.flat(world_size, rank), membership, backend,
+                               newcomer=True)
     heartbeat = Heartbeat.connect(rank, world_size, heartbeat_timeout, fallback=store)
     heartbeat.forget(membership.lost, mark=False)  # free slots: nobody to watch there
     heartbeat.start()

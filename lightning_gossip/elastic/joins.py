@@ -31,13 +31,14 @@ members that arrived there do).
 >>> from datetime import timedelta
 >>> import torch.distributed as dist
 >>> from lightning_gossip.elastic.membership import Membership
->>> from lightning_gossip.elastic.nodes import NodeUnits
 >>> from lightning_gossip.elastic.session import ElasticSession
+>>> from lightning_gossip.hierarchy import NodeLayout
 >>> def node_rank(rank, live):  # a rank of node 0, nodes of 2, node 1 (ranks 2, 3) lost
 ...     session = ElasticSession(step=16)
 ...     session.begin(Membership(dist.HashStore(), rank, 6, timedelta(seconds=5), live=live,
 ...                              generation=1))
-...     return NodeJoins(session, NodeUnits(2), asked=lambda read=None: (2, 3))
+...     layout = NodeLayout(num_nodes=3, devices=2, node=0, local=rank)
+...     return NodeJoins(session, layout, asked=lambda read=None: (2, 3))
 >>> a, b = node_rank(0, (0, 1, 4, 5)), node_rank(1, (0, 1, 4, 5))
 >>> sums = a.values() + b.values()  # the node's all-reduce
 >>> sums.tolist()  # a flag per slot asked for, then each local rank's generation + 1
@@ -60,8 +61,8 @@ import torch
 from torch import Tensor
 
 from lightning_gossip.elastic.membership import POLL_EVERY_S, Membership
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.hierarchy import NodeLayout
 
 __all__ = ["JOIN_CHECK_EVERY", "JoinSteps", "NodeJoins"]
 
@@ -102,14 +103,14 @@ class NodeJoins:
     Args:
         session: the fit's session (its membership: the generation, a free slot; its step,
             the same on a node's ranks).
-        units: the nodes.
+        layout: the fit's nodes (a node is admitted whole).
         asked: ``(read=None)``: the rank slots asked for (``read``: ``membership.deciding``,
             whether another member began an admission), or ``None``.
     """
 
-    def __init__(self, session: ElasticSession, units: NodeUnits,
+    def __init__(self, session: ElasticSession, layout: NodeLayout,
                  asked: Callable[..., Any]) -> None:
-        self.session, self.units, self.asked = session, units, asked
+        self.session, self.layout, self.asked = session, layout, asked
         self.steps = JoinSteps()
         self._polled = 0.0  # when last polled (at an epoch's end)
         self._agreed: list[int] = []  # the slots the node agreed to admit (taken after the step)
@@ -126,7 +127,7 @@ class NodeJoins:
         step; it reads the store only while a slot is free in its view), zeros otherwise. The
         same length on every rank, at every step."""
         membership = self._membership()
-        world, devices = membership.world_size, self.units.devices
+        world, devices = membership.world_size, self.layout.devices
         out = torch.zeros(world + devices)
         if self.steps.due(self.session.step):
             out[world + membership.rank % devices] = membership.generation + 1
@@ -141,7 +142,7 @@ class NodeJoins:
         world = self._membership().world_size
         flags, looked = sums[:world], sums[world:].tolist()
         if min(looked) > 0 and max(looked) == min(looked):
-            if joined := self.units.complete(flags.nonzero().flatten().tolist()):
+            if joined := self.layout.complete_nodes(flags.nonzero().flatten().tolist()):
                 self._agreed = joined
 
     def take(self) -> list[int]:
@@ -158,4 +159,4 @@ class NodeJoins:
             return []
         self._polled = now
         asked = self.asked(self._membership().deciding) and self.asked()
-        return self.units.complete(asked or ())
+        return self.layout.complete_nodes(asked or ())

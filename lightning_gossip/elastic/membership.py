@@ -27,7 +27,7 @@ when they :meth:`poll` (a store read at most every :data:`POLL_EVERY_S` seconds)
 next generation is decided the same way with the newcomer added (:meth:`decide` with
 ``joined``). The newcomer reads the decision (:meth:`Membership.await_admission`) and builds
 the generation's groups with the members, its default group being the first of them
-(:meth:`join_groups`).
+(:meth:`Membership.lightning_group` with ``newcomer``).
 
 Example (one process, a store of its own: the only rank, nobody lost)::
 
@@ -174,15 +174,31 @@ class Membership:
         decided = self.decided(self.store, self.generation + 1)
         return bool(decided) and self.rank not in decided
 
-    def new_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
-        """One new group per entry of ``backends`` over :attr:`live`, by name (only the members
-        meet; every member calls this in the same order, a newcomer :meth:`join_groups`); the
-        first becomes :attr:`group`."""
-        groups = [_compat.named_group(list(self.live), self.rank, backend, self.store,
-                                      group_name(self.name, self.generation, i), self.timeout)
-                  for i, backend in enumerate(backends)]
-        self.group = groups[0]
-        return groups
+    def lightning_group(self, backend: str, newcomer: bool = False) -> dist.ProcessGroup:
+        """The generation's first group, over :attr:`live`, by name: Lightning's collectives
+        (only the members meet; it becomes :attr:`group`). A ``newcomer``'s becomes its default
+        group (:func:`~lightning_gossip._compat.join_as_default_group`), as the members build
+        theirs. Every member builds it before the generation's other groups
+        (:meth:`named_group`)."""
+        name = group_name(self.name, self.generation, 0)
+        if newcomer:
+            _compat.join_as_default_group(self.store, name, list(self.live), self.rank, backend,
+                                          self.timeout)
+            self.group = dist.group.WORLD
+        else:
+            self.group = _compat.named_group(list(self.live), self.rank, backend, self.store,
+                                             name, self.timeout)
+        return self.group
+
+    def named_group(self, index: int, backend: str, ranks: Sequence[int] | None = None,
+                    kind: str = "") -> dist.ProcessGroup:
+        """The generation's group ``index`` (after :meth:`lightning_group`; ``kind``: one of
+        several groups under that index, e.g. ``"node3"``) over ``ranks`` (default
+        :attr:`live`), by name: only its members meet, every member builds the generation's
+        groups in the same order, a newcomer as the members do."""
+        name = group_name(self.name, self.generation, index) + (f"/{kind}" if kind else "")
+        return _compat.named_group(list(self.live if ranks is None else ranks), self.rank,
+                                   backend, self.store, name, self.timeout)
 
     # -- joins ------------------------------------------------------------------------------------
     def poll(self) -> tuple[int, ...] | None:
@@ -312,19 +328,6 @@ class Membership:
                 raise PeerSilent(f"rank {rank}: the fit did not admit this process within "
                                  f"{deadline_s:.0f} s (asked for rank slot {rank})", [])
             time.sleep(POLL_S)
-
-    def join_groups(self, backends: Sequence[str]) -> list[dist.ProcessGroup]:
-        """A newcomer's :meth:`new_groups`: the first group becomes its default group
-        (:func:`~lightning_gossip._compat.join_as_default_group`), the others are built by
-        name as the members build them."""
-        _compat.join_as_default_group(self.store, group_name(self.name, self.generation, 0),
-                                      list(self.live), self.rank, backends[0], self.timeout)
-        groups = [dist.group.WORLD] + [
-            _compat.named_group(list(self.live), self.rank, backend, self.store,
-                                group_name(self.name, self.generation, i), self.timeout)
-            for i, backend in enumerate(backends) if i > 0]
-        self.group = groups[0]
-        return groups
 
 
 ASKED = "asked"

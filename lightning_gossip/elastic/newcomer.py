@@ -42,8 +42,9 @@ from torch import Tensor
 from lightning_gossip import _compat
 from lightning_gossip.consensus import all_average
 from lightning_gossip.elastic.membership import Membership
-from lightning_gossip.elastic.nodes import RANKS, ElasticGroups, NodeUnits
+from lightning_gossip.elastic.nodes import ElasticGroups, generation_groups
 from lightning_gossip.elastic.session import ElasticSession
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.liveness import Heartbeat
 
 __all__ = ["MembersSide", "Newcomer", "hand_over", "join_running_fit", "membership_store"]
@@ -54,7 +55,7 @@ HANDOVER_TAG = "lightning_gossip.handover"
 
 def membership_store(default_store: dist.Store, run: str) -> dist.Store:
     """The store of the fit ``run``'s :class:`Membership`, under the library's default store
-    (``shared_cursor.default_store()``'s, seen from a member or a newcomer alike)."""
+    (``cursor.store.default_store()``'s, seen from a member or a newcomer alike)."""
     return dist.PrefixStore(f"elastic/{run}/", dist.PrefixStore("lightning_gossip/",
                                                                  default_store))
 
@@ -67,7 +68,7 @@ class Newcomer:
         membership: its view of the fit (live ranks, generation, the groups' names).
         groups: the generation's groups, by name: Lightning's (this process's default group),
             gossip control (gloo), gossip data (hierarchical: and its node's,
-            :meth:`~.nodes.NodeUnits.groups`).
+            :func:`~.nodes.generation_groups`).
         heartbeat: its heartbeat, already beating.
         checkpoint: the checkpoint it resumes from (weights: the members' exact average).
         step: the lowest member's optimizer step at the handover.
@@ -82,12 +83,14 @@ class Newcomer:
 
 def join_running_fit(run: str, rank: int, world_size: int, address: str, port: int,
                      timeout: timedelta, heartbeat_timeout: float,
-                     backend: str, units: NodeUnits = RANKS) -> Newcomer | None:
+                     backend: str, layout: NodeLayout | None = None,
+                     synchronous: bool = False) -> Newcomer | None:
     """Join the running elastic fit ``run`` in rank slot ``rank`` (see the module docstring);
     ``None`` when no such fit runs, or it already counts this rank (a normal start). Rank 0
-    hosts the store under Lightning's launcher and ``srun``: it never joins. ``units``: the
+    hosts the store under Lightning's launcher and ``srun``: it never joins. ``layout``: the
     fit's nodes (hierarchical: the node's group too; the members admit a node once all of its
-    processes asked)."""
+    processes asked; ``None``: each rank alone); ``synchronous``: hierarchical ``dpsgd``'s
+    groups too (:func:`~.nodes.generation_groups`)."""
     if rank == 0 or world_size < 2:
         return None
     client = dist.TCPStore(address, port, is_master=False, timeout=timeout,
@@ -104,7 +107,8 @@ def join_running_fit(run: str, rank: int, world_size: int, address: str, port: i
     membership = Membership.await_admission(store, rank, world_size, timeout, run,
                                             deadline_s=timeout.total_seconds())
     heartbeat.forget(membership.lost, mark=False)  # free slots: nobody to watch there
-    groups = units.groups(membership, backend, newcomer=True)
+    groups = generation_groups(layout or NodeLayout.flat(world_size, rank), membership, backend,
+                               synchronous=synchronous, newcomer=True)
     _compat.use_default_store(_compat.default_store_view(client))  # the members' keys
     payload: list[Any] = [None]
     lowest = min(r for r in membership.live if r != rank)

@@ -28,8 +28,8 @@ batch counts may differ by one at an epoch's end), as under ``adpsgd``.
 
 Hierarchical (:mod:`~.nodes`): a lost rank's node leaves; the step is agreed over the column,
 then over the node; the topology is built over the live nodes; a node's ranks wait at an epoch's
-end in lockstep (each gossip-only round is a node collective,
-:class:`~lightning_gossip.node_claims.NodeShare`); a node joins whole (the requests are
+end in lockstep (each gossip-only round is a node collective: the ledger's ``lockstep``,
+:class:`~.claim_ledger.ClaimLedger`); a node joins whole (the requests are
 all-reduced over the columns, then the nodes).
 
 Joins: once a rank was lost, a replacement started with its environment asks for the free slot
@@ -55,17 +55,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_gossip.cursor.store import default_store
 from lightning_gossip.elastic.engines import node_regroup
 from lightning_gossip.elastic.even_rounds import EvenRounds
 from lightning_gossip.elastic.joins import JoinSteps
 from lightning_gossip.elastic.member_topology import MemberTopology
-from lightning_gossip.elastic.nodes import ElasticGroups, NodeUnits
+from lightning_gossip.elastic.nodes import ElasticGroups
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.elastic.survivors import Survivors
 from lightning_gossip.errors import NewcomersAdmitted
-from lightning_gossip.hierarchy import NodeGroups
-from lightning_gossip.node_claims import NodeShare
-from lightning_gossip.shared_cursor import default_store
+from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.topology import build
 
 __all__ = ["ElasticRounds", "RoundEngines", "max_over_survivors"]
@@ -87,8 +86,8 @@ class RoundEngines:
     Args:
         session: the fit's session (the step agreed goes there; its generation seeds the
             topology).
-        units: what leaves together (hierarchical: nodes).
-        world_size: the fit's rank slots.
+        layout: the fit's nodes (hierarchical: what leaves together; the topology is over
+            its ``num_nodes`` slots; flat: over its ranks).
         topology: the topology's name (rebuilt over the survivors, or their nodes) and seed.
         make: ``(topology, group, **kw)``: a synchronous engine, not started, over the
             survivors' data group (hierarchical: the rounds' group; ``kw``: ``groups``,
@@ -99,10 +98,10 @@ class RoundEngines:
             (on the survivors' gloo node group; ``False``: NCCL, the training thread).
     """
 
-    def __init__(self, session: ElasticSession, units: NodeUnits, world_size: int,
+    def __init__(self, session: ElasticSession, layout: NodeLayout,
                  topology: tuple[str, int], make: Callable[..., Any], node: Any = None,
                  gather_on_worker: bool = True) -> None:
-        self.session, self.units, self.world_size = session, units, world_size
+        self.session, self.layout = session, layout
         self.topology, self.make = topology, make
         self.node, self.gather_on_worker = node, gather_on_worker
 
@@ -112,18 +111,18 @@ class RoundEngines:
         # (hierarchical: a node's ranks may have failed a step apart)
         common = int(max_over_survivors(groups, torch.tensor([self.session.step])).item())
         self.session.move_to(common)
-        d, kw = self.units.devices, {}
+        d, kw = self.layout.devices, {}
         if self.node is not None:  # hierarchical
             node_regroup(self.node, groups)
             kw = {"node_gather": self.node.all_gather, "groups": NodeGroups(
-                groups.node, groups.data,
+                node=groups.node, column=groups.data,
                 node_gossip=groups.node_control if self.gather_on_worker else None)}
         units = sorted({r // d for r in live})  # the live ranks, or nodes
         if len(units) < 2:
             return None
         name, seed = self.topology
         base = build(name, len(units), seed + self.session.generation)
-        engine = self.make(MemberTopology(base, units, self.world_size // d, common),
+        engine = self.make(MemberTopology(base, units, self.layout.num_nodes, common),
                            groups.gossip, **kw)
         engine.start()
         return engine
@@ -142,16 +141,14 @@ class ElasticRounds:
         end_round: ``(step)``: what follows a round in the strategy's step: the step counted
             and its periodic collectives (global average, consensus distance); also after a
             gossip-only round, so that every rank runs the same collectives.
-        share: hierarchical: this rank's place in its node's claims (the node's ranks wait at
-            an epoch's end in lockstep); ``None``: flat.
     """
 
     def __init__(self, session: ElasticSession, survivors: Survivors, engines: RoundEngines, *,
                  run: str, rank: int, world_size: int, timeout: timedelta,
-                 end_round: Callable[[int], None], share: NodeShare | None = None) -> None:
+                 end_round: Callable[[int], None]) -> None:
         self.session, self.survivors, self.engines = session, survivors, engines
-        self.run, self.world_size, self.end_round, self.share = run, world_size, end_round, share
-        self.units = engines.units
+        self.run, self.world_size, self.end_round = run, world_size, end_round
+        self.layout = engines.layout
         self.rounds = EvenRounds(default_store(), f"elastic/{run}/rounds", rank,
                                  live=session.live_ranks, timeout_s=timeout.total_seconds())
         #: whether this rank trains in an epoch that has not settled yet; the epoch's batches
@@ -187,7 +184,7 @@ class ElasticRounds:
         max_over_survivors(groups, flags)
         if flags[-1]:
             return False
-        joined = self.units.complete(flags[:-1].nonzero().flatten().tolist())  # whole nodes
+        joined = self.layout.complete_nodes(flags[:-1].nonzero().flatten().tolist())  # whole nodes
         if joined:
             survivors.retry(survivors.admit, joined)
         return bool(joined)

@@ -37,15 +37,16 @@ from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
+from lightning_gossip.cursor.store import default_store
 from lightning_gossip.elastic.claim_ledger import ClaimLedger
 from lightning_gossip.elastic.joins import NodeJoins
 from lightning_gossip.elastic.membership import POLL_EVERY_S, Membership
-from lightning_gossip.elastic.nodes import RANKS, ElasticGroups, NodeUnits
+from lightning_gossip.elastic.nodes import ElasticGroups, generation_groups
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.errors import PeerSilent, RankExcluded, lost_ranks
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.liveness import Heartbeat, keep_alive_at_exit
 from lightning_gossip.liveness.store import bounded
-from lightning_gossip.shared_cursor import default_store
 
 __all__ = ["LIVE_METRIC", "Engine", "Engines", "Survivors"]
 
@@ -109,7 +110,10 @@ class Survivors:
             itself, at a step every member agreed on: synchronous gossip).
         on_group: ``(group)``: told the new group of Lightning's collectives after every loss
             and join (the module's metrics gather over it); ``None``: nobody.
-        units: what leaves together (hierarchical: a node, :mod:`~.nodes`).
+        layout: the fit's nodes: what leaves together (hierarchical: a node, :mod:`~.nodes`);
+            ``None``: each rank alone.
+        synchronous: hierarchical ``dpsgd``: each generation builds that strategy's groups
+            too (:func:`~.nodes.generation_groups`).
         node: hierarchical: this rank's node averaging (:class:`~lightning_gossip.
             node_averaging.NodeAverager`); with joins, its every gradient all-reduce carries
             the join flags (:class:`~.joins.NodeJoins`), so that the node's ranks admit a
@@ -122,7 +126,8 @@ class Survivors:
                  membership: Membership | None = None, groups: ElasticGroups | None = None,
                  hand_over: Callable[[Any, Any, list[int], bool], None] | None = None,
                  poll_joins: bool = True, on_group: Callable[[Any], None] | None = None,
-                 units: NodeUnits = RANKS, node: Any = None) -> None:
+                 layout: NodeLayout | None = None, synchronous: bool = False,
+                 node: Any = None) -> None:
         if heartbeat is None:
             raise ValueError("an elastic fit finds lost ranks by their heartbeat: "
                              "heartbeat_timeout must not be None")
@@ -130,13 +135,20 @@ class Survivors:
         self.session = session
         self.membership = membership or Membership(store, rank, world_size, timeout, run)
         session.begin(self.membership, groups)
-        self.hand_over, self.poll_joins, self.on_group, self.units = (hand_over, poll_joins,
-                                                                      on_group, units)
+        self.hand_over, self.poll_joins, self.on_group = hand_over, poll_joins, on_group
+        #: the fit's nodes (a flat fit: each rank alone); its generations' groups
+        #: (:func:`~.nodes.generation_groups`: with ``synchronous``, hierarchical dpsgd's too)
+        self.layout = layout or NodeLayout.flat(world_size, rank)
+        self.synchronous = synchronous
+        #: the generation this process's membership began at (a newcomer's admission; 0 for a
+        #: process that started the fit): its node's claim keys are named by it
+        #: (:attr:`~.claim_ledger.ClaimLedger.incarnation`)
+        self.incarnation = self.membership.generation
         self._polled = 0.0  # when the membership was last polled for joins
         #: hierarchical: how a node's ranks agree on joins (``None``: flat, or no joins)
         self.node_joins: NodeJoins | None = None
         if node is not None and hand_over is not None and poll_joins:
-            self.node_joins = NodeJoins(session, units, self.asked_to_join)
+            self.node_joins = NodeJoins(session, self.layout, self.asked_to_join)
             node.ride(self.node_joins)
         #: one entry per join: ``(step, newcomers, wall time the admission began, seconds)``
         self.joins: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -159,14 +171,17 @@ class Survivors:
         self.losses: list[tuple[int, tuple[int, ...], float, float]] = []
         self.log_live(len(self.membership.live), session.step)
 
-    def ledger(self, key: str, on_wait: Callable[[], None] | None = None) -> ClaimLedger:
+    def ledger(self, key: str, on_wait: Callable[[], None] | None = None,
+               lockstep: bool = False) -> ClaimLedger:
         """A :class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger` for the training
         loader's shared cursor (``key``: the run's), whose end-of-epoch wait recovers from
         losses (``on_wait``: run at each of its polls instead, e.g. a round of synchronous
-        gossip that recovers from losses itself)."""
-        self.claims = ClaimLedger(default_store(), key, self.units.claimant(self.membership.rank),
+        gossip that recovers from losses itself; ``lockstep``: a node collective, which a
+        node's ranks run in step). The claimant is this rank's node's leader."""
+        self.claims = ClaimLedger(default_store(), key, self.layout.leader_of(self.membership.rank),
                                   live=self._live_unless_left_out, on_wait=on_wait or self.poll,
-                                  timeout=self._timeout.total_seconds())
+                                  timeout=self._timeout.total_seconds(), lockstep=lockstep,
+                                  incarnation=self.incarnation)
         return self.claims
 
     def _live_unless_left_out(self) -> tuple[int, ...]:
@@ -176,7 +191,7 @@ class Survivors:
         now = time.monotonic()
         if not self.heartbeat.excluded and now >= self._left_checked + 1.0:  # 1 read a second
             self._left_checked, self._left = now, self.membership.left_out()
-        return () if self.heartbeat.excluded or self._left else self.units.claimants(self.live)
+        return () if self.heartbeat.excluded or self._left else self.layout.leaders(self.live)
 
     def epoch_opened(self, epoch: int) -> None:
         """This rank began training ``epoch`` (:meth:`~lightning_gossip.elastic.claim_ledger.
@@ -285,7 +300,7 @@ class Survivors:
         lost = lost_ranks(error)
         if lost is None:  # e.g. gloo's "connection closed by peer": the heartbeat names it
             lost = self._await_finding()
-        whole = None if lost is None else self.units.whole(lost)  # a node leaves whole
+        whole = None if lost is None else self.layout.whole_nodes(lost)  # a node leaves whole
         if whole is None or not self.survivable(whole):
             node_left = whole is not None and self.membership.rank in set(whole) - set(lost)
             if node_left or self.heartbeat.excluded:  # this rank goes; the others go on
@@ -325,7 +340,8 @@ class Survivors:
     def _regroup(self) -> ElasticGroups:
         """The new generation's groups, put in the session; Lightning's told to
         :attr:`on_group`."""
-        groups = self.units.groups(self.membership, self.backend)
+        groups = generation_groups(self.layout, self.membership, self.backend,
+                                   synchronous=self.synchronous)
         self.session.regroup(groups)
         if self.on_group is not None:
             self.on_group(groups.lightning)
@@ -337,7 +353,8 @@ class Survivors:
         membership, session = self.membership, self.session
         before = membership.live
         free = [r for r in lost if r not in before]  # slots nobody fills: not watched
-        lost = tuple(r for r in self.units.whole(lost) if r in before and r != membership.rank)
+        lost = tuple(r for r in self.layout.whole_nodes(lost) if r in before
+                     and r != membership.rank)
         if not lost:
             self.heartbeat.forget(free, mark=False)  # a stale finding: watch on
             return

@@ -24,18 +24,17 @@ from lightning_gossip import _compat
 from lightning_gossip.async_gossip import AsyncGossip
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
+from lightning_gossip.cursor.resume import CursorResume
 from lightning_gossip.elastic.engines import PairwiseEngines, node_retries
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_async_groups
-from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
 from lightning_gossip.pairing import ColumnPairing, Pairing, PairingName, RankPairing
 from lightning_gossip.strategies.adpsgd_phases import Phases
-from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.gossip import GossipStrategy
 from lightning_gossip.strategies.options import Backend, Evaluate, SharedCursor, check_adpsgd
+from lightning_gossip.strategies.shared_loader import shared_training_loader
 
 __all__ = ["ADPSGDStrategy"]
 
@@ -160,7 +159,7 @@ class ADPSGDStrategy(GossipStrategy):
         fit starts with the ranks that came, ``start_timeout``)."""
         if self.elastic:
             self.join_running_fit(self.elastic_parts, f"run{_fits[0]}",
-                                  NodeUnits(self.num_processes if self._sharded else 1))
+                                  self.rank_layout(self._sharded))
 
     @property
     def _sharded(self) -> bool:  # hierarchical with several processes per node
@@ -171,13 +170,13 @@ class ADPSGDStrategy(GossipStrategy):
         """Check the node layout, build :attr:`pairing`, the groups, start the gossip thread."""
         self.phases.check_trainer(trainer, sync_batchnorm=_compat.layer_sync(self) is not None)
         self._run_id, _fits[0] = _fits[0], _fits[0] + 1
-        nodes, devices = self.num_nodes, self.num_processes
+        nodes = self.num_nodes
         if self.hierarchical and not self.joined:  # (a newcomer's default group: the members')
             self._check_node_layout()
         if self._groups is None:
             # every rank, same order, main thread; see hierarchy.make_async_groups
             if self._sharded:
-                self.layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
+                self.layout = self.rank_layout(True)
             self._groups = self.elastic_parts.groups() or make_async_groups(
                 self.layout, self.process_group_backend, self.timeout)
         assert self._flat is not None
@@ -240,9 +239,9 @@ class ADPSGDStrategy(GossipStrategy):
     def _pairwise_engines(self) -> PairwiseEngines:
         """The survivors' engines (``elastic``): a pairing over the live ranks (sharded: the
         live nodes, seen by this rank's column), the phase open at the session's step."""
-        return PairwiseEngines(self.session, self.elastic_parts.units,
-                               (self.pairing_name, self.seed), self.global_rank,
-                               self._engine_factory(), node=self.node)
+        return PairwiseEngines(self.session, self.rank_layout(self._sharded),
+                               (self.pairing_name, self.seed), self._engine_factory(),
+                               node=self.node)
 
     @override
     def teardown_gossip(self) -> None:
@@ -262,15 +261,14 @@ class ADPSGDStrategy(GossipStrategy):
         if (not self.shared_cursor or not self.gossip_enabled or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING):
             return dataloader
-        node = (NodeShare(self.node_rank, self.local_rank, self.num_processes,
-                          incarnation=self.elastic_parts.incarnation)
-                if self._sharded else None)  # the node's ranks step together: it claims
+        # the node's ranks step together: it claims (built here: set-up may not have run yet)
+        node = self.rank_layout(True) if self._sharded else None
         ledger = self.survivors and self.survivors.ledger(f"run{self._run_id}/ledger",
                                                           on_wait=self.phases.wait_at_end)
         claimant = (self.node_rank, self.num_nodes) if node else (self.global_rank, self.world_size)
-        return self.cursor.shared_loader(
-            dataloader, key=f"run{self._run_id}", seed=self.seed, node=node, ledger=ledger,
-            balance_as=claimant if self.shared_cursor == "balanced" else None,
+        return shared_training_loader(
+            self.cursor, dataloader, key=f"run{self._run_id}", seed=self.seed, node=node,
+            ledger=ledger, balance_as=claimant if self.shared_cursor == "balanced" else None,
             epoch=trainer.fit_loop.epoch_progress.current.processed)
 
     @override
@@ -325,8 +323,7 @@ class ADPSGDStrategy(GossipStrategy):
         if not self.phases.in_phase:
             return super().broadcast(obj, src)
         if self.node:  # hierarchical: the node's ranks step together, so they decide together
-            first = self.node.layout.node_ranks(self.node.layout.node)[0]
-            return self.broadcast_object(obj, first, group=self.node.group)
+            return self.broadcast_object(obj, self.node.layout.leader, group=self.node.group)
         return obj
 
     @override

@@ -25,14 +25,12 @@ from typing_extensions import override
 
 from lightning_gossip.budget import GossipPeriod, resolve_gossip_every_n_steps
 from lightning_gossip.compression import WireDtype
+from lightning_gossip.cursor.resume import CursorResume
 from lightning_gossip.elastic.engines import node_retries
-from lightning_gossip.elastic.nodes import NodeUnits
 from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.elastic.rounds import ElasticRounds, RoundEngines
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout, make_node_groups
-from lightning_gossip.node_claims import NodeShare
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
-from lightning_gossip.strategies.cursor_resume import CursorResume
 from lightning_gossip.strategies.dpsgd_elastic import attach, training_loader
 from lightning_gossip.strategies.dpsgd_stop import AgreedStops
 from lightning_gossip.strategies.fit import Fit
@@ -180,15 +178,16 @@ class DPSGDStrategy(GossipStrategy):
         self.cursor = CursorResume()
         #: a newcomer's join or a founder's start, and the survivors
         #: (:class:`~lightning_gossip.elastic.parts.ElasticParts`)
-        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, start_timeout)
+        self.elastic_parts = ElasticParts(self.timeout, heartbeat_timeout, start_timeout,
+                                          synchronous=True)
 
     @override
     def before_init(self) -> None:
         """An elastic fit: a newcomer to a running fit joins it before Lightning's init (or the
         fit starts with the ranks that came, ``start_timeout``)."""
         if self.elastic:
-            self.join_running_fit(self.elastic_parts, f"dpsgd{_fits[0]}", NodeUnits(
-                self.num_processes if self.hierarchical else 1, synchronous=True))
+            self.join_running_fit(self.elastic_parts, f"dpsgd{_fits[0]}",
+                                  self.rank_layout(self.hierarchical))
 
     @override
     def collectives_local(self) -> bool:
@@ -210,7 +209,7 @@ class DPSGDStrategy(GossipStrategy):
     def setup_gossip(self, trainer: pl.Trainer) -> None:
         """Check the node layout (``hierarchical``), build :attr:`topology` (over ranks, or over
         nodes) and the gossip process groups. Bad input fails here on every rank."""
-        world, nodes, devices = self.world_size, self.num_nodes, self.num_processes
+        nodes, devices = self.num_nodes, self.num_processes
         hierarchical = self.hierarchical and devices > 1
         if self.hierarchical and not self.joined:  # (a newcomer's default group: the members')
             self._check_node_layout()
@@ -223,15 +222,14 @@ class DPSGDStrategy(GossipStrategy):
         if self.gossip_group is None:  # its own group, apart from Lightning's collectives
             self.gossip_group = first.groups.gossip if first else dist.new_group(
                 backend=self.process_group_backend, timeout=self.timeout)
+            layout = self.rank_layout(hierarchical)
             if hierarchical:
-                layout = NodeLayout(nodes, devices, self.node_rank, self.local_rank)
                 # the communication thread's own node group for the sharded rounds' all-gather;
                 # none with NCCL, where the training thread all-gathers (sync_gossip)
                 self._groups = self.elastic_parts.groups() or make_node_groups(
                     layout, self.process_group_backend, self.timeout,
                     gossip_node_group=self._gather_on_worker())
             else:
-                layout = NodeLayout(world, 1, self.global_rank, 0)
                 self._groups = NodeGroups(node=self.gossip_group, column=self.gossip_group)
             self.layout = layout
         self.node = self._node_averager(self.layout, self._groups) if hierarchical else None
@@ -256,19 +254,15 @@ class DPSGDStrategy(GossipStrategy):
         """An elastic fit's survivors (their engines: the topology rebuilt over them from an
         agreed step, :class:`~lightning_gossip.elastic.rounds.RoundEngines`; ``engine``: the
         fit's engine with its values) and rounds; a newcomer's or founder's first engine."""
-        parts, layout = self.elastic_parts, self.node.layout if self.node else None
-        first = parts.first
+        parts = self.elastic_parts
         run, _fits[0] = f"dpsgd{_fits[0]}", _fits[0] + 1
-        engines = RoundEngines(self.session, parts.units, self.world_size,
+        engines = RoundEngines(self.session, self.rank_layout(self.hierarchical),
                                (str(self.topology_spec), self.seed), engine, node=self.node,
                                gather_on_worker=self._gather_on_worker())
         self.survivors = self._make_survivors(parts, trainer, run, engines, poll_joins=False)
-        share = layout and NodeShare(layout.node, layout.local, layout.devices, True,
-                                     first.membership.generation if first else 0)
         self.elastic_rounds = ElasticRounds(
             self.session, self.survivors, engines, run=run, rank=self.global_rank,
-            world_size=self.world_size, timeout=self.timeout, end_round=self._end_round,
-            share=share)
+            world_size=self.world_size, timeout=self.timeout, end_round=self._end_round)
         self.cursor = CursorResume()
         attach(self.elastic_rounds, trainer, self.watched)
         node_retries(self.node, self.survivors.retry)  # a node all-reduce a loss interrupted
@@ -301,8 +295,9 @@ class DPSGDStrategy(GossipStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """An elastic fit's training loaders draw from the shared cursor (``dpsgd_elastic``)."""
         rounds, module = self.elastic_rounds, self.lightning_module
-        return training_loader(rounds, self.cursor, dataloader, module.trainer, self.seed) if (
-            rounds is not None and module is not None) else dataloader
+        node = self.node.layout if self.node else None  # (hierarchical: the node claims)
+        return training_loader(rounds, self.cursor, dataloader, module.trainer, self.seed,
+                               node) if rounds is not None and module is not None else dataloader
 
     # ------------------------------------------------------------------------------------------
     # The step

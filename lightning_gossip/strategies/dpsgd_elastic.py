@@ -15,23 +15,27 @@ from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
 from lightning_gossip import _compat
+from lightning_gossip.cursor.resume import CursorResume
 from lightning_gossip.elastic.rounds import ElasticRounds
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.strategies.collectives import Watched, share_epoch_values
-from lightning_gossip.strategies.cursor_resume import CursorResume
+from lightning_gossip.strategies.shared_loader import shared_training_loader
 
 __all__ = ["EpochHooks", "attach", "end_epoch", "training_loader"]
 
 
 def training_loader(rounds: ElasticRounds, cursor: CursorResume, dataloader: object,
-                    trainer: pl.Trainer, seed: int) -> object:
+                    trainer: pl.Trainer, seed: int, node: NodeLayout | None = None) -> object:
     """A training loader rebuilt to draw from the shared cursor (``cursor``), its claims
     tracked so that a lost rank's untrained batches go back (as ``adpsgd``'s); others as they
-    are."""
+    are. ``node``: hierarchical, the fit's layout: the node claims as one, its ranks waiting at
+    an epoch's end in lockstep (each wait is a gossip-only round, a node collective)."""
     if trainer.state.stage != RunningStage.TRAINING:
         return dataloader
-    ledger = rounds.survivors.ledger(f"{rounds.run}/ledger", on_wait=rounds.wait_round)
-    return cursor.shared_loader(
-        dataloader, key=f"{rounds.run}/cursor", seed=seed, node=rounds.share, ledger=ledger,
+    ledger = rounds.survivors.ledger(f"{rounds.run}/ledger", on_wait=rounds.wait_round,
+                                     lockstep=True)
+    return shared_training_loader(
+        cursor, dataloader, key=f"{rounds.run}/cursor", seed=seed, node=node, ledger=ledger,
         epoch=trainer.fit_loop.epoch_progress.current.processed)
 
 

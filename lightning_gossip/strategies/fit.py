@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from lightning_gossip.liveness import Heartbeat
     from lightning_gossip.node_averaging import NodeAverager
     from lightning_gossip.outer import OuterOptimizer
-    from lightning_gossip.strategies.replicas import Replicas
+    from lightning_gossip.replicas import Replicas
 
 __all__ = ["Fit"]
 
@@ -47,7 +47,7 @@ class Fit:
         rank: this rank (global).
         world_size: the number of ranks.
         device: this rank's device.
-        replicas: the replicas (:class:`~.replicas.Replicas`).
+        replicas: the replicas (:class:`~lightning_gossip.replicas.Replicas`).
         heartbeat: this rank's heartbeat (``None``: disabled).
         checkpoint_io: what writes checkpoints (the emergency checkpoint's writer).
         session: the fit's session: its step, its engine (``None`` with nothing to gossip

@@ -40,13 +40,13 @@ from lightning_gossip.gossip_period.auto import PeriodDriver
 from lightning_gossip.hierarchy import NodeGroups, NodeLayout
 from lightning_gossip.node_averaging import NodeAverager
 from lightning_gossip.overlapped_allreduce import NodeAllreduce
+from lightning_gossip.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
+from lightning_gossip.replicas import Replicas
 from lightning_gossip.strategies.collectives import sync_metrics_over
 from lightning_gossip.strategies.fit import Fit
 from lightning_gossip.strategies.options import EVALUATE_CHOICES as EVALUATE_CHOICES
 from lightning_gossip.strategies.options import Backend, Evaluate, check_options, check_remedies
 from lightning_gossip.strategies.parallel import ProcessGroupStrategy
-from lightning_gossip.strategies.replicas import CONSENSUS_METRIC as CONSENSUS_METRIC
-from lightning_gossip.strategies.replicas import Replicas
 from lightning_gossip.strategies.resilience import Resilience
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ def members_checkpoint(replicas: Replicas, trainer: pl.Trainer, average: Tensor)
 class GossipStrategy(ProcessGroupStrategy):
     """Base class of the decentralized strategies: one replica per rank, mixed by gossip.
 
-    It owns its parts: :attr:`replicas` (:class:`~.replicas.Replicas`, after set-up),
-    :attr:`resilience` (:class:`~.resilience.Resilience`: stops, requeues, emergency
+    It owns its parts: :attr:`replicas` (:class:`~lightning_gossip.replicas.Replicas`, after
+    set-up), :attr:`resilience` (:class:`~.resilience.Resilience`: stops, requeues, emergency
     checkpoints), :attr:`node` (:class:`~.node_averaging.NodeAverager`, ``None`` when flat) and
     the subclass's ``engine``; Lightning's hooks here delegate to them.
 
@@ -145,7 +145,8 @@ class GossipStrategy(ProcessGroupStrategy):
         #: floating buffers into one buffer per dtype (``flatten_module_``); ``False`` keeps
         #: them where they are (same results, per-tensor copies in every gossip step)
         self._flat_storage = True
-        #: the replicas of every rank (:class:`~.replicas.Replicas`, built at set-up)
+        #: the replicas of every rank (:class:`~lightning_gossip.replicas.Replicas`, built at
+        #: set-up)
         self.replicas: Replicas | None = None
         #: what the parts read when they act: the step, the engine and (elastic) the live
         #: ranks' groups (:class:`~lightning_gossip.elastic.session.ElasticSession`)

@@ -26,9 +26,9 @@ from typing_extensions import override
 
 import lightning_gossip.strategies.collectives as collectives
 from lightning_gossip import _compat
-from lightning_gossip.elastic.nodes import RANKS, NodeUnits
 from lightning_gossip.elastic.parts import ElasticParts
 from lightning_gossip.elastic.survivors import Survivors
+from lightning_gossip.hierarchy import NodeLayout
 from lightning_gossip.liveness import Heartbeat, watched_collective
 from lightning_gossip.node_averaging import check_node_layout
 from lightning_gossip.strategies.options import Backend
@@ -186,15 +186,16 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         mid-epoch, where its ranks may train different numbers of batches); never here."""
         return False
 
-    def join_running_fit(self, parts: ElasticParts, run: str, units: NodeUnits = RANKS) -> None:
+    def join_running_fit(self, parts: ElasticParts, run: str, layout: NodeLayout) -> None:
         """``before_init`` of an elastic fit: in a free rank slot of the running fit ``run``,
         join it; with a start timeout, start it with the ranks that came (``parts``: the
-        strategy's :class:`~lightning_gossip.elastic.parts.ElasticParts`; ``units``: the fit's
-        nodes). A newcomer's checkpoint is handed to Lightning to restore."""
+        strategy's :class:`~lightning_gossip.elastic.parts.ElasticParts`; ``layout``: the fit's
+        nodes, :meth:`rank_layout`). A newcomer's checkpoint is handed to Lightning to
+        restore."""
         env = self.cluster_environment
         assert env is not None
         beat = parts.join(run, env.global_rank(), env.world_size(), env.main_address,
-                          env.main_port, self.process_group_backend, units)
+                          env.main_port, self.process_group_backend, layout)
         if beat is not None:
             self.heartbeat = beat
         if parts.newcomer is not None:
@@ -236,6 +237,15 @@ class ProcessGroupStrategy(ParallelStrategy, ABC):
         """Stop beating; ``failed`` also tells the peers at once that this rank is gone."""
         if self.heartbeat is not None:
             self.heartbeat.leave(failed)
+
+    def rank_layout(self, by_node: bool) -> NodeLayout:
+        """Where this rank sits: ``num_nodes`` nodes of ``num_processes`` ranks (``by_node``:
+        hierarchical), else each rank alone (:meth:`NodeLayout.flat
+        <lightning_gossip.hierarchy.NodeLayout.flat>`). Known from the cluster environment's
+        ranks, before the default group exists."""
+        if by_node:
+            return NodeLayout(self.num_nodes, self.num_processes, self.node_rank, self.local_rank)
+        return NodeLayout.flat(self.world_size, self.global_rank)
 
     def _check_node_layout(self) -> None:
         """The same ``ValueError`` on every rank when the ranks do not form ``num_nodes`` nodes

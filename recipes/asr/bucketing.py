@@ -1,7 +1,7 @@
 """Length-bucketed batches, sharded over ranks so every rank gets the same number of batches.
 
 Under ``adpsgd`` the batches are shared instead of sharded: the sampler implements
-:class:`~lightning_gossip.shared_batches.SharedBatches` (``shared_batches(epoch)`` lists the
+:class:`~lightning_gossip.cursor.batches.SharedBatches` (``shared_batches(epoch)`` lists the
 epoch's batches for all ranks, the same on every rank), and the strategy hands them out one at
 a time, so faster ranks take more of them.
 """

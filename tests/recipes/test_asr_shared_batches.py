@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_gossip.shared_batches import SharedBatches
+from lightning_gossip.cursor.batches import SharedBatches
 from recipes.asr.bucketing import LengthBucketBatchSampler
 from recipes.asr.kaldi_data import load_data_dir
 from testbed.launch import check, run_torchrun

@@ -5,9 +5,9 @@ Added to the digits template's fit with ``EXTRA_ARGS=--trainer.callbacks+=
 tests.scripts.claim_log.ClaimLog`` (the template runs from the repository root, so ``tests``
 imports). At ``setup`` (before Lightning builds the training loader's iterator, whose prefetch
 already claims) it wraps, in this process, :meth:`Claims.next
-<lightning_gossip.node_claims.Claims.next>` and the iteration of
-:class:`~lightning_gossip.shared_cursor.SharedCursorSampler` and
-:class:`~lightning_gossip.shared_batches.SharedBatchSampler`: the real methods run, and what
+<lightning_gossip.cursor.claims.Claims.next>` and the iteration of
+:class:`~lightning_gossip.cursor.sampler.SharedCursorSampler` and
+:class:`~lightning_gossip.cursor.batches.SharedBatchSampler`: the real methods run, and what
 they did is appended to ``<default_root_dir>/claims/rank<r>-<pid>.jsonl``, one JSON object per
 line:
 
@@ -70,9 +70,9 @@ class ClaimLog(Callback):
         self._file.flush()
 
     def _observe(self) -> None:
-        from lightning_gossip.node_claims import Claims
-        from lightning_gossip.shared_batches import SharedBatchSampler
-        from lightning_gossip.shared_cursor import SharedCursorSampler
+        from lightning_gossip.cursor.batches import SharedBatchSampler
+        from lightning_gossip.cursor.claims import Claims
+        from lightning_gossip.cursor.sampler import SharedCursorSampler
 
         log = self
         real_next = Claims.next

@@ -50,7 +50,7 @@ def member(rank: int) -> dict:
     after_loss = m.decide(lost=(3,), deadline_s=60,  # rank 2's loss is found while gathering
                           also_lost=lambda missing: [r for r in missing
                                                      if store.check([f"bye/{r}"])])
-    group, data = m.new_groups(["gloo", "gloo"])
+    group, data = m.lightning_group("gloo"), m.named_group(1, "gloo")
     survivors_sum = total(group, rank)
     deadline = time.monotonic() + 90
     while (asked := m.poll()) is None:
@@ -58,7 +58,7 @@ def member(rank: int) -> dict:
             raise TimeoutError("no join request")
         time.sleep(0.05)
     after_join = m.decide(lost=(), joined=asked, deadline_s=60)
-    group, data = m.new_groups(["gloo", "gloo"])
+    group, data = m.lightning_group("gloo"), m.named_group(1, "gloo")
     if rank == 0:
         dist.send(torch.tensor([42.0]), dst=3, group=data)
     return {"rank": rank, "first": first, "after_loss": after_loss, "survivors_sum": survivors_sum,
@@ -83,7 +83,7 @@ def joiner(rank: int) -> dict:
     store = store_of(_compat.default_store_view(client))
     Membership.ask_to_join(store, rank)
     m = Membership.await_admission(store, rank, 4, TIMEOUT, RUN, deadline_s=90)
-    group, data = m.join_groups(["gloo", "gloo"])
+    group, data = m.lightning_group("gloo", newcomer=True), m.named_group(1, "gloo")
     got = torch.zeros(1)
     dist.recv(got, src=0, group=data)
     return {"rank": rank, "after_join": m.live, "joined_sum": total(group, rank + 10),

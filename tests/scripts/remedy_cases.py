@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 import lightning_gossip
 from lightning_gossip import overlapped_allreduce
 from lightning_gossip.flat import FlatState
-from lightning_gossip.strategies.replicas import Replicas
+from lightning_gossip.replicas import Replicas
 from tests.cases import Case, read_cases
 from tests.scripts.gossip_cases import Indexed, Tiny, timing
 

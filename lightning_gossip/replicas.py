@@ -3,13 +3,14 @@
 the set-up checks (same shapes on every rank, rank 0's initial weights) and what the sync points
 do with the exact average of the replicas (evaluation, checkpoints, the final average, the
 consensus distance). The strategy quiets the network before each sync point; :class:`Replicas`
-only averages, swaps and restores, so a test can build one over a module directly."""
+only averages, swaps and restores, so a test can build one over a module directly. No Lightning
+here: the adapter hands it its watched wait and the module's state dict."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,11 +21,11 @@ from lightning_gossip.consensus import all_average, consensus_distance
 from lightning_gossip.elastic.session import ElasticSession
 from lightning_gossip.flat import FlatState
 from lightning_gossip.outer import OuterOptimizer
-from lightning_gossip.strategies.collectives import Watched
 
 __all__ = ["CONSENSUS_METRIC", "Replicas"]
 
 CONSENSUS_METRIC = "gossip/consensus_distance"
+"""The metric the consensus distance is logged under (``consensus_every_n_steps``)."""
 
 
 class Replicas:
@@ -35,7 +36,7 @@ class Replicas:
         rank: this rank (for error messages and the mismatch check).
         world_size: the number of replicas; with one, the average is the replica itself.
         timeout: limit of every average (a watched wait: a silent rank is named).
-        watched: the strategy's watched wait
+        watched: the strategy's watched wait, ``watched(collective, *args, what=..., **kwargs)``
             (:meth:`~lightning_gossip.strategies.GossipStrategy.watched`), for the broadcast.
         session: the fit's session, whose group the averages run over when they run
             (:attr:`~lightning_gossip.elastic.session.ElasticSession.group`: the default group,
@@ -43,7 +44,7 @@ class Replicas:
     """
 
     def __init__(self, flat: FlatState, rank: int, world_size: int, timeout: timedelta,
-                 watched: Watched, session: ElasticSession | None = None) -> None:
+                 watched: Callable[..., None], session: ElasticSession | None = None) -> None:
         self.flat = flat
         self.session = session
         self.rank = rank

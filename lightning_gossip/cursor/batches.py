@@ -1,6 +1,6 @@
 """Straggler-resilient data for batch samplers: whole precomputed batches, one shared counter.
 
-:class:`~lightning_gossip.shared_cursor.SharedCursorSampler` shares one permutation of *samples*
+:class:`~lightning_gossip.cursor.sampler.SharedCursorSampler` shares one permutation of *samples*
 between the ranks. Many training pipelines make their batches themselves instead (length
 buckets for speech, token budgets for text), with a batch sampler that also shards the batches
 over the ranks, so every rank owns a fixed share of the epoch and the epoch lasts as long as the
@@ -20,7 +20,7 @@ per epoch. The rank's own sharding (``num_replicas``/``rank``) stays in ``__iter
 synchronous strategies, which need equal batch counts. Under ``ADPSGDStrategy`` (with
 ``shared_cursor=True``, the default) a training loader whose batch sampler implements the
 protocol gets a :class:`SharedBatchSampler` automatically; see
-:func:`~lightning_gossip.strategies.shared_loader.shared_cursor_loader`. Every rank writes a
+:func:`~lightning_gossip.cursor.loader.shared_sampler`. Every rank writes a
 digest of its list to the store, and the first rank whose list differs stops with an error that
 names it.
 
@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from lightning_gossip.node_claims import Claims, NodeShare
+from lightning_gossip.cursor.claims import Claims
 
 if TYPE_CHECKING:
+    from lightning_gossip.cursor.end_balance import EndBalance
     from lightning_gossip.elastic.claim_ledger import ClaimLedger
-    from lightning_gossip.end_balance import EndBalance
+    from lightning_gossip.hierarchy import NodeLayout
 
 __all__ = ["SharedBatchSampler", "SharedBatches"]
 
@@ -69,16 +70,17 @@ class SharedBatchSampler(Sampler[list[int]]):
         source: lists an epoch's batches: an object implementing :class:`SharedBatches`, or a
             function ``epoch -> batches`` with the same contract.
         store: a c10d store shared by all ranks (e.g.
-            :func:`~lightning_gossip.shared_cursor.default_store`).
+            :func:`~lightning_gossip.cursor.store.default_store`).
         key: a name unique to this run and loader (and the same on every rank).
         check: compare a digest of the batch list across ranks (through the store, without
             waiting) and raise on the first rank whose list differs.
-        node: claim as a node whose ranks step together (hierarchical adpsgd; see
-            :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
+        node: claim as this rank's node, whose ranks step together (hierarchical; the fit's
+            layout, see :mod:`~lightning_gossip.cursor.claims`); ``None``: this rank claims
+            alone.
         ledger: elastic claims (a lost rank's unfinished batches come back; see
             :mod:`~lightning_gossip.elastic.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
-            (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
+            (:mod:`~lightning_gossip.cursor.end_balance`); ``None``: claim to the end.
 
     The sampler has no ``__len__``: how many batches a rank gets is only known at the end of
     the epoch (then :attr:`claimed`). A new iterator within the same epoch ends the previous
@@ -91,7 +93,7 @@ class SharedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, source: SharedBatches | Callable[[int], Sequence[Sequence[int]]],
                  store: dist.Store, key: str, *, check: bool = True,
-                 node: NodeShare | None = None, ledger: ClaimLedger | None = None,
+                 node: NodeLayout | None = None, ledger: ClaimLedger | None = None,
                  balance: EndBalance | None = None) -> None:
         if not (isinstance(source, SharedBatches) or callable(source)):
             raise TypeError(f"source must implement shared_batches(epoch) or be a function of "

@@ -1,6 +1,6 @@
 """Ending an epoch together: a slower claimant leaves the last units to those who finish first.
 
-With the shared cursor (:mod:`~lightning_gossip.shared_cursor`) a faster learner takes more of
+With the shared cursor (:mod:`~lightning_gossip.cursor`) a faster learner takes more of
 each epoch, but every learner claims its units ahead of computing them (Lightning's fetcher
 holds the next batch, a loader's workers more), so when the counter runs out a slow learner
 can still have its current unit and a claimed one to compute while every other learner waits

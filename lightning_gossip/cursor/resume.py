@@ -2,13 +2,13 @@
 by :class:`~lightning_gossip.strategies.ADPSGDStrategy` as ``strategy.cursor``): a fit resumed
 from ``hpc_ckpt_<n>.ckpt`` goes on with the interrupted epoch's unclaimed batches only.
 
-The shared samplers (:mod:`~lightning_gossip.shared_cursor`,
-:mod:`~lightning_gossip.shared_batches`) hand out an epoch's batches through a counter in the
+The shared samplers (:mod:`~lightning_gossip.cursor.sampler`,
+:mod:`~lightning_gossip.cursor.batches`) hand out an epoch's batches through a counter in the
 c10d store, which a requeued job starts afresh. The requeue checkpoint is written where every
 rank has stopped claiming (the ranks met, :meth:`~.Phases.before_requeue`), so the counter
 is the same for all: it is saved under :data:`CURSOR_KEY` as ``{"epoch", "claims"}``, and a fit
 that loads the checkpoint starts that epoch's counter there (:attr:`Claims.start
-<lightning_gossip.node_claims.Claims.start>`). Batches a rank had claimed but not trained yet
+<lightning_gossip.cursor.claims.Claims.start>`). Batches a rank had claimed but not trained yet
 (the loader's prefetch: one per rank without workers) are skipped, not repeated. Only the
 requeue checkpoint carries it, and only mid-epoch: any other checkpoint resumes as before (its
 next epoch from the start).
@@ -16,18 +16,16 @@ next epoch from the start).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lightning_gossip.node_claims import Claims, NodeShare
-from lightning_gossip.strategies.shared_loader import shared_cursor_loader
+from torch.utils.data import DataLoader
 
-if TYPE_CHECKING:
-    from lightning_gossip.elastic.claim_ledger import ClaimLedger
+from lightning_gossip.cursor.claims import Claims
 
 __all__ = ["CURSOR_KEY", "CursorResume"]
 
-#: the checkpoint key of the shared cursor's position (requeue checkpoints, mid-epoch)
 CURSOR_KEY = "lightning_gossip_cursor"
+"""The checkpoint key of the shared cursor's position (requeue checkpoints, mid-epoch)."""
 
 
 class CursorResume:
@@ -48,32 +46,22 @@ class CursorResume:
         #: the loaded checkpoint's epoch (its fit loop's epochs processed; 0: none loaded)
         self.resume_epoch = 0
 
-    def shared_loader(self, dataloader: object, *, key: str, seed: int,
-                      node: NodeShare | None, epoch: int = 0,
-                      ledger: ClaimLedger | None = None,
-                      balance_as: tuple[int, int] | None = None) -> object:
-        """``dataloader`` rebuilt to draw through the shared cursor (or as is: see
-        :func:`~.shared_loader.shared_cursor_loader`), its claims tracked; ``ledger``: elastic
-        claims (:mod:`~lightning_gossip.elastic.claim_ledger`); ``balance_as``: a balanced epoch end
-        (:mod:`~lightning_gossip.end_balance`).
+    def follow(self, loader: DataLoader, claims: Claims, epoch: int = 0) -> DataLoader:
+        """``loader``, rebuilt to draw through the shared cursor by ``claims``: its claims
+        tracked (:meth:`track`), its sampler started in ``epoch`` (the fit's epochs processed),
+        or in the loaded checkpoint's epoch if that is later.
 
-        Its sampler starts in ``epoch`` (Lightning's epochs processed), or in the loaded
-        checkpoint's epoch if that is later: Lightning sets the sampler's epoch only at the
-        epoch start, after the loader prefetched its first batch, and a module whose
-        ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (the recipes) has
-        the loader built before the checkpoint's loop progress is restored. Without this a
-        resumed fit drew that batch from epoch 0's counter and the epoch from epoch 0's
-        permutation.
+        Lightning sets the sampler's epoch only at the epoch start, after the loader prefetched
+        its first batch, and a module whose ``configure_optimizers`` reads
+        ``trainer.estimated_stepping_batches`` (the recipes) has the loader built before the
+        checkpoint's loop progress is restored. Without this a resumed fit drew that batch from
+        epoch 0's counter and the epoch from epoch 0's permutation.
         """
-        shared = shared_cursor_loader(dataloader, key=key, seed=seed, node=node, ledger=ledger,
-                                      balance_as=balance_as)
-        if shared is None:
-            return dataloader
-        self.track(shared.claims)
-        for sampler in (shared.loader.sampler, shared.loader.batch_sampler):
+        self.track(claims)
+        for sampler in (loader.sampler, loader.batch_sampler):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(max(int(epoch), self.resume_epoch))
-        return shared.loader
+        return loader
 
     def track(self, claims: Claims | None) -> None:
         """The training loader's claims (``None``: not drawn through the shared cursor)."""

@@ -11,12 +11,15 @@ Lightning treats the training loader as having unknown length: the progress bar 
 without a total, and validation runs at the end of each epoch.
 
 Batch samplers that make their own batches (length buckets, token budgets) get the same
-treatment through :class:`~lightning_gossip.shared_batches.SharedBatchSampler`, which hands out
-whole precomputed batches; under Lightning,
-:func:`~lightning_gossip.strategies.shared_loader.shared_cursor_loader` picks the one that fits
-a loader.
+treatment through :class:`~lightning_gossip.cursor.batches.SharedBatchSampler`, which hands out
+whole precomputed batches; :func:`~lightning_gossip.cursor.loader.shared_sampler` picks the one
+that fits a loader (under Lightning,
+:func:`~lightning_gossip.strategies.shared_loader.shared_cursor_loader` rebuilds the loader with
+it).
 
 Example (inside an initialised process group; the strategy does this for you)::
+
+    from lightning_gossip.cursor.store import default_store
 
     sampler = SharedCursorSampler(len(dataset), chunk_size=32, store=default_store(),
                                   key="run0", seed=0)
@@ -36,22 +39,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from lightning_gossip import _compat
-from lightning_gossip.node_claims import Claims, NodeShare
+from lightning_gossip.cursor.claims import Claims
 
 if TYPE_CHECKING:
+    from lightning_gossip.cursor.end_balance import EndBalance
     from lightning_gossip.elastic.claim_ledger import ClaimLedger
-    from lightning_gossip.end_balance import EndBalance
+    from lightning_gossip.hierarchy import NodeLayout
 
-__all__ = ["SharedCursorSampler", "default_store"]
-
-
-def default_store() -> dist.Store:
-    """The key-value store of the default process group (created by ``init_process_group``).
-
-    Keys are prefixed with ``lightning_gossip/`` so that they cannot collide with torch's own.
-    """
-    return dist.PrefixStore("lightning_gossip/", _compat.default_store())
+__all__ = ["SharedCursorSampler"]
 
 
 class SharedCursorSampler(Sampler[int]):
@@ -65,16 +60,17 @@ class SharedCursorSampler(Sampler[int]):
         key: a name unique to this run (and the same on every rank).
         shuffle: draw a fresh seeded permutation each epoch (else the natural order).
         seed: permutation seed; the epoch is mixed in, as ``DistributedSampler`` does.
-        node: claim as a node whose ranks step together (hierarchical adpsgd; see
-            :mod:`~lightning_gossip.node_claims`); ``None``: this rank claims alone.
+        node: claim as this rank's node, whose ranks step together (hierarchical; the fit's
+            layout, see :mod:`~lightning_gossip.cursor.claims`); ``None``: this rank claims
+            alone.
         ledger: elastic claims (a lost rank's unfinished chunks come back; see
             :mod:`~lightning_gossip.elastic.claim_ledger`); ``None``: the counter alone.
         balance: leave an epoch's last units to the claimants that finish them first
-            (:mod:`~lightning_gossip.end_balance`); ``None``: claim to the end.
+            (:mod:`~lightning_gossip.cursor.end_balance`); ``None``: claim to the end.
     """
 
     def __init__(self, num_samples: int, chunk_size: int, store: dist.Store, key: str,
-                 shuffle: bool = True, seed: int = 0, node: NodeShare | None = None,
+                 shuffle: bool = True, seed: int = 0, node: NodeLayout | None = None,
                  ledger: ClaimLedger | None = None,
                  balance: EndBalance | None = None) -> None:
         if num_samples < 1:
@@ -117,7 +113,7 @@ class SharedCursorSampler(Sampler[int]):
                 return
             self.claimed += 1
             part = perm[chunk * self.chunk_size:(chunk + 1) * self.chunk_size].tolist()
-            if self.claims.share is not None:
+            if self.claims.node is not None:
                 # a node's ranks must take one claim per batch each: a short last chunk would
                 # make the loader's batch sampler claim again on one rank only; pad it as
                 # DistributedSampler pads (wrapping around to the first samples)

@@ -1,29 +1,32 @@
 """The shared cursor's claims, by one rank or by a whole node (hierarchical adpsgd).
 
-The shared samplers (:mod:`~lightning_gossip.shared_cursor`,
-:mod:`~lightning_gossip.shared_batches`) hand out the *units* of an epoch (chunks of samples, or
+The shared samplers (:mod:`~lightning_gossip.cursor.sampler`,
+:mod:`~lightning_gossip.cursor.batches`) hand out the *units* of an epoch (chunks of samples, or
 whole batches) through an atomic counter in the c10d store, so a faster rank takes more.
 With ``ADPSGDStrategy(hierarchical=True)`` the ranks of a node step together (their gradients
 are averaged every step), so the node is the learner that must take more when it is faster:
-the node claims ``devices`` units at a time and local rank ``l`` takes unit
-``claim * devices + l``. Local rank 0 claims on the shared counter and writes the claim under a
-per-node key; the other local ranks read it there (a blocking ``get``), so every rank of the
-node takes the same number of steps. Where the last claim runs past the epoch's units, the
-missing units wrap around to the first ones (as ``DistributedSampler`` pads its shares).
-With elastic claims (a ledger) and ``NodeShare(lockstep=True)`` (hierarchical ``dpsgd``, whose
-gossip-only rounds at an epoch's end are node collectives) the other local ranks run the
-ledger's wait only in step with local rank 0: it announces each call under the node's claim
-key before it makes it, they make one call per announcement, and the claim carries the number
-of calls (the mates make those they have not seen: none when the calls are node collectives,
-which local rank 0 cannot finish without them).
+given the fit's :class:`~lightning_gossip.hierarchy.NodeLayout`, the node claims ``devices``
+units at a time and local rank ``l`` takes unit ``claim * devices + l``. Its leader (local rank
+0) claims on the shared counter and writes the claim under a per-node key; the other local
+ranks read it there (a blocking ``get``), so every rank of the node takes the same number of
+steps. Where the last claim runs past the epoch's units, the missing units wrap around to the
+first ones (as ``DistributedSampler`` pads its shares). With elastic claims (a ledger) whose
+``lockstep`` is set (hierarchical ``dpsgd``, whose gossip-only rounds at an epoch's end are node
+collectives) the other local ranks run the ledger's wait only in step with local rank 0: it
+announces each call under the node's claim key before it makes it, they make one call per
+announcement, and the claim carries the number of calls (the mates make those they have not
+seen: none when the calls are node collectives, which local rank 0 cannot finish without
+them). An elastic node's claim keys carry the ledger's ``incarnation`` (a rejoined node's
+processes do not read their predecessors' claims).
 
 Example (one node of 2 ranks on a local store)::
 
     >>> from datetime import timedelta
     >>> import torch.distributed as dist
+    >>> from lightning_gossip.hierarchy import NodeLayout
     >>> store = dist.HashStore()
-    >>> a = Claims(store, "run", NodeShare(node=0, local=0, devices=2))
-    >>> b = Claims(store, "run", NodeShare(node=0, local=1, devices=2))
+    >>> a = Claims(store, "run", NodeLayout(num_nodes=1, devices=2, node=0, local=0))
+    >>> b = Claims(store, "run", NodeLayout(num_nodes=1, devices=2, node=0, local=1))
     >>> [a.next(0, 5) for _ in range(4)], [b.next(0, 5) for _ in range(4)]
     ([0, 2, 4, None], [1, 3, 0, None])
 """
@@ -33,7 +36,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -41,42 +43,28 @@ import torch.distributed as dist
 from lightning_gossip.liveness.heartbeat import store_call
 
 if TYPE_CHECKING:
+    from lightning_gossip.cursor.end_balance import EndBalance
     from lightning_gossip.elastic.claim_ledger import ClaimLedger
-    from lightning_gossip.end_balance import EndBalance
+    from lightning_gossip.hierarchy import NodeLayout
 
-__all__ = ["Claims", "NodeShare"]
-
-
-@dataclass(frozen=True)
-class NodeShare:
-    """This rank's place in a node that claims as one: ``node`` index, ``local`` rank in it,
-    ``devices`` ranks per node."""
-
-    node: int
-    local: int
-    devices: int
-    #: the node's ranks wait at an epoch's end in step (see the module docstring)
-    lockstep: bool = False
-    #: elastic: the generation that admitted this node's processes (0: they started the
-    #: fit): its claims' keys are its own, not those of the node's earlier processes
-    incarnation: int = 0
+__all__ = ["Claims"]
 
 
 class Claims:
-    """The next unit of an epoch for this rank (alone, or as local rank of ``share``'s node).
+    """The next unit of an epoch for this rank (alone, or as a local rank of its node).
 
     Args:
         store: the c10d store all ranks share.
         key: a name unique to the run and loader (the same on every rank).
-        share: ``None``: this rank claims alone; else its node claims ``devices`` units at a
-            time (see the module docstring).
+        node: ``None``: this rank claims alone; else the fit's layout, seen from this rank:
+            its node claims ``devices`` units at a time (see the module docstring).
         ledger: elastic claims: a returned unit of a lost rank is taken before the counter,
             every claim is recorded, and an exhausted counter waits at the epoch's end
-            (:class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger`; with ``share``, the node's
-            claims, kept by its local rank 0, the other ranks polling for them with the
+            (:class:`~lightning_gossip.elastic.claim_ledger.ClaimLedger`; with ``node``, the
+            node's claims, kept by its local rank 0, the other ranks polling for them with the
             ledger's ``on_wait``); ``None``: the counter alone.
         balance: near an epoch's end, leave the last units to the claimants that finish them
-            first (:class:`~lightning_gossip.end_balance.EndBalance`; not with a ledger: a
+            first (:class:`~lightning_gossip.cursor.end_balance.EndBalance`; not with a ledger: a
             lost claimant could not take what it was left); ``None``: claim until the end.
 
     Every rank of a node must call :meth:`next` equally often per epoch (they step together).
@@ -84,7 +72,7 @@ class Claims:
     before a requeue (:meth:`position`, saved in the requeue checkpoint).
     """
 
-    def __init__(self, store: dist.Store, key: str, share: NodeShare | None = None,
+    def __init__(self, store: dist.Store, key: str, node: NodeLayout | None = None,
                  ledger: ClaimLedger | None = None, balance: EndBalance | None = None) -> None:
         if balance is not None and ledger is not None:
             raise ValueError("a balanced epoch end (EndBalance) cannot go with elastic claims "
@@ -93,7 +81,7 @@ class Claims:
         self.store = store
         self.ledger, self.balance = ledger, balance
         self.key = key
-        self.share = share
+        self.node = node
         self._made: dict[int, int] = {}  # epoch -> claims made (a node's ranks agree on it)
         #: epoch -> claims already made before this run (resumed mid-epoch); the same on every rank
         self.start: dict[int, int] = {}
@@ -120,9 +108,9 @@ class Claims:
         every live rank has reached the end; it waits there)."""
         counter = f"{self.key}/epoch{epoch}"
         what = f"claiming a batch of epoch {epoch}"
-        share = self.share
+        layout, ledger = self.node, self.ledger
         offset, first = self.start.get(epoch, 0), epoch not in self._claims
-        if share is None:
+        if layout is None:
             self._claims[epoch] = units
             if self.ledger is None:
                 if not self._balanced(epoch, counter, units, offset, what):
@@ -130,16 +118,17 @@ class Claims:
                 index = int(store_call(lambda: self.store.add(counter, 1), what)) - 1 + offset
                 return index if index < units else None
             return self._recorded(epoch, counter, units, offset, what, first)
-        claims = self._claims[epoch] = math.ceil(units / share.devices)
+        claims = self._claims[epoch] = math.ceil(units / layout.devices)
         k = self._made.get(epoch, 0)
         self._made[epoch] = k + 1
-        node = f"node{share.node}" + (f".{share.incarnation}" if share.incarnation else "")
+        incarnation = ledger.incarnation if ledger is not None else 0
+        node = f"node{layout.node}" + (f".{incarnation}" if incarnation else "")
         mine = f"{counter}/{node}/claim{k}"
-        if share.local == 0:
+        if layout.local == 0:
             waits = None  # (lockstep: the ledger's waits, announced and counted)
-            if self.ledger is not None:
-                if share.lockstep:
-                    waits = _Announced(self.store, mine, what, self.ledger.on_wait)
+            if ledger is not None:
+                if ledger.lockstep:
+                    waits = _Announced(self.store, mine, what, ledger.on_wait)
                 claim = self._recorded(epoch, counter, claims, offset, what, first, waits)
                 claim = claims if claim is None else claim
             else:
@@ -149,10 +138,10 @@ class Claims:
             value = str(claim) if waits is None else f"{claim} {waits.calls}"
             store_call(lambda: self.store.set(mine, value), what)
         else:
-            claim = self._read_node_claim(mine, f"{what} (node {share.node})")
+            claim = self._read_node_claim(mine, f"{what} (node {layout.node})")
         if claim >= claims:
             return None
-        return (claim * share.devices + share.local) % units
+        return (claim * layout.devices + layout.local) % units
 
     def _recorded(self, epoch: int, counter: str, units: int, offset: int, what: str,
                   first: bool, on_wait: Callable[[], None] | None = None) -> int | None:
@@ -182,7 +171,7 @@ class Claims:
         ledger = self.ledger
         if ledger is None:
             return int(store_call(lambda: self.store.get(key), what))
-        lockstep = self.share is not None and self.share.lockstep
+        lockstep = self.node is not None and ledger.lockstep
         deadline, pause, calls = time.monotonic() + ledger.timeout, 0.001, 0
         while not store_call(lambda: self.store.check([key]), what):
             if not lockstep:
