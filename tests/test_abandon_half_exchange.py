@@ -52,7 +52,10 @@ pytestmark = pytest.mark.multiprocess
 TIMEOUT = timedelta(seconds=60)
 CASES = ("held", "in_grace")
 STEPS_AFTER = 3
-EXCHANGING = "the exchange of snapshots with rank 1"  # rank 0's thread, in the exchange
+#: rank 0's thread in the exchange, its side posted (the posted marker and the snapshot): waiting
+#: for rank 1's marker, or past it for the snapshot
+EXCHANGING = ("rank 1 to post its side of the exchange of snapshots",
+              "the exchange of snapshots with rank 1")
 
 
 def _state(pid: int) -> str:
@@ -93,7 +96,7 @@ def half_exchange(rank: int, world: int, case: str) -> dict:
         os.kill(pids[1], signal.SIGSTOP)
         _until(lambda: _state(pids[1]) == "T", "rank 1 stopped")
         engine.after_step(0)  # a snapshot: the thread asks rank 1 and waits in the exchange
-        _until(lambda: shared.waiting_on == EXCHANGING, "rank 0 in the exchange")
+        _until(lambda: shared.waiting_on in EXCHANGING, "rank 0 in the exchange")
         if case == "held":
             engine.abandon()  # the grace passes with rank 1 frozen: the exchange is left
             os.kill(pids[1], signal.SIGCONT)

@@ -22,7 +22,9 @@ the live ranks, their generation and its groups, by name), as torchft's algorith
   :class:`EvenRounds`, :mod:`~.even_rounds`);
 * joins: :mod:`~.newcomer` (a process in a free slot joins a running fit), :mod:`~.founders`
   (a fit starts with the ranks that came), :mod:`~.joins` (when members that act together look
-  for joins), :mod:`~.parts` (how this process came to the fit; the survivors' builder).
+  for joins), :mod:`~.parts` (how this process came to the fit; the survivors' builder);
+* :mod:`~.loop`: the same recovery at a plain loop's step boundaries and sync points
+  (:class:`~.loop.ElasticLoop`, for ``attach()`` and Fabric's strategies; no joins there).
 """
 
 from __future__ import annotations
