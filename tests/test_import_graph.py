@@ -280,19 +280,27 @@ def test_the_lightning_scan_finds_planted_imports():
     assert not _is_adapter(f"{PACKAGE}.strategies_extra")
 
 
-def test_the_elastic_package_sits_below_the_adapters():
-    """``lightning_gossip.elastic`` (membership, recovery, joins) imports no Lightning (the scan
-    above covers it: it is no adapter) and nothing of the adapters, ``strategies/`` and
-    ``fabric/``, anywhere in its modules (function bodies and type-only imports included): the
-    strategies hand it what Lightning knows as values."""
+def _below_the_adapters(package: str, at_least: int) -> dict[str, set[str]]:
+    """The import graph, once ``package``'s modules (at least ``at_least`` of them) are shown
+    to import no Lightning and nothing of the adapters, ``strategies/`` and ``fabric/``,
+    anywhere (function bodies and type-only imports included)."""
     modules = [name for name in MODULES
-               if name == f"{PACKAGE}.elastic" or name.startswith(f"{PACKAGE}.elastic.")]
-    assert len(modules) >= 10 and not any(_is_adapter(name) for name in modules)
+               if name == f"{PACKAGE}.{package}" or name.startswith(f"{PACKAGE}.{package}.")]
+    assert len(modules) >= at_least and not any(_is_adapter(name) for name in modules)
     graph = import_graph(functions=True, type_only=True)
     upward = {name: sorted(d for d in graph[name]
                            if d.startswith((f"{PACKAGE}.strategies", f"{PACKAGE}.fabric")))
               for name in modules}
     assert not any(upward.values()), upward
+    return graph
+
+
+def test_the_elastic_package_sits_below_the_adapters():
+    """``lightning_gossip.elastic`` (membership, recovery, joins) imports no Lightning (the scan
+    above covers it: it is no adapter) and nothing of the adapters, ``strategies/`` and
+    ``fabric/``, anywhere in its modules (function bodies and type-only imports included): the
+    strategies hand it what Lightning knows as values."""
+    graph = _below_the_adapters("elastic", at_least=10)
     assert f"{PACKAGE}.elastic.session" in graph[f"{PACKAGE}.elastic.survivors"]  # (the walk)
 
 
@@ -300,12 +308,5 @@ def test_the_cursor_package_sits_below_the_adapters():
     """``lightning_gossip.cursor`` (the shared cursor: claims, samplers, the loader's sampler,
     the requeue position) imports no Lightning and nothing of ``strategies/`` or ``fabric/``,
     type-only imports included: the adapters rebuild their loaders with it."""
-    modules = [name for name in MODULES
-               if name == f"{PACKAGE}.cursor" or name.startswith(f"{PACKAGE}.cursor.")]
-    assert len(modules) >= 6 and not any(_is_adapter(name) for name in modules)
-    graph = import_graph(functions=True, type_only=True)
-    upward = {name: sorted(d for d in graph[name]
-                           if d.startswith((f"{PACKAGE}.strategies", f"{PACKAGE}.fabric")))
-              for name in modules}
-    assert not any(upward.values()), upward
+    graph = _below_the_adapters("cursor", at_least=6)
     assert f"{PACKAGE}.cursor.claims" in graph[f"{PACKAGE}.cursor.sampler"]  # (the walk)
